@@ -1,0 +1,688 @@
+// zipccl codec on the CPU: encoder, decoder and their XLA FFI handlers
+// (targets "zipccl_zipccl_encode" / "zipccl_zipccl_decode", platform "cpu").
+//
+// Format: docs/format.md and codec_format.h. This file is the reference the CUDA
+// codec (cuda/codec.cu) must reproduce byte for byte.
+//
+// Speed: the per-block work is branch-free over 8-element groups (one plane byte
+// per group), written so that GCC vectorizes it; bf16 additionally has an AVX2
+// path chosen at run time (no -march flags: the module runs on any x86-64 or
+// aarch64). Rows of >= kParallelMinElems elements are split across threads by
+// whole blocks.
+#include "codec_cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define ZIPCCL_X86 1
+#endif
+
+namespace zipccl {
+namespace cpu {
+namespace {
+
+constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is faster
+constexpr uint64_t kMinBlocksPerThread = 64;       // 128 K elements
+
+// Eight 0/1 bytes (byte k = element k's bit) -> one plane byte, bit k LSB first.
+inline uint32_t pack8(uint64_t v01) { return (uint32_t)((v01 * 0x0102040810204080ull) >> 56); }
+
+// One plane byte -> eight 0/1 bytes (inverse of pack8).
+inline uint64_t spread8(uint32_t m) {
+  uint64_t x = ((uint64_t)m * 0x0101010101010101ull) & 0x8040201008040201ull;
+  return ((x + 0x7F7F7F7F7F7F7F7Full) >> 7) & 0x0101010101010101ull;
+}
+
+inline uint64_t xor_words(const uint8_t* p, uint64_t nbytes) {  // nbytes % 8 == 0, p 8-aligned
+  uint64_t acc = 0;
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
+  for (uint64_t i = 0; i < nbytes / 8; ++i) acc ^= w[i];
+  return acc;
+}
+
+// XOR-64 contribution of `len` bytes placed at byte offset `off` of the row.
+inline uint64_t xor_bytes_at(const uint8_t* p, uint64_t off, uint64_t len) {
+  uint64_t acc = 0;
+  uint64_t i = 0;
+  for (; i < len && ((off + i) & 7); ++i) acc ^= (uint64_t)p[i] << (8 * ((off + i) & 7));
+  uint64_t words = (len - i) / 8;
+  for (uint64_t k = 0; k < words; ++k) {
+    uint64_t w;
+    std::memcpy(&w, p + i + 8 * k, 8);
+    acc ^= w;
+  }
+  for (i += 8 * words; i < len; ++i) acc ^= (uint64_t)p[i] << (8 * ((off + i) & 7));
+  return acc;
+}
+
+int num_threads_for(uint64_t n) {
+  if (n < kParallelMinElems) return 1;
+  static const int hw = [] {
+    const char* env = std::getenv("ZIPCCL_NUM_THREADS");
+    int v = env ? std::atoi(env) : 0;
+    if (v <= 0) v = (int)std::thread::hardware_concurrency();
+    return std::max(1, std::min(v, 256));
+  }();
+  uint64_t by_size = std::max<uint64_t>(1, num_blocks(n) / kMinBlocksPerThread);
+  return (int)std::min<uint64_t>(hw, by_size);
+}
+
+template <typename F>
+void parallel_for(int nthreads, F&& fn) {
+  if (nthreads <= 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(nthreads - 1);
+  for (int t = 1; t < nthreads; ++t) pool.emplace_back([&fn, t] { fn(t); });
+  fn(0);
+  for (auto& th : pool) th.join();
+}
+
+// ---------------------------------------------------------------------------------
+// Block encoder (portable). Writes the block's raw bytes and planes, appends its
+// escapes to esc[] while fewer than esc_cap are there, returns the record (with
+// esc_offset = 0; the caller places it).
+
+struct BlockOut {
+  Record rec;
+  uint64_t xor_acc;  // XOR-64 of the raw and plane bytes written (row offsets aligned)
+};
+
+template <typename T>
+Window block_window_generic(const typename T::bits_t* x, uint32_t len) {
+  uint64_t S = 0;
+  uint32_t N = 0, Z = 0;
+  for (uint32_t j = 0; j < len; ++j) {
+    uint32_t e = T::exponent(x[j]);
+    uint32_t normal = (e != 0) & (e != T::kExpMax);
+    S += normal ? e : 0;
+    N += normal;
+    Z += (e == 0);
+  }
+  return choose_window<T>(S, N, Z, len);
+}
+
+template <typename T>
+BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t* raw,
+                              uint8_t* planes, uint8_t* esc, uint64_t esc_have,
+                              uint64_t esc_cap) {
+  const Window w = block_window_generic<T>(x, len);
+  uint32_t count = 0;
+  uint8_t* p0 = planes;
+  uint8_t* p1 = planes + kPlaneBytes;
+  uint8_t* p2 = planes + 2 * kPlaneBytes;
+  for (uint32_t t = 0; t < kPlaneBytes; ++t) {
+    uint64_t c8 = 0, r8 = 0, r9 = 0, rs = 0;
+    uint32_t valid = 0;
+    for (uint32_t k = 0; k < 8; ++k) {
+      const uint32_t j = 8 * t + k;
+      if (j >= len) break;
+      valid |= 1u << k;
+      const typename T::bits_t v = x[j];
+      const uint32_t e = T::exponent(v);
+      const uint32_t c = code_of(e, w);
+      c8 |= (uint64_t)c << (8 * k);
+      const uint32_t r = T::raw(v);
+      if (T::kRawBytes == 1) {
+        raw[j] = (uint8_t)r;
+      } else {
+        raw[3 * j] = (uint8_t)r;
+        raw[3 * j + 1] = (uint8_t)(r >> 8);
+        raw[3 * j + 2] = (uint8_t)(r >> 16);
+      }
+      if (T::kRawPlanes) {
+        r8 |= (uint64_t)((r >> 8) & 1) << (8 * k);
+        r9 |= (uint64_t)((r >> 9) & 1) << (8 * k);
+        rs |= (uint64_t)((r >> 10) & 1) << (8 * k);
+      }
+    }
+    const uint32_t b0 = pack8(c8 & 0x0101010101010101ull);
+    const uint32_t b1 = pack8((c8 >> 1) & 0x0101010101010101ull);
+    const uint32_t b2 = pack8((c8 >> 2) & 0x0101010101010101ull);
+    p0[t] = (uint8_t)b0;
+    p1[t] = (uint8_t)b1;
+    p2[t] = (uint8_t)b2;
+    if (T::kRawPlanes) {
+      planes[3 * kPlaneBytes + t] = (uint8_t)pack8(r8);
+      planes[4 * kPlaneBytes + t] = (uint8_t)pack8(r9);
+      planes[5 * kPlaneBytes + t] = (uint8_t)pack8(rs);
+    }
+    uint32_t escm = ~(b0 | b1 | b2) & valid;
+    while (escm) {
+      const uint32_t k = __builtin_ctz(escm);
+      escm &= escm - 1;
+      if (esc_have + count < esc_cap) esc[count] = (uint8_t)T::exponent(x[8 * t + k]);
+      ++count;
+    }
+  }
+  BlockOut o;
+  o.rec = Record{0, count, w.base, w.mode};
+  o.xor_acc = 0;
+  return o;
+}
+
+#if ZIPCCL_X86
+// bf16, full block (len == kBlock), AVX2. Same output as encode_block_generic<BF16Traits>.
+__attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
+    const uint16_t* x, uint8_t* raw, uint8_t* planes, uint8_t* esc, uint64_t esc_have,
+    uint64_t esc_cap) {
+  alignas(32) uint8_t ebuf[kBlock];
+  const __m256i m7f = _mm256_set1_epi16(0x7F);
+  const __m256i m80 = _mm256_set1_epi16(0x80);
+  const __m256i mff = _mm256_set1_epi16(0xFF);
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i allff = _mm256_set1_epi8((char)0xFF);
+  __m256i sad = zero;
+  uint32_t N = 0, Z = 0;
+  // Pass 1: exponent bytes (kept in ebuf, L1), raw bytes, and the window statistics.
+  for (uint32_t j = 0; j < kBlock; j += 32) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
+    __m256i ea = _mm256_and_si256(_mm256_srli_epi16(a, 7), mff);
+    __m256i eb = _mm256_and_si256(_mm256_srli_epi16(b, 7), mff);
+    __m256i ra = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), m80), _mm256_and_si256(a, m7f));
+    __m256i rb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 8), m80), _mm256_and_si256(b, m7f));
+    __m256i e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0xD8);
+    __m256i r = _mm256_permute4x64_epi64(_mm256_packus_epi16(ra, rb), 0xD8);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ebuf + j), e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(raw + j), r);
+    __m256i isz = _mm256_cmpeq_epi8(e, zero);
+    __m256i ismax = _mm256_cmpeq_epi8(e, allff);
+    __m256i abnormal = _mm256_or_si256(isz, ismax);
+    sad = _mm256_add_epi64(sad, _mm256_sad_epu8(_mm256_andnot_si256(abnormal, e), zero));
+    N += 32 - __builtin_popcount((uint32_t)_mm256_movemask_epi8(abnormal));
+    Z += __builtin_popcount((uint32_t)_mm256_movemask_epi8(isz));
+  }
+  alignas(32) uint64_t s4[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sad);
+  const uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
+  const Window w = choose_window<BF16Traits>(S, N, Z, kBlock);
+
+  // Pass 2: codes -> three bit planes (movemask), escapes in element order.
+  const __m256i vbase = _mm256_set1_epi8((char)w.base);
+  const __m256i one = _mm256_set1_epi8(1);
+  const __m256i two = _mm256_set1_epi8(2);
+  const __m256i lim = _mm256_set1_epi8(w.mode == 0 ? 6 : 5);
+  uint32_t count = 0;
+  for (uint32_t j = 0; j < kBlock; j += 32) {
+    __m256i e = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + j));
+    __m256i d = _mm256_sub_epi8(e, vbase);
+    __m256i in = _mm256_cmpeq_epi8(_mm256_min_epu8(d, lim), d);
+    __m256i c;
+    if (w.mode == 0) {
+      c = _mm256_and_si256(_mm256_add_epi8(d, one), in);
+    } else {
+      c = _mm256_or_si256(_mm256_and_si256(_mm256_add_epi8(d, two), in),
+                          _mm256_and_si256(_mm256_cmpeq_epi8(e, zero), one));
+    }
+    const uint32_t m0 = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(c, 7));
+    const uint32_t m1 = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(c, 6));
+    const uint32_t m2 = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(c, 5));
+    std::memcpy(planes + j / 8, &m0, 4);
+    std::memcpy(planes + kPlaneBytes + j / 8, &m1, 4);
+    std::memcpy(planes + 2 * kPlaneBytes + j / 8, &m2, 4);
+    uint32_t escm = ~(m0 | m1 | m2);
+    while (escm) {
+      const uint32_t k = __builtin_ctz(escm);
+      escm &= escm - 1;
+      if (esc_have + count < esc_cap) esc[count] = ebuf[j + k];
+      ++count;
+    }
+  }
+  BlockOut o;
+  o.rec = Record{0, count, w.base, w.mode};
+  o.xor_acc = 0;
+  return o;
+}
+
+bool have_avx2() {
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+                        __builtin_cpu_supports("popcnt");
+  return v;
+}
+#endif
+
+template <typename T>
+BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, uint8_t* planes,
+                      uint8_t* esc, uint64_t esc_have, uint64_t esc_cap) {
+#if ZIPCCL_X86
+  if constexpr (std::is_same<T, BF16Traits>::value) {
+    if (len == kBlock && have_avx2() && !std::getenv("ZIPCCL_DISABLE_SIMD"))
+      return encode_block_bf16_avx2(x, raw, planes, esc, esc_have, esc_cap);
+  }
+#endif
+  return encode_block_generic<T>(x, len, raw, planes, esc, esc_have, esc_cap);
+}
+
+// ---------------------------------------------------------------------------------
+// Row encoder.
+
+template <typename T>
+RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity, uint8_t* out) {
+  const DtypeCode d = T::kCode;
+  const Layout L = layout_of(d, n, capacity);
+  const uint64_t nb = num_blocks(n);
+  const uint32_t P = T::kPlanes;
+  // Zero everything the blocks do not write: padding, the tail of the last
+  // plane group, the unused part of the escape section.
+  std::memset(out, 0, kHeaderBytes);
+  std::memset(out + L.table_off, 0, L.raw_off - L.table_off);
+  const uint64_t raw_used = n * (uint64_t)T::kRawBytes;
+  std::memset(out + L.raw_off + raw_used, 0, (L.plane_off - L.raw_off) - raw_used);
+  if (nb) std::memset(out + L.plane_off + (nb - 1) * P * kPlaneBytes, 0, P * kPlaneBytes);
+
+  const int nt = num_threads_for(n);
+  std::vector<uint64_t> t_b0(nt + 1);
+  for (int t = 0; t <= nt; ++t) t_b0[t] = nb * t / nt;
+  std::vector<uint64_t> t_count(nt, 0);
+  std::vector<uint64_t> t_xor(nt, 0);
+  std::vector<std::vector<uint8_t>> t_esc(nt);
+  uint8_t* esc_sec = out + L.esc_off;
+
+  parallel_for(nt, [&](int t) {
+    const uint64_t b0 = t_b0[t], b1 = t_b0[t + 1];
+    // Thread 0's escapes start at offset 0, so it writes them in place; the others
+    // stage theirs until the prefix over threads is known.
+    uint8_t* esc;
+    uint64_t esc_cap;
+    if (t == 0) {
+      esc = esc_sec;
+      esc_cap = capacity;
+    } else {
+      esc_cap = std::min<uint64_t>(capacity, (b1 - b0) * kBlock);
+      t_esc[t].resize(esc_cap);
+      esc = t_esc[t].data();
+    }
+    uint64_t have = 0;
+    uint64_t acc = 0;
+    for (uint64_t b = b0; b < b1; ++b) {
+      const uint64_t i0 = b * kBlock;
+      const uint32_t len = (uint32_t)std::min<uint64_t>(kBlock, n - i0);
+      uint8_t* raw = out + L.raw_off + i0 * T::kRawBytes;
+      uint8_t* planes = out + L.plane_off + b * P * kPlaneBytes;
+      BlockOut o = encode_block<T>(x + i0, len, raw, planes, esc + std::min(have, esc_cap), have, esc_cap);
+      Record r = o.rec;
+      r.esc_offset = (uint32_t)have;  // local; fixed up below
+      store_record(out + L.table_off + b * kRecordBytes, r);
+      have += r.esc_count;
+      // XOR-64 of this block's raw and plane bytes while they are in L1.
+      acc ^= xor_bytes_at(raw, L.raw_off + i0 * T::kRawBytes, (uint64_t)len * T::kRawBytes);
+      acc ^= xor_words(planes, (uint64_t)P * kPlaneBytes);
+    }
+    t_count[t] = have;
+    t_xor[t] = acc;
+  });
+
+  // Prefix over threads; place staged escapes; fix record offsets.
+  uint64_t total = 0;
+  std::vector<uint64_t> t_pre(nt);
+  for (int t = 0; t < nt; ++t) {
+    t_pre[t] = total;
+    total += t_count[t];
+  }
+  const uint64_t written = std::min(total, capacity);
+  if (written < align_up(capacity)) std::memset(esc_sec + written, 0, align_up(capacity) - written);
+  parallel_for(nt, [&](int t) {
+    if (t > 0 && t_pre[t] < capacity) {
+      uint64_t m = std::min<uint64_t>(t_count[t], capacity - t_pre[t]);
+      std::memcpy(esc_sec + t_pre[t], t_esc[t].data(), m);
+    }
+    if (t > 0) {
+      for (uint64_t b = t_b0[t]; b < t_b0[t + 1]; ++b) {
+        uint8_t* p = out + L.table_off + b * kRecordBytes;
+        store_u32(p, (uint32_t)(load_u32(p) + t_pre[t]));
+      }
+    }
+  });
+
+  const uint8_t status = total > capacity ? kEncOverflow : kEncOk;
+  uint64_t cs = header_xor(d, status, n, capacity, total, L.total);
+  for (int t = 0; t < nt; ++t) cs ^= t_xor[t];
+  cs ^= xor_words(out + L.table_off, L.raw_off - L.table_off);  // table + padding
+  // raw padding is zero; plane section counted per block; escape section:
+  cs ^= xor_words(esc_sec, align_up(capacity));
+  store_header(out, d, status, n, capacity, total, L.total, cs);
+  RowStats s;
+  s.status = status;
+  s.escape_count = total;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------
+// Block decoder. The caller has validated the record; here the block's escape count
+// is checked against the planes before any escape byte is read.
+
+template <typename T>
+bool decode_block_generic(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r,
+                          uint32_t len, typename T::bits_t* y) {
+  const Window w{r.base, r.mode};
+  const uint8_t* p0 = planes;
+  const uint8_t* p1 = planes + kPlaneBytes;
+  const uint8_t* p2 = planes + 2 * kPlaneBytes;
+  // Count escapes and check padding bits first: no escape byte is read unless the
+  // block's planes agree with its record.
+  uint32_t count = 0;
+  for (uint32_t t = 0; t < kPlaneBytes; ++t) {
+    const uint32_t lo = 8 * t;
+    const uint32_t valid = lo >= len ? 0u : (len - lo >= 8 ? 0xFFu : (1u << (len - lo)) - 1);
+    uint32_t any = p0[t] | p1[t] | p2[t];
+    for (uint32_t p = 3; p < (uint32_t)T::kPlanes; ++p) any |= planes[p * kPlaneBytes + t];
+    if (any & ~valid) return false;  // a padding bit is set
+    count += __builtin_popcount(~(p0[t] | p1[t] | p2[t]) & valid);
+  }
+  if (count != r.esc_count) return false;
+  uint8_t lut[8];
+  for (uint32_t c = 0; c < 8; ++c) lut[c] = c ? (uint8_t)exp_of(c, w) : 0;
+  uint32_t used = 0;
+  for (uint32_t t = 0; t < kPlaneBytes && 8 * t < len; ++t) {
+    const uint64_t c8 = spread8(p0[t]) | (spread8(p1[t]) << 1) | (spread8(p2[t]) << 2);
+    uint64_t r89 = 0;
+    if (T::kRawPlanes) {
+      r89 = spread8(planes[3 * kPlaneBytes + t]) | (spread8(planes[4 * kPlaneBytes + t]) << 1) |
+            (spread8(planes[5 * kPlaneBytes + t]) << 2);
+    }
+    const uint32_t kend = std::min<uint32_t>(8, len - 8 * t);
+    for (uint32_t k = 0; k < kend; ++k) {
+      const uint32_t j = 8 * t + k;
+      const uint32_t c = (uint32_t)(c8 >> (8 * k)) & 7;
+      const uint32_t e = c ? lut[c] : esc[used++];
+      uint32_t rv;
+      if (T::kRawBytes == 1) {
+        rv = raw[j];
+      } else {
+        rv = (uint32_t)raw[3 * j] | ((uint32_t)raw[3 * j + 1] << 8) | ((uint32_t)raw[3 * j + 2] << 16);
+      }
+      if (T::kRawPlanes) rv |= (uint32_t)((r89 >> (8 * k)) & 7) << 8;
+      y[j] = (typename T::bits_t)T::join(rv, e);
+    }
+  }
+  return true;
+}
+
+#if ZIPCCL_X86
+// 32 plane bits -> 32 bytes of 0xFF (bit set) / 0x00.
+__attribute__((target("avx2"), always_inline)) inline __m256i expand32_avx2(uint32_t m, __m256i spread_idx,
+                                                                            __m256i bitsel) {
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), spread_idx);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bitsel), bitsel);
+}
+
+__attribute__((target("avx2,bmi,popcnt"))) bool decode_block_bf16_avx2(
+    const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r, uint16_t* y) {
+  const Window w{r.base, r.mode};
+  const uint32_t* p0 = reinterpret_cast<const uint32_t*>(planes);
+  const uint32_t* p1 = reinterpret_cast<const uint32_t*>(planes + kPlaneBytes);
+  const uint32_t* p2 = reinterpret_cast<const uint32_t*>(planes + 2 * kPlaneBytes);
+  uint32_t count = 0;
+  for (uint32_t g = 0; g < kBlock / 32; ++g) {
+    uint32_t a, b, c;
+    std::memcpy(&a, p0 + g, 4);
+    std::memcpy(&b, p1 + g, 4);
+    std::memcpy(&c, p2 + g, 4);
+    count += __builtin_popcount(~(a | b | c));
+  }
+  if (count != r.esc_count) return false;
+  alignas(16) uint8_t lut[16] = {0};
+  for (uint32_t cc = 1; cc < 8; ++cc) lut[cc] = (uint8_t)exp_of(cc, w);
+  const __m256i vlut = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lut)));
+  // Byte j of a 32-bit plane word -> byte j/8 broadcast, then test bit j%8.
+  const __m256i spread_idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+  const __m256i m7f = _mm256_set1_epi16(0x7F);
+  const __m256i m80 = _mm256_set1_epi16(0x80);
+  const __m256i one = _mm256_set1_epi8(1), two = _mm256_set1_epi8(2), four = _mm256_set1_epi8(4);
+  uint32_t used = 0;
+  alignas(32) uint8_t ebuf[32];
+  for (uint32_t g = 0; g < kBlock / 32; ++g) {
+    uint32_t a, b, c;
+    std::memcpy(&a, p0 + g, 4);
+    std::memcpy(&b, p1 + g, 4);
+    std::memcpy(&c, p2 + g, 4);
+    __m256i code = _mm256_or_si256(
+        _mm256_and_si256(expand32_avx2(a, spread_idx, bitsel), one),
+        _mm256_or_si256(_mm256_and_si256(expand32_avx2(b, spread_idx, bitsel), two),
+                        _mm256_and_si256(expand32_avx2(c, spread_idx, bitsel), four)));
+    __m256i e = _mm256_shuffle_epi8(vlut, code);
+    uint32_t escm = ~(a | b | c);
+    if (escm) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ebuf), e);
+      while (escm) {
+        const uint32_t k = __builtin_ctz(escm);
+        escm &= escm - 1;
+        ebuf[k] = esc[used++];
+      }
+      e = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf));
+    }
+    __m256i rb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + 32 * g));
+    __m256i r_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(rb));
+    __m256i r_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(rb, 1));
+    __m256i e_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(e));
+    __m256i e_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(e, 1));
+    __m256i y_lo = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r_lo, m80), 8),
+                                                   _mm256_slli_epi16(e_lo, 7)),
+                                   _mm256_and_si256(r_lo, m7f));
+    __m256i y_hi = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r_hi, m80), 8),
+                                                   _mm256_slli_epi16(e_hi, 7)),
+                                   _mm256_and_si256(r_hi, m7f));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g), y_lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g + 16), y_hi);
+  }
+  return true;
+}
+#endif
+
+template <typename T>
+bool decode_block(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r,
+                  uint32_t len, typename T::bits_t* y) {
+#if ZIPCCL_X86
+  if constexpr (std::is_same<T, BF16Traits>::value) {
+    if (len == kBlock && have_avx2() && !std::getenv("ZIPCCL_DISABLE_SIMD"))
+      return decode_block_bf16_avx2(raw, planes, esc, r, y);
+  }
+#endif
+  return decode_block_generic<T>(raw, planes, esc, r, len, y);
+}
+
+template <typename T>
+int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t capacity,
+                     typename T::bits_t* y) {
+  const DtypeCode d = T::kCode;
+  const Layout L = layout_of(d, n, capacity);
+  if (nbytes < kHeaderBytes) return kDecBadSize;
+  // 1-5: header.
+  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
+  if (in[kOffDtype] != (uint8_t)d || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
+  if (load_u64(in + kOffN) != n || load_u64(in + kOffCapacity) != capacity ||
+      load_u64(in + kOffTotalBytes) != L.total || nbytes != L.total)
+    return kDecBadSize;
+  const uint8_t status = in[kOffStatus];
+  if (status == kEncOverflow) return kDecOverflowed;
+  const uint64_t esc_total = load_u64(in + kOffEscCount);
+  if (status != kEncOk || esc_total > capacity) return kDecBadHeader;
+  for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
+    if (in[i]) return kDecBadHeader;
+  // 6: block table (sequential, nb records).
+  const uint64_t nb = num_blocks(n);
+  uint64_t run = 0;
+  for (uint64_t b = 0; b < nb; ++b) {
+    const Record r = load_record(in + L.table_off + b * kRecordBytes);
+    const uint32_t len = (uint32_t)std::min<uint64_t>(kBlock, n - b * kBlock);
+    if (!window_valid<T>(r.base, r.mode) || r.esc_count > len || r.esc_offset != run) return kDecBadTable;
+    run += r.esc_count;
+  }
+  if (run != esc_total) return kDecBadTable;
+  // 7: blocks (parallel); every escape read is within [0, esc_total).
+  const int nt = num_threads_for(n);
+  const uint32_t P = T::kPlanes;
+  std::atomic<bool> bad{false};
+  std::vector<uint64_t> t_xor(nt, 0);
+  parallel_for(nt, [&](int t) {
+    const uint64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+    uint64_t acc = 0;
+    for (uint64_t b = b0; b < b1; ++b) {
+      const uint64_t i0 = b * kBlock;
+      const uint32_t len = (uint32_t)std::min<uint64_t>(kBlock, n - i0);
+      const Record r = load_record(in + L.table_off + b * kRecordBytes);
+      const uint8_t* raw = in + L.raw_off + i0 * T::kRawBytes;
+      const uint8_t* planes = in + L.plane_off + b * P * kPlaneBytes;
+      if (!decode_block<T>(raw, planes, in + L.esc_off + r.esc_offset, r, len, y + i0)) {
+        bad.store(true, std::memory_order_relaxed);
+        return;
+      }
+      acc ^= xor_bytes_at(raw, L.raw_off + i0 * T::kRawBytes, (uint64_t)len * T::kRawBytes);
+      acc ^= xor_words(planes, (uint64_t)P * kPlaneBytes);
+    }
+    t_xor[t] = acc;
+  });
+  if (bad.load()) return kDecBadEscapes;
+  // 8: checksum over everything (header with its checksum field as zero).
+  uint64_t cs = 0;
+  for (int t = 0; t < nt; ++t) cs ^= t_xor[t];
+  cs ^= xor_words(in, kOffChecksum) ^ xor_words(in + kOffChecksum + 8, L.raw_off - kOffChecksum - 8);
+  const uint64_t raw_used = n * (uint64_t)T::kRawBytes;
+  cs ^= xor_bytes_at(in + L.raw_off + raw_used, L.raw_off + raw_used, (L.plane_off - L.raw_off) - raw_used);
+  cs ^= xor_words(in + L.esc_off, L.total - L.esc_off);
+  if (cs != load_u64(in + kOffChecksum)) return kDecBadChecksum;
+  return kDecOk;
+}
+
+}  // namespace
+
+RowStats encode_row(DtypeCode d, const void* x, uint64_t n, uint64_t capacity, uint8_t* out) {
+  switch (d) {
+    case kBF16: return encode_row_t<BF16Traits>(static_cast<const uint16_t*>(x), n, capacity, out);
+    case kF16: return encode_row_t<F16Traits>(static_cast<const uint16_t*>(x), n, capacity, out);
+    default: return encode_row_t<F32Traits>(static_cast<const uint32_t*>(x), n, capacity, out);
+  }
+}
+
+int32_t decode_row(DtypeCode d, const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t capacity,
+                   void* y) {
+  switch (d) {
+    case kBF16: return decode_row_t<BF16Traits>(in, nbytes, n, capacity, static_cast<uint16_t*>(y));
+    case kF16: return decode_row_t<F16Traits>(in, nbytes, n, capacity, static_cast<uint16_t*>(y));
+    default: return decode_row_t<F32Traits>(in, nbytes, n, capacity, static_cast<uint32_t*>(y));
+  }
+}
+
+}  // namespace cpu
+}  // namespace zipccl
+
+// ---------------------------------------------------------------------------------
+// XLA FFI handlers. Shapes: x [..., n] -> payload u8 [..., nbytes], stats s32 [..., 2]
+// (status, escape count saturated to INT32_MAX), workspace u8 [..., W] (unused on the
+// CPU; the CUDA handlers of the same name use it). Every leading dimension is a row.
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+bool dtype_code(ffi::DataType t, zipccl::DtypeCode* d) {
+  switch (t) {
+    case ffi::DataType::BF16: *d = zipccl::kBF16; return true;
+    case ffi::DataType::F16: *d = zipccl::kF16; return true;
+    case ffi::DataType::F32: *d = zipccl::kF32; return true;
+    default: return false;
+  }
+}
+
+// rows = product of all but the last dimension; last = the last dimension.
+void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
+  uint64_t r = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
+  *rows = r;
+  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
+}
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+                         ffi::Result<ffi::Buffer<ffi::S32>> stats,
+                         ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t escape_capacity) {
+  zipccl::DtypeCode d;
+  if (!dtype_code(x.element_type(), &d))
+    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: x must be bfloat16, float16 or float32");
+  if (escape_capacity < 0)
+    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: escape_capacity must be >= 0, got " +
+                                       std::to_string(escape_capacity));
+  uint64_t rows, n, prow, nbytes, srow, two;
+  split_dims(x.dimensions(), &rows, &n);
+  split_dims(payload->dimensions(), &prow, &nbytes);
+  split_dims(stats->dimensions(), &srow, &two);
+  if (n >= (1ull << 32))
+    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: rows of >= 2^32 elements are not supported");
+  const uint64_t want = zipccl::encoded_nbytes(d, n, (uint64_t)escape_capacity);
+  if (prow != rows || nbytes != want)
+    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: payload must be [" + str(rows) + ", " +
+                                       str(want) + "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
+  if (srow != rows || two != 2)
+    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: stats must be [" + str(rows) + ", 2]");
+  const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
+  const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(d);
+  uint8_t* out = payload->typed_data();
+  int32_t* st = stats->typed_data();
+  for (uint64_t r = 0; r < rows; ++r) {
+    zipccl::cpu::RowStats s =
+        zipccl::cpu::encode_row(d, xb + r * n * esize, n, (uint64_t)escape_capacity, out + r * nbytes);
+    st[2 * r] = s.status;
+    st[2 * r + 1] = (int32_t)std::min<uint64_t>(s.escape_count, 0x7FFFFFFF);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::Buffer<ffi::S32>> status,
+                         ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t escape_capacity) {
+  zipccl::DtypeCode d;
+  if (!dtype_code(y->element_type(), &d))
+    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: output must be bfloat16, float16 or float32");
+  if (escape_capacity < 0)
+    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: escape_capacity must be >= 0");
+  uint64_t rows, nbytes, yrows, n;
+  split_dims(payload.dimensions(), &rows, &nbytes);
+  split_dims(y->dimensions(), &yrows, &n);
+  if (yrows != rows)
+    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: payload has " + str(rows) +
+                                       " rows but the output has " + str(yrows));
+  if (status->element_count() != (size_t)rows)
+    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: status must have one entry per row");
+  if (n >= (1ull << 32))
+    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: rows of >= 2^32 elements are not supported");
+  const uint8_t* in = payload.typed_data();
+  uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
+  const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(d);
+  int32_t* st = status->typed_data();
+  for (uint64_t r = 0; r < rows; ++r)
+    st[r] = zipccl::cpu::decode_row(d, in + r * nbytes, nbytes, n, (uint64_t)escape_capacity,
+                                    yb + r * n * esize);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()            // x [..., n]
+                                  .Ret<ffi::Buffer<ffi::U8>>()      // payload [..., nbytes]
+                                  .Ret<ffi::Buffer<ffi::S32>>()     // stats [..., 2]
+                                  .Ret<ffi::Buffer<ffi::U8>>()      // workspace [..., W]
+                                  .Attr<int64_t>("escape_capacity"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U8>>()      // payload [..., nbytes]
+                                  .Ret<ffi::AnyBuffer>()            // y [..., n]
+                                  .Ret<ffi::Buffer<ffi::S32>>()     // status [...]
+                                  .Ret<ffi::Buffer<ffi::U8>>()      // workspace [..., W]
+                                  .Attr<int64_t>("escape_capacity"));

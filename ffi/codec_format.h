@@ -1,0 +1,295 @@
+// zipccl encoded format, version 1: layout constants, per-dtype traits and the
+// static-size contract, shared by the CPU codec (ffi/codec_cpu.cc) and the CUDA
+// codec (cuda/codec.cu). docs/format.md is the normative text; this header is
+// its executable form. Everything here is __host__ __device__ so that the CPU
+// output is the bit-exact reference for the GPU.
+//
+// One encoded row (one tensor of n elements), all integers little-endian, every
+// section starting on a 128-byte boundary:
+//
+//   [0]            header            128 bytes (64 used, 64 reserved = 0)
+//   [128]          block table       nb records of 8 bytes, padded to 128
+//   [..]           raw section       n * kRawBytes bytes, padded to 128
+//   [..]           plane section     nb * kPlanes * 256 bytes
+//   [..]           escape section    capacity bytes, padded to 128
+//
+// with nb = ceil(n / 2048). See docs/format.md for every field and bit.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define ZC_HD __host__ __device__ __forceinline__
+#else
+#define ZC_HD inline
+#endif
+
+namespace zipccl {
+
+// ---- constants of format version 1 -------------------------------------------
+
+constexpr uint32_t kMagic = 0x4C43435Au;  // bytes 'Z' 'C' 'C' 'L'
+constexpr uint8_t kVersion = 1;
+constexpr uint32_t kBlockLog2 = 11;
+constexpr uint32_t kBlock = 1u << kBlockLog2;       // elements per block (2048)
+constexpr uint32_t kPlaneBytes = kBlock / 8;        // bytes per bit plane (256)
+constexpr uint32_t kAlign = 128;                    // section alignment (bytes)
+constexpr uint32_t kHeaderBytes = 128;              // header section size (bytes)
+constexpr uint32_t kRecordBytes = 8;                // block-table record size (bytes)
+constexpr uint32_t kCodePlanes = 3;                 // exponent code: 3 bit planes
+
+// Header byte offsets.
+constexpr uint32_t kOffMagic = 0;        // u32
+constexpr uint32_t kOffVersion = 4;      // u8
+constexpr uint32_t kOffDtype = 5;        // u8  (DtypeCode)
+constexpr uint32_t kOffBlockLog2 = 6;    // u8
+constexpr uint32_t kOffStatus = 7;       // u8  (EncodeStatus)
+constexpr uint32_t kOffN = 8;            // u64 element count
+constexpr uint32_t kOffCapacity = 16;    // u64 escape capacity (slots = bytes)
+constexpr uint32_t kOffEscCount = 24;    // u64 escapes found (may exceed capacity)
+constexpr uint32_t kOffTotalBytes = 32;  // u64 encoded size, = encoded_nbytes()
+constexpr uint32_t kOffChecksum = 40;    // u64 XOR-64 of the buffer, this field as 0
+constexpr uint32_t kHeaderUsed = 48;     // bytes [48, 128) are reserved, zero
+
+enum DtypeCode : uint8_t { kBF16 = 1, kF16 = 2, kF32 = 3 };
+
+// Status written by the encoder into the header and its stats output.
+enum EncodeStatus : uint8_t { kEncOk = 0, kEncOverflow = 1 };
+
+// Status returned by the decoder (one int32 per row). Keep in sync with
+// zipccl_jax/_src/codec.py (_DECODE_ERRORS) and docs/format.md.
+enum DecodeStatus : int32_t {
+  kDecOk = 0,
+  kDecBadMagic = 1,        // magic or version wrong
+  kDecBadDtype = 2,        // dtype or block size differ from what the caller expects
+  kDecBadSize = 3,         // n, capacity or total size differ from the caller's / the buffer
+  kDecOverflowed = 4,      // the encoder overflowed: this payload is not decodable
+  kDecBadHeader = 5,       // status byte, escape count or reserved bytes invalid
+  kDecBadTable = 6,        // a block record is inconsistent (base, mode, offset, count)
+  kDecBadEscapes = 7,      // code planes disagree with the block table's escape counts
+  kDecBadChecksum = 8,     // XOR-64 checksum mismatch (corrupted bytes)
+};
+
+// ---- per-dtype traits ----------------------------------------------------------
+//
+// A float is sign | exponent (kExpBits) | mantissa (kManBits). The exponent is
+// coded; sign and mantissa ("raw" bits) are stored verbatim:
+//   bf16: raw byte  = sign<<7 | mantissa[6:0]                  (1 byte, 0 planes)
+//   fp16: raw byte  = mantissa[7:0]; raw planes = m8, m9, sign  (1 byte, 3 planes)
+//   fp32: raw 24bit = sign<<23 | mantissa[22:0], 3 bytes LE     (3 bytes, 0 planes)
+
+template <typename Bits, int ExpBits, int ManBits, int RawBytes, int RawPlanes, DtypeCode Code>
+struct TraitsBase {
+  using bits_t = Bits;
+  static constexpr int kExpBits = ExpBits;
+  static constexpr int kManBits = ManBits;
+  static constexpr uint32_t kExpMax = (1u << ExpBits) - 1;  // Inf/NaN exponent field
+  static constexpr int kRawBytes = RawBytes;
+  static constexpr int kRawPlanes = RawPlanes;
+  static constexpr int kPlanes = kCodePlanes + RawPlanes;
+  static constexpr DtypeCode kCode = Code;
+  static ZC_HD uint32_t exponent(Bits v) { return (uint32_t)(v >> ManBits) & kExpMax; }
+};
+
+struct BF16Traits : TraitsBase<uint16_t, 8, 7, 1, 0, kBF16> {
+  static ZC_HD uint32_t raw(uint16_t v) { return ((v >> 8) & 0x80u) | (v & 0x7Fu); }
+  static ZC_HD uint16_t join(uint32_t raw, uint32_t e) {
+    return (uint16_t)(((raw & 0x80u) << 8) | (e << 7) | (raw & 0x7Fu));
+  }
+};
+
+struct F16Traits : TraitsBase<uint16_t, 5, 10, 1, 3, kF16> {
+  // raw = 11 bits: [7:0] -> raw byte, bit 8 -> plane 3, bit 9 -> plane 4, bit 10 (sign) -> plane 5
+  static ZC_HD uint32_t raw(uint16_t v) { return ((v >> 5) & 0x400u) | (v & 0x3FFu); }
+  static ZC_HD uint16_t join(uint32_t raw, uint32_t e) {
+    return (uint16_t)(((raw & 0x400u) << 5) | (e << 10) | (raw & 0x3FFu));
+  }
+};
+
+struct F32Traits : TraitsBase<uint32_t, 8, 23, 3, 0, kF32> {
+  static ZC_HD uint32_t raw(uint32_t v) { return ((v >> 8) & 0x800000u) | (v & 0x7FFFFFu); }
+  static ZC_HD uint32_t join(uint32_t raw, uint32_t e) {
+    return ((raw & 0x800000u) << 8) | (e << 23) | (raw & 0x7FFFFFu);
+  }
+};
+
+ZC_HD int raw_bytes_of(DtypeCode d) { return d == kF32 ? 3 : 1; }
+ZC_HD int planes_of(DtypeCode d) { return d == kF16 ? 6 : 3; }
+ZC_HD int elem_bytes_of(DtypeCode d) { return d == kF32 ? 4 : 2; }
+
+// ---- static size contract -----------------------------------------------------
+// Mirrored exactly by zipccl_jax/_src/codec.py:encoded_nbytes (tested to agree).
+
+ZC_HD uint64_t align_up(uint64_t x) { return (x + (kAlign - 1)) / kAlign * kAlign; }
+ZC_HD uint64_t num_blocks(uint64_t n) { return (n + kBlock - 1) / kBlock; }
+
+struct Layout {
+  uint64_t table_off, raw_off, plane_off, esc_off, total;
+};
+
+ZC_HD Layout layout_of(DtypeCode d, uint64_t n, uint64_t capacity) {
+  const uint64_t nb = num_blocks(n);
+  Layout l;
+  l.table_off = kHeaderBytes;
+  l.raw_off = l.table_off + align_up(nb * kRecordBytes);
+  l.plane_off = l.raw_off + align_up(n * (uint64_t)raw_bytes_of(d));
+  l.esc_off = l.plane_off + nb * (uint64_t)planes_of(d) * kPlaneBytes;
+  l.total = l.esc_off + align_up(capacity);
+  return l;
+}
+
+ZC_HD uint64_t encoded_nbytes(DtypeCode d, uint64_t n, uint64_t capacity) {
+  return layout_of(d, n, capacity).total;
+}
+
+// ---- block window ---------------------------------------------------------------
+//
+// Each block codes exponents through a window chosen from integer statistics of
+// the block's own exponent fields (so CPU and GPU choose identically, in any
+// summation order):
+//   S = sum of e over elements with 0 < e < kExpMax (normal numbers),
+//   N = count of those, Z = count of elements with e == 0 (zeros, subnormals).
+// The mean biased exponent S/N estimates log2(sigma) - 1.42 for a Gaussian
+// block, and the coverage-optimal 7-exponent window starts at
+// log2(sigma) - 5.35 (paper-notes.md), so base = round(S/N - 3.75) =
+// floor((4S - 13N) / 4N). Unlike the paper's RMS, the mean exponent is not
+// dragged by a single huge outlier (one 1e30 in a block of N(0,1) moves RMS by
+// 2^94 but S/N by 0.06); benchmarks/results/window_calibration.md has the
+// escape rates of both against the coverage-optimal window.
+//
+// mode 0: code c in 1..7 <-> e = base + c - 1; code 0 = escape.
+// mode 1 ("zero mode", chosen when more than 1/32 of the block has e == 0, e.g.
+//         ReLU outputs): code 1 <-> e == 0; c in 2..7 <-> e = base + c - 2.
+
+struct Window {
+  uint32_t base;
+  uint32_t mode;
+};
+
+ZC_HD int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  int64_t q = a / b;
+  return (q * b > a) ? q - 1 : q;
+}
+
+template <typename T>
+ZC_HD Window choose_window(uint64_t S, uint32_t N, uint32_t Z, uint32_t len) {
+  const int64_t hi0 = (int64_t)T::kExpMax - 6;  // last base of a 7-wide window
+  int64_t t = N ? floor_div(4 * (int64_t)S - 13 * (int64_t)N, 4 * (int64_t)N) : 0;
+  Window w;
+  if ((uint64_t)Z * 32 > len) {
+    // 6-wide window: drop its lowest exponent (the Gaussian's thin low tail).
+    int64_t b = t + 1;
+    b = b < 1 ? 1 : (b > hi0 + 1 ? hi0 + 1 : b);
+    w.base = (uint32_t)b;
+    w.mode = 1;
+  } else {
+    int64_t b = t < 0 ? 0 : (t > hi0 ? hi0 : t);
+    w.base = (uint32_t)b;
+    w.mode = 0;
+  }
+  return w;
+}
+
+// Exponent field -> 3-bit code (0 = escape).
+ZC_HD uint32_t code_of(uint32_t e, Window w) {
+  if (w.mode == 0) {
+    uint32_t d = e - w.base;  // wraps for e < base
+    return d < 7u ? d + 1 : 0u;
+  }
+  if (e == 0) return 1u;
+  uint32_t d = e - w.base;
+  return d < 6u ? d + 2 : 0u;
+}
+
+// 3-bit code (non-zero) -> exponent field.
+ZC_HD uint32_t exp_of(uint32_t code, Window w) {
+  if (w.mode == 0) return w.base + code - 1;
+  return code == 1 ? 0u : w.base + code - 2;
+}
+
+// Valid (base, mode) pairs for a dtype: the decoder rejects anything else.
+template <typename T>
+ZC_HD bool window_valid(uint32_t base, uint32_t mode) {
+  if (mode == 0) return base <= T::kExpMax - 6;
+  if (mode == 1) return base >= 1 && base <= T::kExpMax - 5;
+  return false;
+}
+
+// ---- little-endian helpers ------------------------------------------------------
+
+ZC_HD void store_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = (uint8_t)(v >> (8 * i));
+}
+ZC_HD void store_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = (uint8_t)(v >> (8 * i));
+}
+ZC_HD uint32_t load_u32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+ZC_HD uint64_t load_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+// Block-table record: u32 esc_offset | u16 esc_count | u8 base | u8 mode.
+struct Record {
+  uint32_t esc_offset;  // escapes of all earlier blocks (element order)
+  uint32_t esc_count;   // escapes in this block, <= block length
+  uint32_t base;
+  uint32_t mode;
+};
+
+ZC_HD void store_record(uint8_t* p, Record r) {
+  store_u32(p, r.esc_offset);
+  p[4] = (uint8_t)(r.esc_count & 0xFF);
+  p[5] = (uint8_t)(r.esc_count >> 8);
+  p[6] = (uint8_t)r.base;
+  p[7] = (uint8_t)r.mode;
+}
+ZC_HD Record load_record(const uint8_t* p) {
+  Record r;
+  r.esc_offset = load_u32(p);
+  r.esc_count = (uint32_t)p[4] | ((uint32_t)p[5] << 8);
+  r.base = p[6];
+  r.mode = p[7];
+  return r;
+}
+
+// The header's first 48 bytes. checksum is the XOR of every little-endian u64
+// word of the whole encoded buffer (header included) with the checksum field
+// read as zero.
+ZC_HD void store_header(uint8_t* h, DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
+                        uint64_t esc_count, uint64_t total, uint64_t checksum) {
+  store_u32(h + kOffMagic, kMagic);
+  h[kOffVersion] = kVersion;
+  h[kOffDtype] = (uint8_t)d;
+  h[kOffBlockLog2] = (uint8_t)kBlockLog2;
+  h[kOffStatus] = status;
+  store_u64(h + kOffN, n);
+  store_u64(h + kOffCapacity, capacity);
+  store_u64(h + kOffEscCount, esc_count);
+  store_u64(h + kOffTotalBytes, total);
+  store_u64(h + kOffChecksum, checksum);
+}
+
+// XOR-64 of the header's words with the checksum field as zero.
+ZC_HD uint64_t header_xor(DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
+                          uint64_t esc_count, uint64_t total) {
+  uint64_t w0 = (uint64_t)kMagic | ((uint64_t)kVersion << 32) | ((uint64_t)d << 40) |
+                ((uint64_t)kBlockLog2 << 48) | ((uint64_t)status << 56);
+  return w0 ^ n ^ capacity ^ esc_count ^ total;
+}
+
+}  // namespace zipccl
+
+namespace zipccl {
+// Scratch bytes per row that the codec handlers receive as an extra result (XLA
+// allocates it; the CUDA kernels use it for per-block look-back state and the
+// decoder's reductions; the CPU handlers leave it untouched). Mirrored in
+// zipccl_jax/_src/codec.py:workspace_nbytes.
+ZC_HD uint64_t workspace_nbytes(uint64_t n) { return align_up(16 * num_blocks(n) + 128); }
+}  // namespace zipccl
