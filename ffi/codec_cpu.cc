@@ -41,25 +41,27 @@ inline uint64_t spread8(uint32_t m) {
   return ((x + 0x7F7F7F7F7F7F7F7Full) >> 7) & 0x0101010101010101ull;
 }
 
-inline uint64_t xor_words(const uint8_t* p, uint64_t nbytes) {  // nbytes % 8 == 0, p 8-aligned
-  uint64_t acc = 0;
-  const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
-  for (uint64_t i = 0; i < nbytes / 8; ++i) acc ^= w[i];
-  return acc;
+// Checksum contribution of nbytes (multiple of 4) at row byte offset byte_off (multiple
+// of 4): sum (2j+1) w_j over its u32 words (codec_format.h: checksum_span). Split into
+// sum w and sum i*w (32x32->64 products) so that it vectorizes.
+inline uint64_t cs_bytes(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
+  uint64_t s0 = 0, s1 = 0;
+  const uint32_t cnt = (uint32_t)(nbytes / 4);
+  for (uint32_t i = 0; i < cnt; ++i) {
+    uint32_t w;
+    std::memcpy(&w, p + 4 * (uint64_t)i, 4);
+    s0 += w;
+    s1 += (uint64_t)w * (uint64_t)i;
+  }
+  return (2 * (byte_off / 4) + 1) * s0 + 2 * s1;
 }
 
-// XOR-64 contribution of `len` bytes placed at byte offset `off` of the row.
-inline uint64_t xor_bytes_at(const uint8_t* p, uint64_t off, uint64_t len) {
+// Larger spans (escape section, table): in chunks so the local index stays 32-bit.
+inline uint64_t cs_span(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
   uint64_t acc = 0;
-  uint64_t i = 0;
-  for (; i < len && ((off + i) & 7); ++i) acc ^= (uint64_t)p[i] << (8 * ((off + i) & 7));
-  uint64_t words = (len - i) / 8;
-  for (uint64_t k = 0; k < words; ++k) {
-    uint64_t w;
-    std::memcpy(&w, p + i + 8 * k, 8);
-    acc ^= w;
-  }
-  for (i += 8 * words; i < len; ++i) acc ^= (uint64_t)p[i] << (8 * ((off + i) & 7));
+  constexpr uint64_t kChunk = 1ull << 30;
+  for (uint64_t o = 0; o < nbytes; o += kChunk)
+    acc += cs_bytes(p + o, byte_off + o, std::min(kChunk, nbytes - o));
   return acc;
 }
 
@@ -95,7 +97,6 @@ void parallel_for(int nthreads, F&& fn) {
 
 struct BlockOut {
   Record rec;
-  uint64_t xor_acc;  // XOR-64 of the raw and plane bytes written (row offsets aligned)
 };
 
 template <typename T>
@@ -167,7 +168,6 @@ BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t
   }
   BlockOut o;
   o.rec = Record{0, count, w.base, w.mode};
-  o.xor_acc = 0;
   return o;
 }
 
@@ -241,7 +241,6 @@ __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
   }
   BlockOut o;
   o.rec = Record{0, count, w.base, w.mode};
-  o.xor_acc = 0;
   return o;
 }
 
@@ -285,7 +284,7 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
   std::vector<uint64_t> t_b0(nt + 1);
   for (int t = 0; t <= nt; ++t) t_b0[t] = nb * t / nt;
   std::vector<uint64_t> t_count(nt, 0);
-  std::vector<uint64_t> t_xor(nt, 0);
+  std::vector<uint64_t> t_cs(nt, 0);
   std::vector<std::vector<uint8_t>> t_esc(nt);
   uint8_t* esc_sec = out + L.esc_off;
 
@@ -315,12 +314,15 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
       r.esc_offset = (uint32_t)have;  // local; fixed up below
       store_record(out + L.table_off + b * kRecordBytes, r);
       have += r.esc_count;
-      // XOR-64 of this block's raw and plane bytes while they are in L1.
-      acc ^= xor_bytes_at(raw, L.raw_off + i0 * T::kRawBytes, (uint64_t)len * T::kRawBytes);
-      acc ^= xor_words(planes, (uint64_t)P * kPlaneBytes);
+      // Checksum of this block's raw bytes (the last block: up to the raw section's
+      // end, padding included) and planes, while they are in L1.
+      const uint64_t raw_pos = L.raw_off + i0 * T::kRawBytes;
+      const uint64_t raw_len = (b + 1 == nb) ? L.plane_off - raw_pos : (uint64_t)kBlock * T::kRawBytes;
+      acc += cs_bytes(raw, raw_pos, raw_len);
+      acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, (uint64_t)P * kPlaneBytes);
     }
     t_count[t] = have;
-    t_xor[t] = acc;
+    t_cs[t] = acc;
   });
 
   // Prefix over threads; place staged escapes; fix record offsets.
@@ -346,11 +348,10 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
   });
 
   const uint8_t status = total > capacity ? kEncOverflow : kEncOk;
-  uint64_t cs = header_xor(d, status, n, capacity, total, L.total);
-  for (int t = 0; t < nt; ++t) cs ^= t_xor[t];
-  cs ^= xor_words(out + L.table_off, L.raw_off - L.table_off);  // table + padding
-  // raw padding is zero; plane section counted per block; escape section:
-  cs ^= xor_words(esc_sec, align_up(capacity));
+  uint64_t cs = header_checksum(d, status, n, capacity, total, L.total);
+  for (int t = 0; t < nt; ++t) cs += t_cs[t];
+  cs += cs_span(out + L.table_off, L.table_off, L.raw_off - L.table_off);  // table + padding
+  cs += cs_span(esc_sec, L.esc_off, align_up(capacity));
   store_header(out, d, status, n, capacity, total, L.total, cs);
   RowStats s;
   s.status = status;
@@ -526,7 +527,7 @@ int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t ca
   const int nt = num_threads_for(n);
   const uint32_t P = T::kPlanes;
   std::atomic<bool> bad{false};
-  std::vector<uint64_t> t_xor(nt, 0);
+  std::vector<uint64_t> t_cs(nt, 0);
   parallel_for(nt, [&](int t) {
     const uint64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
     uint64_t acc = 0;
@@ -540,19 +541,20 @@ int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t ca
         bad.store(true, std::memory_order_relaxed);
         return;
       }
-      acc ^= xor_bytes_at(raw, L.raw_off + i0 * T::kRawBytes, (uint64_t)len * T::kRawBytes);
-      acc ^= xor_words(planes, (uint64_t)P * kPlaneBytes);
+      const uint64_t raw_pos = L.raw_off + i0 * T::kRawBytes;
+      const uint64_t raw_len = (b + 1 == nb) ? L.plane_off - raw_pos : (uint64_t)kBlock * T::kRawBytes;
+      acc += cs_bytes(raw, raw_pos, raw_len);
+      acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, (uint64_t)P * kPlaneBytes);
     }
-    t_xor[t] = acc;
+    t_cs[t] = acc;
   });
   if (bad.load()) return kDecBadEscapes;
   // 8: checksum over everything (header with its checksum field as zero).
   uint64_t cs = 0;
-  for (int t = 0; t < nt; ++t) cs ^= t_xor[t];
-  cs ^= xor_words(in, kOffChecksum) ^ xor_words(in + kOffChecksum + 8, L.raw_off - kOffChecksum - 8);
-  const uint64_t raw_used = n * (uint64_t)T::kRawBytes;
-  cs ^= xor_bytes_at(in + L.raw_off + raw_used, L.raw_off + raw_used, (L.plane_off - L.raw_off) - raw_used);
-  cs ^= xor_words(in + L.esc_off, L.total - L.esc_off);
+  for (int t = 0; t < nt; ++t) cs += t_cs[t];
+  cs += cs_span(in, 0, kOffChecksum);
+  cs += cs_span(in + kOffChecksum + 8, kOffChecksum + 8, L.raw_off - kOffChecksum - 8);
+  cs += cs_span(in + L.esc_off, L.esc_off, L.total - L.esc_off);
   if (cs != load_u64(in + kOffChecksum)) return kDecBadChecksum;
   return kDecOk;
 }

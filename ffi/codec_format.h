@@ -49,7 +49,7 @@ constexpr uint32_t kOffN = 8;            // u64 element count
 constexpr uint32_t kOffCapacity = 16;    // u64 escape capacity (slots = bytes)
 constexpr uint32_t kOffEscCount = 24;    // u64 escapes found (may exceed capacity)
 constexpr uint32_t kOffTotalBytes = 32;  // u64 encoded size, = encoded_nbytes()
-constexpr uint32_t kOffChecksum = 40;    // u64 XOR-64 of the buffer, this field as 0
+constexpr uint32_t kOffChecksum = 40;    // u64 position-weighted word sum (see checksum_span)
 constexpr uint32_t kHeaderUsed = 48;     // bytes [48, 128) are reserved, zero
 
 enum DtypeCode : uint8_t { kBF16 = 1, kF16 = 2, kF32 = 3 };
@@ -259,9 +259,25 @@ ZC_HD Record load_record(const uint8_t* p) {
   return r;
 }
 
-// The header's first 48 bytes. checksum is the XOR of every little-endian u64
-// word of the whole encoded buffer (header included) with the checksum field
-// read as zero.
+// ---- checksum ----------------------------------------------------------------------
+// checksum = sum over the row's little-endian u32 words w_j (j = byte offset / 4)
+// of w_j * (2j + 1), modulo 2^64, with the header's checksum field (bytes 40..47,
+// words 10 and 11) read as zero. Integer addition is order-independent, so any
+// split across threads or CTAs gives the same value; the odd position weights make
+// every single-bit and every double-bit error change the sum.
+// Span helper: words w[0..count) starting at row word index j0:
+//   sum (2(j0+i)+1) w_i = (2 j0 + 1) * sum w_i + 2 * sum i w_i   (mod 2^64)
+ZC_HD uint64_t checksum_span(const uint8_t* p, uint64_t j0, uint64_t count) {
+  uint64_t s0 = 0, s1 = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t w = load_u32(p + 4 * i);
+    s0 += w;
+    s1 += (uint64_t)w * i;
+  }
+  return (2 * j0 + 1) * s0 + 2 * s1;
+}
+
+// The header's first 48 bytes (checksum: see above).
 ZC_HD void store_header(uint8_t* h, DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
                         uint64_t esc_count, uint64_t total, uint64_t checksum) {
   store_u32(h + kOffMagic, kMagic);
@@ -276,12 +292,13 @@ ZC_HD void store_header(uint8_t* h, DtypeCode d, uint8_t status, uint64_t n, uin
   store_u64(h + kOffChecksum, checksum);
 }
 
-// XOR-64 of the header's words with the checksum field as zero.
-ZC_HD uint64_t header_xor(DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
-                          uint64_t esc_count, uint64_t total) {
-  uint64_t w0 = (uint64_t)kMagic | ((uint64_t)kVersion << 32) | ((uint64_t)d << 40) |
-                ((uint64_t)kBlockLog2 << 48) | ((uint64_t)status << 56);
-  return w0 ^ n ^ capacity ^ esc_count ^ total;
+// Checksum contribution of the header (its checksum field as zero).
+ZC_HD uint64_t header_checksum(DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
+                               uint64_t esc_count, uint64_t total) {
+  uint8_t h[kHeaderUsed];
+  for (uint32_t i = 0; i < kHeaderUsed; ++i) h[i] = 0;
+  store_header(h, d, status, n, capacity, esc_count, total, 0);
+  return checksum_span(h, 0, kHeaderUsed / 4);
 }
 
 }  // namespace zipccl
