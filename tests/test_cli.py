@@ -1,0 +1,195 @@
+"""The `python -m zipccl_jax analyze` command line and the tensor file loader."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from zipccl_jax import __main__ as cli
+from zipccl_jax._src import io as tio
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _gauss(n, dtype, seed=0, sigma=0.02):
+  return (np.random.default_rng(seed).standard_normal(n) * sigma).astype(dtype)
+
+
+def write_safetensors(path, tensors, metadata=None):
+  """Writes a safetensors file by hand (the format: u64 header length, JSON, data)."""
+  names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", BF16: "BF16",
+           np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
+  header, blobs, off = {}, [], 0
+  if metadata:
+    header["__metadata__"] = metadata
+  for name, a in tensors.items():
+    b = np.ascontiguousarray(a).tobytes()
+    header[name] = {"dtype": names[a.dtype], "shape": list(a.shape),
+                    "data_offsets": [off, off + len(b)]}
+    blobs.append(b)
+    off += len(b)
+  h = json.dumps(header).encode()
+  h += b" " * (-len(h) % 8)
+  with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+@pytest.fixture
+def files(tmp_path):
+  """A .npy (bf16 via ml_dtypes: stored as |V2), an .npz and a .safetensors file."""
+  npy = tmp_path / "w.npy"
+  np.save(npy, _gauss((64, 96), BF16, 1))
+  npz = tmp_path / "grads.npz"
+  np.savez(npz, g32=_gauss(5000, np.float32, 2), g16=_gauss(3001, np.float16, 3),
+           step=np.arange(4, dtype=np.int32))
+  st = tmp_path / "model.safetensors"
+  write_safetensors(st, {"layer.weight": _gauss((128, 64), BF16, 4),
+                         "layer.bias": np.zeros(64, BF16),
+                         "ids": np.arange(10, dtype=np.int64),
+                         "emb": _gauss((50, 40), np.float32, 5)}, metadata={"format": "pt"})
+  return npy, npz, st
+
+
+def _lines_by_name(text):
+  return {ln.split()[0]: ln for ln in text.splitlines() if ln.strip() and not ln.startswith("-")}
+
+
+def test_loader_reads_all_kinds(files):
+  npy, npz, st = files
+  (t,) = tio.iter_tensors(str(npy))
+  assert t.dtype == "bfloat16" and t.shape == (64, 96) and t.note
+  assert np.array_equal(np.asarray(t.array).view(np.uint16),
+                        _gauss((64, 96), BF16, 1).view(np.uint16))
+  z = {t.name: t for t in tio.iter_tensors(str(npz))}
+  assert z["g32"].dtype == "float32" and z["g16"].dtype == "float16"
+  assert z["step"].array is None and "int32" in z["step"].skip
+  s = {t.name: t for t in tio.iter_tensors(str(st))}
+  assert set(s) == {"layer.weight", "layer.bias", "ids", "emb"}  # no __metadata__
+  assert s["layer.weight"].dtype == "bfloat16" and s["layer.weight"].shape == (128, 64)
+  assert np.array_equal(np.asarray(s["layer.weight"].array).view(np.uint16),
+                        _gauss((128, 64), BF16, 4).view(np.uint16))
+  assert s["ids"].array is None and "I64" in s["ids"].skip
+  (v,) = tio.iter_tensors(str(npy), void2="skip")
+  assert v.array is None
+
+
+def test_loader_matches_safetensors_package(tmp_path):
+  st_numpy = pytest.importorskip("safetensors.numpy")
+  a = {"a": _gauss((33, 7), BF16, 6), "b": _gauss(100, np.float16, 7),
+       "c": _gauss((2, 3, 4), np.float32, 8)}
+  p = tmp_path / "pkg.safetensors"
+  st_numpy.save_file(a, str(p))
+  got = {t.name: t for t in tio.iter_tensors(str(p))}
+  for k, v in a.items():
+    assert got[k].array.dtype == v.dtype and got[k].shape == v.shape
+    assert np.array_equal(np.asarray(got[k].array).view(np.uint8), v.view(np.uint8))
+
+
+def test_subsample_is_blockwise_and_bounded():
+  a = np.arange(10_000_000, dtype=np.float32)
+  s = tio.subsample(a, 1_000_000)
+  assert 0 < s.size <= 1_000_000 and s.size % 2048 == 0
+  assert s[0] == 0 and s[-1] > 9_000_000  # spread over the whole tensor
+  assert tio.subsample(a[:100], 1000).size == 100
+  assert tio.subsample(a, 1000).size == 1000
+
+
+def test_main_table(files, capsys):
+  npy, npz, st = files
+  rc = cli.main(["analyze", str(npy), str(npz), str(st), "--no-progress"])
+  out = capsys.readouterr().out
+  assert rc == 0
+  rows = _lines_by_name(out)
+  for name in ("w", "g32", "g16", "layer.weight", "layer.bias", "emb"):
+    assert rows[name].split()[-1] == "ok", rows[name]
+  assert "skipped" in rows["ids"] and "skipped" in rows["step"]
+  assert "bfloat16" in rows["layer.weight"] and "128x64" in rows["layer.weight"]
+  assert "bfloat16*" in rows["w"]  # |V2 interpreted as bf16
+  # Gaussian bf16: actual ratio a little under 1.43x at this size, entropy bound ~1.5x.
+  cells = rows["layer.weight"].split()
+  ent, ratio = float(cells[4].rstrip("x")), float(cells[5].rstrip("x"))
+  assert 1.4 < ent < 1.6 and 1.2 < ratio < ent
+  totals = [ln for ln in out.splitlines() if ln.startswith("TOTAL")]
+  assert len(totals) == 4  # one per file and the grand total
+
+
+def test_main_json(files, capsys):
+  npy, npz, st = files
+  assert cli.main(["analyze", str(st), "--json"]) == 0
+  doc = json.loads(capsys.readouterr().out)
+  (f,) = doc["files"]
+  t = {r["name"]: r for r in f["tensors"]}
+  assert t["layer.weight"]["dtype"] == "bfloat16" and t["layer.weight"]["roundtrip_ok"]
+  assert t["layer.bias"]["escape_count"] == 0  # zeros: zero-mode window, no escapes
+  assert t["ids"]["skipped"]
+  tot = f["total"]
+  assert tot["analyzed_elements"] == 128 * 64 + 64 + 50 * 40
+  assert tot["raw_nbytes"] == 2 * (128 * 64 + 64) + 4 * 50 * 40
+  assert abs(tot["ratio"] - tot["raw_nbytes"] / tot["actual_nbytes"]) < 1e-12
+
+
+def test_main_max_elements(tmp_path, capsys):
+  p = tmp_path / "big.npy"
+  np.save(p, _gauss(200_000, np.float32, 9))
+  assert cli.main(["analyze", str(p), "--max-elements", "50000", "--json"]) == 0
+  (r,) = json.loads(capsys.readouterr().out)["files"][0]["tensors"]
+  assert r["elements"] == 200_000 and 0 < r["analyzed_elements"] <= 50_000
+
+
+def test_progress_bar_for_many_tensors(tmp_path, capsys):
+  p = tmp_path / "many.npz"
+  np.savez(p, **{f"t{i}": _gauss(100, np.float32, i) for i in range(12)})
+  assert cli.main(["analyze", str(p)]) == 0
+  err = capsys.readouterr().err
+  assert "/12" in err  # tqdm or the simple bar, on stderr
+  assert cli.main(["analyze", str(p), "--no-progress"]) == 0
+  assert "/12" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda d: d / "missing.npy", "no such file"),
+    (lambda d: (d / "x.bin").write_bytes(b"1234") and d / "x.bin", "unknown file kind"),
+    (lambda d: (d / "bad.safetensors").write_bytes(b"\xff" * 16) and d / "bad.safetensors",
+     "not a safetensors file"),
+    (lambda d: (d / "bad.npy").write_bytes(b"not numpy") and d / "bad.npy", "not a readable"),
+])
+def test_bad_files(tmp_path, capsys, make, msg):
+  path = make(tmp_path)
+  assert cli.main(["analyze", str(path)]) == 2
+  assert msg in capsys.readouterr().err
+
+
+def test_bad_safetensors_offsets(tmp_path, capsys):
+  p = tmp_path / "trunc.safetensors"
+  write_safetensors(p, {"a": _gauss(1000, BF16)})
+  data = p.read_bytes()
+  p.write_bytes(data[:-100])  # data section shorter than the header says
+  assert cli.main(["analyze", str(p)]) == 2
+  assert "outside the data section" in capsys.readouterr().err
+
+
+def test_subprocess(files):
+  npy, npz, st = files
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "zipccl_jax", "analyze", str(st), str(npy)],
+                     capture_output=True, text=True, env=env, timeout=120)
+  assert r.returncode == 0, r.stderr
+  rows = _lines_by_name(r.stdout)
+  assert rows["layer.weight"].split()[-1] == "ok"
+  assert "TOTAL (all files)" in r.stdout
+  bad = subprocess.run([sys.executable, "-m", "zipccl_jax", "analyze", str(st) + ".nope"],
+                       capture_output=True, text=True, env=env, timeout=120)
+  assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_simple_progress_bar_without_tqdm(tmp_path, capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` raises ImportError
+  p = tmp_path / "few.npz"
+  np.savez(p, a=_gauss(10, np.float32), b=_gauss(10, np.float32))
+  assert cli.main(["analyze", str(p), "--progress"]) == 0
+  err = capsys.readouterr().err
+  assert "analyze [" in err and "2/2" in err

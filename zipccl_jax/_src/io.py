@@ -1,0 +1,219 @@
+"""Loading tensors from .npy, .npz and .safetensors files (for the CLI and benchmarks).
+
+Tensors are read without copying where the format allows (`np.load(mmap_mode="r")`
+for .npy, a numpy memmap over the data section for .safetensors). The safetensors
+header is parsed here with json + numpy, not with the `safetensors` package, so that
+bfloat16 ("BF16") loads as `ml_dtypes.bfloat16` with no torch dependency:
+
+    u64 little-endian header length H | H bytes of JSON | data section
+    JSON: {"name": {"dtype": "BF16", "shape": [...], "data_offsets": [begin, end]},
+           "__metadata__": {...}}   (offsets in bytes, relative to the data section)
+
+Every tensor comes back as a `Tensor`: either with an `array` (a dtype the codec
+takes: bfloat16, float16, float32) or with a `skip` reason (other dtypes), so that
+callers can list it instead of failing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import zipfile
+from typing import Iterator
+
+import ml_dtypes
+import numpy as np
+
+SUPPORTED_SUFFIXES = (".npy", ".npz", ".safetensors")
+
+# safetensors dtype names -> numpy dtypes the codec takes.
+_ST_CODEC_DTYPES = {
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F16": np.dtype(np.float16),
+    "F32": np.dtype(np.float32),
+}
+# Other safetensors dtypes, and their element size in bytes (to validate offsets).
+_ST_OTHER_DTYPES = {
+    "F64": 8, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+    "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75, "C64": 8,
+}
+_CODEC_DTYPES = tuple(_ST_CODEC_DTYPES.values())
+# A JSON header larger than this is not a safetensors file (the format caps it at 100 MB).
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class TensorFileError(ValueError):
+  """A tensor file is missing, of an unknown kind, or malformed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """One tensor of a file.
+
+  Attributes:
+    name: "name" inside the file (the file's stem for .npy).
+    dtype: dtype name as stored ("bfloat16", "float32", "I64", ...).
+    shape: the stored shape.
+    array: the values (possibly a read-only memmap), or None when skipped.
+    skip: why the tensor is not analyzed (None when `array` is set).
+    note: how the dtype was interpreted, if not literally (e.g. "|V2 read as bfloat16").
+  """
+  name: str
+  dtype: str
+  shape: tuple
+  array: np.ndarray | None = None
+  skip: str | None = None
+  note: str | None = None
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+
+def _from_numpy(name: str, a: np.ndarray, void2: str) -> Tensor:
+  """Wraps a numpy array, interpreting 2-byte void data as `void2` (or skipping it)."""
+  shape = tuple(a.shape)
+  if a.dtype in _CODEC_DTYPES:
+    return Tensor(name, a.dtype.name, shape, array=a)
+  # ml_dtypes' bfloat16 has no numpy type code: np.save writes it as '|V2' and
+  # np.load returns void data. JAX users save bf16 this way, so read it as bf16.
+  if a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.names is None and void2 != "skip":
+    dt = np.dtype(ml_dtypes.bfloat16 if void2 == "bfloat16" else np.float16)
+    return Tensor(name, dt.name, shape, array=a.view(dt), note=f"|V2 read as {dt.name}")
+  return Tensor(name, str(a.dtype), shape,
+                skip=f"dtype {a.dtype} (the codec takes bfloat16, float16, float32)")
+
+
+def _load_npy(path: str, void2: str) -> Iterator[Tensor]:
+  try:
+    a = np.load(path, mmap_mode="r", allow_pickle=False)
+  except (ValueError, OSError, EOFError) as e:
+    raise TensorFileError(f"{path}: not a readable .npy file ({e})") from e
+  yield _from_numpy(os.path.splitext(os.path.basename(path))[0], a, void2)
+
+
+def _load_npz(path: str, void2: str) -> Iterator[Tensor]:
+  try:
+    z = np.load(path, allow_pickle=False)
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    raise TensorFileError(f"{path}: not a readable .npz file ({e})") from e
+  if not isinstance(z, np.lib.npyio.NpzFile):
+    raise TensorFileError(f"{path}: not an .npz archive (it holds a single array)")
+  with z:
+    for key in z.files:
+      try:
+        a = z[key]
+      except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise TensorFileError(f"{path}: member {key!r} is not readable ({e})") from e
+      yield _from_numpy(key, a, void2)
+
+
+def read_safetensors_header(path: str) -> tuple[dict, int]:
+  """Parses a safetensors header. Returns (header dict, data section offset in bytes).
+
+  Raises:
+    TensorFileError: the file is too short, the header length or JSON is invalid.
+  """
+  fsize = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise TensorFileError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+    hlen = int.from_bytes(head, "little")
+    if hlen > min(fsize - 8, _MAX_HEADER_BYTES):
+      raise TensorFileError(f"{path}: not a safetensors file (header length {hlen} does not fit "
+                            f"in the file of {fsize} bytes)")
+    raw = f.read(hlen)
+  try:
+    header = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise TensorFileError(f"{path}: not a safetensors file (header is not JSON: {e})") from e
+  if not isinstance(header, dict):
+    raise TensorFileError(f"{path}: not a safetensors file (header is not a JSON object)")
+  return header, 8 + hlen
+
+
+def _load_safetensors(path: str) -> Iterator[Tensor]:
+  header, data_off = read_safetensors_header(path)
+  data_len = os.path.getsize(path) - data_off
+  entries = [(k, v) for k, v in header.items() if k != "__metadata__"]
+  # Data-section order, as the file is laid out (sequential reads of a memmap).
+  try:
+    entries.sort(key=lambda kv: int(kv[1]["data_offsets"][0]))
+  except (TypeError, KeyError, ValueError, IndexError) as e:
+    raise TensorFileError(f"{path}: malformed safetensors header (data_offsets: {e})") from e
+  mm = np.memmap(path, dtype=np.uint8, mode="r", offset=data_off, shape=(data_len,)) \
+      if data_len > 0 else np.zeros(0, np.uint8)
+  for name, info in entries:
+    try:
+      st_dtype = str(info["dtype"])
+      shape = tuple(int(d) for d in info["shape"])
+      begin, end = (int(o) for o in info["data_offsets"])
+    except (TypeError, KeyError, ValueError) as e:
+      raise TensorFileError(f"{path}: malformed header entry for tensor {name!r} ({e})") from e
+    n = math.prod(shape)
+    if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len:
+      raise TensorFileError(f"{path}: tensor {name!r} has offsets [{begin}, {end}) outside the "
+                            f"data section of {data_len} bytes")
+    if st_dtype in _ST_CODEC_DTYPES:
+      dt = _ST_CODEC_DTYPES[st_dtype]
+      if end - begin != n * dt.itemsize:
+        raise TensorFileError(f"{path}: tensor {name!r} ({st_dtype}{list(shape)}) should take "
+                              f"{n * dt.itemsize} bytes, its offsets give {end - begin}")
+      a = mm[begin:end].view(dt).reshape(shape)
+      yield Tensor(name, dt.name, shape, array=a)
+    elif st_dtype in _ST_OTHER_DTYPES:
+      yield Tensor(name, st_dtype, shape,
+                   skip=f"dtype {st_dtype} (the codec takes BF16, F16, F32)")
+    else:
+      yield Tensor(name, st_dtype, shape, skip=f"unknown safetensors dtype {st_dtype!r}")
+
+
+def iter_tensors(path: str, *, void2: str = "bfloat16") -> Iterator[Tensor]:
+  """Yields the tensors of a .npy, .npz or .safetensors file, in file order.
+
+  Args:
+    path: the file. Its kind is taken from the suffix.
+    void2: how to read 2-byte void arrays (bfloat16 saved by ml_dtypes/JAX with
+      np.save): "bfloat16", "float16" or "skip".
+
+  Raises:
+    TensorFileError: the file does not exist, has another suffix, or is malformed.
+  """
+  if void2 not in ("bfloat16", "float16", "skip"):
+    raise ValueError(f"void2 must be 'bfloat16', 'float16' or 'skip', got {void2!r}")
+  if not os.path.exists(path):
+    raise TensorFileError(f"{path}: no such file")
+  if os.path.isdir(path):
+    raise TensorFileError(f"{path}: is a directory, not a tensor file")
+  suffix = os.path.splitext(path)[1].lower()
+  if suffix == ".npy":
+    yield from _load_npy(path, void2)
+  elif suffix == ".npz":
+    yield from _load_npz(path, void2)
+  elif suffix == ".safetensors":
+    yield from _load_safetensors(path)
+  else:
+    raise TensorFileError(f"{path}: unknown file kind {suffix or '(no suffix)'!r}; "
+                          f"expected one of {', '.join(SUPPORTED_SUFFIXES)}")
+
+
+def subsample(a: np.ndarray, max_elements: int, chunk: int = 65536) -> np.ndarray:
+  """At most `max_elements` elements of `a` (flattened), as evenly spaced contiguous chunks.
+
+  Contiguous chunks (multiples of the codec's 2048-element block) keep the local
+  structure the per-block window sees; spreading them over the whole tensor keeps
+  its layers/rows represented. Returns `a.reshape(-1)` itself when small enough.
+  """
+  flat = a.reshape(-1)
+  n = flat.size
+  if max_elements <= 0 or n <= max_elements:
+    return flat
+  if max_elements < 2 * 2048:
+    return np.asarray(flat[:max_elements])
+  chunk = min(chunk, max_elements) // 2048 * 2048
+  k = max(1, max_elements // chunk)
+  starts = np.linspace(0, n - chunk, k).astype(np.int64) // 2048 * 2048
+  return np.concatenate([np.asarray(flat[s:s + chunk]) for s in starts])
