@@ -1,0 +1,165 @@
+"""A second, independent implementation of the zipccl v1 format in numpy.
+
+Written from docs/format.md alone (not from the C++), so that the tests compare two
+implementations of the text: the C++/CUDA encoders must produce exactly these bytes,
+and this decoder must read what they write. Slow but vectorized; fine for tests.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+B = 2048
+ALIGN = 128
+MAGIC = 0x4C43435A
+
+# dtype -> (code, word dtype, exponent bits, mantissa bits, raw bytes, planes)
+SPECS = {
+    np.dtype(ml_dtypes.bfloat16): (1, np.uint16, 8, 7, 1, 3),
+    np.dtype(np.float16): (2, np.uint16, 5, 10, 1, 6),
+    np.dtype(np.float32): (3, np.uint32, 8, 23, 3, 3),
+}
+
+
+def align(x: int) -> int:
+  return -(-x // ALIGN) * ALIGN
+
+
+def layout(dtype, n: int, cap: int):
+  _, _, _, _, rb, planes = SPECS[np.dtype(dtype)]
+  nb = -(-n // B)
+  table = 128
+  raw = table + align(8 * nb)
+  plane = raw + align(rb * n)
+  esc = plane + nb * planes * 256
+  return dict(nb=nb, table=table, raw=raw, plane=plane, esc=esc, total=esc + align(cap))
+
+
+def checksum(buf: np.ndarray) -> int:
+  """sum_j w_j (2j+1) mod 2^64 over u32 words, bytes 40..47 read as zero."""
+  b = buf.copy()
+  b[40:48] = 0
+  w = b.view("<u4").astype(np.uint64)
+  j = np.arange(w.size, dtype=np.uint64)
+  with np.errstate(over="ignore"):
+    return int(np.sum(w * (np.uint64(2) * j + np.uint64(1)), dtype=np.uint64))
+
+
+def encode(x: np.ndarray, cap: int) -> tuple[np.ndarray, int, int]:
+  """Returns (payload uint8, status, escape_count)."""
+  x = np.ascontiguousarray(x).reshape(-1)
+  code, wdt, eb, mb, rb, nplanes = SPECS[x.dtype]
+  w = x.view(wdt).astype(np.int64)
+  n = w.size
+  L = layout(x.dtype, n, cap)
+  nb = L["nb"]
+  emax = (1 << eb) - 1
+  buf = np.zeros(L["total"], np.uint8)
+
+  pad = nb * B
+  e = np.zeros(pad, np.int64)
+  e[:n] = (w >> mb) & emax
+  valid = np.zeros(pad, bool)
+  valid[:n] = True
+  eb_ = e.reshape(nb, B)
+  vb = valid.reshape(nb, B)
+  normal = vb & (eb_ > 0) & (eb_ < emax)
+  S = np.where(normal, eb_, 0).sum(1)
+  N = normal.sum(1)
+  Z = (vb & (eb_ == 0)).sum(1)
+  ln = vb.sum(1)
+  t = np.where(N > 0, np.floor_divide(4 * S - 13 * N, np.maximum(4 * N, 1)), 0)
+  mode = (32 * Z > ln).astype(np.int64)
+  base = np.where(mode == 1, np.clip(t + 1, 1, emax - 5), np.clip(t, 0, emax - 6))
+
+  bb = base[:, None]
+  d = eb_ - bb
+  c0 = np.where((d >= 0) & (d <= 6), d + 1, 0)
+  c1 = np.where(eb_ == 0, 1, np.where((d >= 0) & (d <= 5), d + 2, 0))
+  c = np.where(mode[:, None] == 1, c1, c0)
+  c = np.where(vb, c, 0)
+  escaped = vb & (c == 0)
+  esc_count = escaped.sum(1)
+  esc_off = np.concatenate([[0], np.cumsum(esc_count)[:-1]]) if nb else np.zeros(0, np.int64)
+  total = int(esc_count.sum())
+  status = 1 if total > cap else 0
+  escapes = eb_[escaped][: min(total, cap)].astype(np.uint8)
+
+  # block table
+  rec = np.zeros((nb, 8), np.uint8)
+  rec[:, 0:4] = esc_off.astype("<u4").view(np.uint8).reshape(nb, 4) if nb else rec[:, 0:4]
+  rec[:, 4:6] = esc_count.astype("<u2").view(np.uint8).reshape(nb, 2) if nb else rec[:, 4:6]
+  rec[:, 6] = base
+  rec[:, 7] = mode
+  buf[L["table"]:L["table"] + 8 * nb] = rec.reshape(-1)
+
+  # raw section
+  if code == 1:
+    raw = (((w >> 8) & 0x80) | (w & 0x7F)).astype(np.uint8)
+  elif code == 2:
+    raw = (w & 0xFF).astype(np.uint8)
+  else:
+    r24 = ((w >> 8) & 0x800000) | (w & 0x7FFFFF)
+    raw = np.stack([(r24 >> s) & 0xFF for s in (0, 8, 16)], 1).astype(np.uint8).reshape(-1)
+  buf[L["raw"]:L["raw"] + raw.size] = raw
+
+  # planes
+  bits = [(c >> k) & 1 for k in range(3)]
+  if code == 2:
+    wp = np.zeros(pad, np.int64)
+    wp[:n] = w
+    wp = wp.reshape(nb, B)
+    bits += [np.where(vb, (wp >> s) & 1, 0) for s in (8, 9, 15)]
+  pl = np.stack([np.packbits(b.reshape(nb, 256, 8).astype(np.uint8), axis=2, bitorder="little")
+                 .reshape(nb, 256) for b in bits], 1) if nb else np.zeros((0,), np.uint8)
+  buf[L["plane"]:L["esc"]] = pl.reshape(-1)
+
+  buf[L["esc"]:L["esc"] + escapes.size] = escapes
+
+  hdr = np.zeros(48, np.uint8)
+  hdr[0:4] = np.frombuffer(np.uint32(MAGIC).tobytes(), np.uint8)
+  hdr[4], hdr[5], hdr[6], hdr[7] = 1, code, 11, status
+  for off, v in ((8, n), (16, cap), (24, total), (32, L["total"])):
+    hdr[off:off + 8] = np.frombuffer(np.uint64(v).tobytes(), np.uint8)
+  buf[:48] = hdr
+  buf[40:48] = np.frombuffer(np.uint64(checksum(buf)).tobytes(), np.uint8)
+  return buf, status, total
+
+
+def decode(buf: np.ndarray, dtype, n: int, cap: int) -> np.ndarray:
+  """Decodes a valid payload (raises ValueError on the first failed check)."""
+  code, wdt, eb, mb, rb, nplanes = SPECS[np.dtype(dtype)]
+  L = layout(dtype, n, cap)
+  u64 = lambda o: int(buf[o:o + 8].view("<u8")[0])
+  if buf.size != L["total"] or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 1:
+    raise ValueError("bad size/magic")
+  if buf[5] != code or buf[7] != 0 or u64(8) != n or u64(16) != cap or u64(32) != L["total"]:
+    raise ValueError("bad header")
+  if checksum(buf) != u64(40):
+    raise ValueError("bad checksum")
+  nb = L["nb"]
+  rec = buf[L["table"]:L["table"] + 8 * nb].reshape(nb, 8)
+  off = rec[:, 0:4].copy().view("<u4").reshape(-1).astype(np.int64)
+  base = rec[:, 6].astype(np.int64)
+  mode = rec[:, 7].astype(np.int64)
+  pl = buf[L["plane"]:L["esc"]].reshape(nb, nplanes, 256)
+  bits = np.unpackbits(pl, axis=2, bitorder="little").reshape(nb, nplanes, B).astype(np.int64)
+  c = bits[:, 0] | (bits[:, 1] << 1) | (bits[:, 2] << 2)
+  e = np.where(mode[:, None] == 1, np.where(c == 1, 0, base[:, None] + c - 2), base[:, None] + c - 1)
+  flat_c = c.reshape(-1)[:n]
+  flat_e = e.reshape(-1)[:n]
+  esc_idx = np.flatnonzero(flat_c == 0)
+  flat_e[esc_idx] = buf[L["esc"]:L["esc"] + esc_idx.size]
+  raw_sec = buf[L["raw"]:L["raw"] + rb * n].astype(np.int64)
+  if code == 1:
+    w = ((raw_sec & 0x80) << 8) | (flat_e << 7) | (raw_sec & 0x7F)
+  elif code == 2:
+    hi = bits[:, 3] | (bits[:, 4] << 1) | (bits[:, 5] << 5)  # m8, m9, sign(bit 15 -> shifted below)
+    hi = hi.reshape(-1)[:n]
+    w = raw_sec | ((hi & 3) << 8) | ((hi >> 5) << 15) | (flat_e << 10)
+  else:
+    r = raw_sec.reshape(n, 3)
+    r24 = r[:, 0] | (r[:, 1] << 8) | (r[:, 2] << 16)
+    w = ((r24 & 0x800000) << 8) | (flat_e << 23) | (r24 & 0x7FFFFF)
+  assert off.size == nb
+  return w.astype(wdt).view(dtype)
