@@ -19,23 +19,43 @@ from zipccl_jax._src.codec import (
     encoded_nbytes,
     workspace_nbytes,
 )
+from zipccl_jax._src.collectives import (
+    AUTO_MIN_ROW_BYTES,
+    CollectiveStats,
+    HloWireBytes,
+    compressed_all_gather,
+    compressed_all_to_all,
+    compressed_ppermute,
+    compressed_psum,
+    compressed_psum_scatter,
+    hlo_wire_bytes,
+)
 from zipccl_jax._src.ffi import has_cuda_support
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTO_MIN_ROW_BYTES",
     "BLOCK",
     "CODECS",
     "DEFAULT_ESCAPE_RATE",
     "FORMAT_VERSION",
     "Analysis",
+    "CollectiveStats",
     "Encoded",
+    "HloWireBytes",
     "analyze",
+    "compressed_all_gather",
+    "compressed_all_to_all",
+    "compressed_ppermute",
+    "compressed_psum",
+    "compressed_psum_scatter",
     "decode",
     "decode_error_message",
     "default_escape_capacity",
     "encode",
     "encoded_nbytes",
     "has_cuda_support",
+    "hlo_wire_bytes",
     "workspace_nbytes",
 ]

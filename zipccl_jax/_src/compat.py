@@ -1,0 +1,71 @@
+"""The few JAX APIs the collectives use whose spelling moves between versions.
+
+Supported: jax >= 0.10.2 (Python 3.11's last release) and 0.11.x (the GPU
+machine). Everything version-sensitive is here so that collectives.py reads
+like plain JAX.
+"""
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+
+def check_vma_enabled() -> bool:
+  """True when shard_map tracks varying manual axes (check_vma=True, the default).
+
+  Decides the transpose of psum, as JAX does: with vma tracking the cotangent of
+  a psum is only re-typed as varying (no communication); without it JAX
+  transposes psum to another psum.
+  """
+  try:
+    from jax._src import config as _config  # pylint: disable=g-import-not-at-top
+    return bool(_config._check_vma.value)  # pylint: disable=protected-access
+  except (ImportError, AttributeError):  # pragma: no cover - future JAX
+    return True
+
+
+def varying_axes(x) -> frozenset:
+  """The manual mesh axes over which x is typed varying (empty outside shard_map)."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "mat", None)
+  if mat is not None:
+    return frozenset(getattr(mat, "varying", ()) or ())
+  return frozenset(getattr(aval, "vma", ()) or ())  # pragma: no cover - older spelling
+
+
+def pvary(x, axes: tuple):
+  """Types x as varying over `axes` (no data movement); a no-op where it already is.
+
+  Collectives over `axes` need a varying operand; JAX inserts this cast itself for
+  lax collectives, and we must do it before our custom_vjp so that its transpose
+  (a psum over the axes x was invariant in) is JAX's, not ours.
+  """
+  if not check_vma_enabled():
+    return x
+  missing = tuple(a for a in axes if a not in varying_axes(x))
+  if not missing:
+    return x
+  pcast = getattr(lax, "pcast", None)
+  if pcast is not None:
+    return pcast(x, missing, to="varying")
+  return lax.pvary(x, missing)  # pragma: no cover - older spelling
+
+
+def all_gather_invariant(x, axes: tuple, *, axis: int = 0, tiled: bool = False):
+  """lax.all_gather whose result is typed invariant over `axes` (same HLO all-gather).
+
+  Every participant then holds the same bytes *and* the type says so, which lets
+  a `lax.cond` predicate computed from them be used with collectives (trap 2 of
+  ../shared/jax-notes.md) and keeps stats invariant.
+  """
+  if not check_vma_enabled():
+    return lax.all_gather(x, axes, axis=axis, tiled=tiled)
+  try:
+    return lax.all_gather(x, axes, axis=axis, tiled=tiled, to="invarying")
+  except TypeError:  # pragma: no cover - a JAX without `to=`
+    return lax.all_gather(x, axes, axis=axis, tiled=tiled)
+
+
+def axis_size(axes: tuple) -> int:
+  """Static size of the (product of the) named mesh axes; NameError when unbound."""
+  return int(lax.axis_size(axes))
