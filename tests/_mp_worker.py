@@ -20,7 +20,8 @@ import traceback
 
 
 def main(argv) -> int:
-  pid, nproc, port, local, out_path = int(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]), argv[5]
+  pid, nproc, port, local = (int(a) for a in argv[1:5])
+  out_path = argv[5]
   result = {"ok": False, "errors": [], "digests": {}, "flags": {}}
   try:
     import jax

@@ -19,7 +19,6 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
-from zipccl_jax._src import collectives as C
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -401,7 +400,8 @@ def test_2d_mesh_one_axis_compressed(mesh4x2):
     ps_ab_raw = zc.compressed_psum(x, ("a", "b"), codec="raw")
     flags = jnp.stack([s_ag.fell_back, s_rs.fell_back])
     flags = lax.pcast(flags, "a", to="varying")[None]
-    lx = (lax.all_gather(b(x), "a", tiled=True, to="invarying"), lax.all_to_all(b(x), "a", 1, 0, tiled=True),
+    lx = (lax.all_gather(b(x), "a", tiled=True, to="invarying"),
+          lax.all_to_all(b(x), "a", 1, 0, tiled=True),
           lax.ppermute(b(x), ("a", "b"), PERM_AB))
     return (ag, a2a, pp, rs, ps, ps_raw, ps_ab, ps_ab_raw, flags), lx
 
@@ -606,3 +606,42 @@ def test_stats_wire_bytes_match_hlo(mesh8):
   _, s = jf(x)
   assert int(s.wire_bytes) == wb.common
   assert not bool(s.fell_back)
+
+
+# ---- edge cases -------------------------------------------------------------------------
+
+
+def test_edge_shapes_and_forced_fallback(mesh8):
+  """Odd sizes (psum pads to N rows), scalars, empty arrays, and escape_capacity=0,
+  which makes every Gaussian row overflow: the fallback must still be exact."""
+  odd = gaussian((N * 7, 3), BF16, seed=41)
+  x = gaussian((N * 4, 96), F16, seed=42)
+
+  def body(odd, x):
+    b = lambda v: lax.bitcast_convert_type(v, jnp.uint16)
+    ps_odd = zc.compressed_psum(odd, "x", **ALWAYS)
+    ag_scalar = zc.compressed_all_gather(odd[0, 0], "x", to="invarying", **ALWAYS)
+    empty = zc.compressed_ppermute(x[:0], "x", PERM, **ALWAYS)
+    ag0, s_ag0 = zc.compressed_all_gather(x, "x", tiled=True, to="invarying", escape_capacity=0,
+                                          stats=True, **ALWAYS)
+    rs0, s_rs0 = zc.compressed_psum_scatter(x, "x", scatter_dimension=1, tiled=True,
+                                            escape_capacity=0, stats=True, **ALWAYS)
+    rs_raw = zc.compressed_psum_scatter(x, "x", scatter_dimension=1, tiled=True, codec="raw")
+    g_inv = jax.grad(lambda v: jnp.sum(zc.compressed_all_gather(
+        v, "x", tiled=True, to="invarying", **ALWAYS).astype(jnp.float32) ** 2))(x)
+    g_lax = jax.grad(lambda v: jnp.sum(lax.all_gather(
+        v, "x", tiled=True, to="invarying").astype(jnp.float32) ** 2))(x)
+    return (ps_odd, ag_scalar, empty, ag0, b(lax.all_gather(x, "x", tiled=True, to="invarying")),
+            rs0, rs_raw, g_inv, g_lax, jnp.stack([s_ag0.fell_back, s_rs0.fell_back]))
+
+  outs = (P(), P(), P("x"), P(), P(), P("x"), P("x"), P("x"), P("x"), P())
+  (ps_odd, ag_scalar, empty, ag0, ag_lax, rs0, rs_raw, g_inv, g_lax, flags) = smap(
+      mesh8, (P("x"), P("x")), outs)(body)(odd, x)
+  assert ps_odd.shape == (7, 3)
+  assert_bits_equal(np.asarray(ps_odd), ordered_sum(_blocks(odd), BF16), "psum of 7x3")
+  assert_bits_equal(np.asarray(ag_scalar), odd[::7, 0], "all_gather of a scalar")
+  assert empty.shape == (0, 96)
+  assert np.asarray(flags).tolist() == [True, True], "capacity 0 must force the fallback"
+  assert_bits_equal(np.asarray(ag0), np.asarray(ag_lax).view(F16), "all_gather fallback")
+  assert_bits_equal(np.asarray(rs0), np.asarray(rs_raw), "psum_scatter fallback vs raw")
+  assert_bits_equal(np.asarray(g_inv), np.asarray(g_lax), "grad of all_gather to=invarying")

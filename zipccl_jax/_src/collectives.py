@@ -516,9 +516,9 @@ def _map_leaves(one, x, stats: bool):
   return y, jax.tree_util.tree_unflatten(treedef, [o[1] for o in outs])
 
 
-def _lax_stats(name, x, factor=1):
-  nbytes = x.size * x.dtype.itemsize * factor
-  return _stats(name, None, [_plain_part(nbytes)])
+def _lax_stats(name, x):
+  """codec=None: the lax op's operand is x itself (XLA:CPU may widen bf16 further)."""
+  return _stats(name, None, [_plain_part(x.size * x.dtype.itemsize)])
 
 
 # ---- public API ----------------------------------------------------------------------------
