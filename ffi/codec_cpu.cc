@@ -110,7 +110,15 @@ Window block_window_generic(const typename T::bits_t* x, uint32_t len) {
     N += normal;
     Z += (e == 0);
   }
-  return choose_window<T>(S, N, Z, len);
+  const Window w0 = choose_window<T>(S, N, Z, len);
+  int32_t probe[4];
+  window_probes(w0, probe);
+  uint32_t cnt[4] = {0, 0, 0, 0};
+  for (uint32_t j = 0; j < len; ++j) {
+    const int32_t e = (int32_t)T::exponent(x[j]);
+    for (int k = 0; k < 4; ++k) cnt[k] += (e == probe[k]);
+  }
+  return refine_window<T>(w0, cnt);
 }
 
 template <typename T>
@@ -206,7 +214,22 @@ __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
   alignas(32) uint64_t s4[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sad);
   const uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
-  const Window w = choose_window<BF16Traits>(S, N, Z, kBlock);
+  const Window w0 = choose_window<BF16Traits>(S, N, Z, kBlock);
+  int32_t probe[4];
+  window_probes(w0, probe);
+  // Probe values outside 0..255 count nothing: map them to a byte that never
+  // matches by comparing 16-bit lanes of the zero-extended exponents.
+  uint32_t cnt[4] = {0, 0, 0, 0};
+  {
+    __m256i pv[4];
+    for (int k = 0; k < 4; ++k) pv[k] = _mm256_set1_epi16((short)probe[k]);
+    for (uint32_t j = 0; j < kBlock; j += 16) {
+      __m256i e16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(ebuf + j)));
+      for (int k = 0; k < 4; ++k)
+        cnt[k] += __builtin_popcount((uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(e16, pv[k]))) / 2;
+    }
+  }
+  const Window w = refine_window<BF16Traits>(w0, cnt);
 
   // Pass 2: codes -> three bit planes (movemask), escapes in element order.
   const __m256i vbase = _mm256_set1_epi8((char)w.base);

@@ -158,6 +158,8 @@ ZC_HD uint64_t encoded_nbytes(DtypeCode d, uint64_t n, uint64_t capacity) {
 // 2^94 but S/N by 0.06); benchmarks/results/window_calibration.md has the
 // escape rates of both against the coverage-optimal window.
 //
+// choose_window gives the first guess; refine_window (below) the final window.
+//
 // mode 0: code c in 1..7 <-> e = base + c - 1; code 0 = escape.
 // mode 1 ("zero mode", chosen when more than 1/32 of the block has e == 0, e.g.
 //         ReLU outputs): code 1 <-> e == 0; c in 2..7 <-> e = base + c - 2.
@@ -189,6 +191,47 @@ ZC_HD Window choose_window(uint64_t S, uint32_t N, uint32_t Z, uint32_t len) {
     w.mode = 0;
   }
   return w;
+}
+
+// Refinement ("best of three"): the mean-exponent guess is the coverage-optimal
+// base on Gaussian data, but on heavier tails (Laplace, Student-t, many pretrained
+// matrices) the optimum sits one exponent lower or higher. Moving the window by one
+// changes its coverage by two counts only:
+//   cov(base-1) - cov(base) = #(e = base-1) - #(e = base+W-1)
+//   cov(base+1) - cov(base) = #(e = base+W) - #(e = base)
+// (W = 7, or 6 in zero mode), so counting four exponent values over the block
+// decides among base-1, base, base+1. Ties keep base, then prefer base-1.
+// window_probes gives the four values (as int: -1 or > kExpMax count nothing).
+ZC_HD void window_probes(Window w, int32_t probe[4]) {
+  const int32_t W = w.mode ? 6 : 7;
+  const int32_t b = (int32_t)w.base;
+  probe[0] = b - 1;
+  probe[1] = b;
+  probe[2] = b + W - 1;
+  probe[3] = b + W;
+}
+
+template <typename T>
+ZC_HD Window refine_window(Window w, const uint32_t cnt[4]) {
+  const uint32_t lo = w.mode ? 1u : 0u;
+  const uint32_t hi = w.mode ? T::kExpMax - 5 : T::kExpMax - 6;
+  int64_t best = 0;
+  uint32_t base = w.base;
+  if (w.base > lo) {
+    const int64_t gain = (int64_t)cnt[0] - (int64_t)cnt[2];
+    if (gain > best) {
+      best = gain;
+      base = w.base - 1;
+    }
+  }
+  if (w.base < hi) {
+    const int64_t gain = (int64_t)cnt[3] - (int64_t)cnt[1];
+    if (gain > best) base = w.base + 1;
+  }
+  Window r;
+  r.base = base;
+  r.mode = w.mode;
+  return r;
 }
 
 // Exponent field -> 3-bit code (0 = escape).

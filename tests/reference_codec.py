@@ -71,6 +71,15 @@ def encode(x: np.ndarray, cap: int) -> tuple[np.ndarray, int, int]:
   t = np.where(N > 0, np.floor_divide(4 * S - 13 * N, np.maximum(4 * N, 1)), 0)
   mode = (32 * Z > ln).astype(np.int64)
   base = np.where(mode == 1, np.clip(t + 1, 1, emax - 5), np.clip(t, 0, emax - 6))
+  # best of base-1, base, base+1 by coverage (ties: base, then base-1)
+  W = np.where(mode == 1, 6, 7)
+  lo = np.where(mode == 1, 1, 0)
+  hi = np.where(mode == 1, emax - 5, emax - 6)
+  cnt = lambda v: (vb & (eb_ == v[:, None])).sum(1)
+  gain_dn = np.where(base > lo, cnt(base - 1) - cnt(base + W - 1), -1)
+  gain_up = np.where(base < hi, cnt(base + W) - cnt(base), -1)
+  base = np.where((gain_dn > 0) & (gain_dn >= gain_up), base - 1,
+                  np.where(gain_up > 0, base + 1, base))
 
   bb = base[:, None]
   d = eb_ - bb
