@@ -31,6 +31,7 @@ from zipccl_jax._src.collectives import (
     hlo_wire_bytes,
 )
 from zipccl_jax._src.ffi import has_cuda_support
+from zipccl_jax._src.host import tune_host_allocator
 
 __version__ = "0.1.0"
 
@@ -56,6 +57,7 @@ __all__ = [
     "encode",
     "encoded_nbytes",
     "has_cuda_support",
+    "tune_host_allocator",
     "hlo_wire_bytes",
     "workspace_nbytes",
 ]
