@@ -1,0 +1,634 @@
+#!/usr/bin/env python3
+"""One-shot check of the zipccl CUDA codec on a GPU machine (about 5 minutes).
+
+Run from the repository root, on a machine with an NVIDIA GPU, jax with its CUDA
+plugin, nanobind, scikit-build-core, cmake and a CUDA toolkit (nvcc); no network
+is needed:
+
+    python3 benchmarks/gpu_check.py            # everything
+    python3 benchmarks/gpu_check.py --quick    # fewer cases and sizes
+    python3 benchmarks/gpu_check.py --skip-build --out /tmp/results
+
+Phases (each GPU phase runs in its own process, so a fault in one cannot hide the
+others' results):
+  1. build    pip install --no-build-isolation --no-deps . with ZIPCCL_CUDA=ON and
+              ptxas -v, printing registers / spills / stack per kernel
+  2. tests    pytest -x -q tests/test_codec.py on the GPU backend (from a copy of
+              tests/, so that the installed package is the one imported)
+  3. identity GPU encode vs CPU encode, byte for byte, on many distributions and
+              sizes (n = 0, 1, 7, odd, 2047..2049, 1M, 256M+ bf16, overflow, several
+              rows, misaligned rows); GPU decode of CPU payloads bit-exact; corrupted
+              payloads give the same decoder status on both
+  4. timing   encode / decode of 64 MiB and 1 GiB (bf16, fp32; fp16 64 MiB) of fresh
+              Gaussian data, next to a device-to-device copy (x ^ s) of the same bytes
+              in the same run; medians of back-to-back jitted calls
+The table (markdown) and all numbers (JSON) go to benchmarks/results/ (or --out),
+and also to $OUT when that variable is set.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Import the installed zipccl_jax (with its compiled modules), never the source tree.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+  print(f"[gpu_check +{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+# ---- phase 1: build ----------------------------------------------------------------------
+
+KERNELS = ("encode_kernel", "encode_finalize", "decode_kernel", "decode_finalize")
+
+
+def parse_ptxas(text: str) -> dict:
+  res, name = {}, None
+  for line in text.splitlines():
+    m = re.search(r"Compiling entry function '(\S+)' for '(\w+)'", line)
+    if m:
+      kern = next((k for k in KERNELS if k in m.group(1)), None)
+      dt = re.search(r"(BF16|F16|F32)Traits", m.group(1))
+      name = f"{kern}<{dt.group(1) if dt else '?'}> {m.group(2)}" if kern else None
+      if name:
+        res[name] = {}
+      continue
+    if not name:
+      continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m:
+      res[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+    m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
+    if m:
+      res[name].update(registers=int(m.group(1)), smem=int(m.group(2)))
+    elif re.search(r"Used (\d+) registers", line):
+      res[name]["registers"] = int(re.search(r"Used (\d+) registers", line).group(1))
+  return res
+
+
+def find_nvcc() -> str | None:
+  cands = [shutil.which("nvcc")]
+  for env in ("CUDACXX", "CUDA_HOME", "CUDA_PATH"):
+    v = os.environ.get(env)
+    if v:
+      cands += [v, os.path.join(v, "bin", "nvcc")]
+  cands += sorted(Path("/usr/local").glob("cuda*/bin/nvcc"), reverse=True)
+  for c in cands:
+    if c and os.path.isfile(c) and os.access(c, os.X_OK):
+      return str(c)
+  return None
+
+
+def phase_build(args) -> dict:
+  nvcc = find_nvcc()
+  if nvcc is None:
+    log("BUILD: no nvcc found (PATH, $CUDACXX, $CUDA_HOME, /usr/local/cuda*): cannot build the CUDA module")
+    return {"ok": False, "error": "nvcc not found"}
+  ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+  log(f"BUILD: nvcc {nvcc} ({ver[-1] if ver else '?'}); architectures {args.archs}")
+  env = dict(os.environ, ZIPCCL_CUDA="ON", CUDACXX=nvcc)
+  cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index", "-v",
+         "-C", "cmake.define.ZIPCCL_PTXAS_VERBOSE=ON",
+         "-C", f"cmake.define.ZIPCCL_CUDA_ARCHITECTURES={args.archs}",
+         "-C", "build.verbose=true", "."]
+  log("BUILD: " + " ".join(cmd))
+  t = time.time()
+  try:
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.build_timeout)
+    out, rc = res.stdout + res.stderr, res.returncode
+  except subprocess.TimeoutExpired as e:
+    out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    rc = -1
+  if rc != 0 and "externally-managed-environment" in out:
+    log("BUILD: externally managed Python: retrying with --break-system-packages")
+    res = subprocess.run(cmd[:-1] + ["--break-system-packages", "."], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=args.build_timeout)
+    out, rc = res.stdout + res.stderr, res.returncode
+  (args.out / "gpu_check_build.log").write_text(out)
+  usage = parse_ptxas(out)
+  log(f"BUILD: pip exit {rc} after {time.time() - t:.0f}s (log: {args.out / 'gpu_check_build.log'})")
+  if rc != 0:
+    print("\n".join(out.splitlines()[-60:]), flush=True)
+  for name, u in sorted(usage.items()):
+    log(f"  ptxas {name:30s} regs {u.get('registers', '?'):>3} smem {u.get('smem', '?'):>6} "
+        f"stack {u.get('stack', '?')} spill st/ld {u.get('spill_stores', '?')}/{u.get('spill_loads', '?')}")
+  clean = bool(usage) and all(u.get("stack") == 0 and u.get("spill_stores") == 0 and u.get("spill_loads") == 0
+                              for u in usage.values())
+  log(f"BUILD: ptxas: {'no spills, no stack' if clean else 'SPILLS OR STACK (or no report)'}")
+  return {"ok": rc == 0, "seconds": time.time() - t, "ptxas": usage, "ptxas_clean": clean, "nvcc": nvcc}
+
+
+def sub_python(code: str, timeout: int = 120) -> tuple[int, str]:
+  with tempfile.TemporaryDirectory() as d:
+    r = subprocess.run([sys.executable, "-c", code], cwd=d, capture_output=True, text=True, timeout=timeout)
+  return r.returncode, r.stdout + r.stderr
+
+
+# ---- phase 2: tests -----------------------------------------------------------------------
+
+
+def phase_tests(args) -> dict:
+  src = ROOT / "tests" / "test_codec.py"
+  if not src.exists():
+    log("TESTS: tests/test_codec.py not found, skipped")
+    return {"ok": None, "skipped": True}
+  with tempfile.TemporaryDirectory() as d:
+    shutil.copytree(ROOT / "tests", Path(d) / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/test_codec.py"]
+    log(f"TESTS: {' '.join(cmd)} (in a copy of tests/, default backend = GPU)")
+    t = time.time()
+    try:
+      r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=args.test_timeout)
+      out, rc = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+      out, rc = str(e.stdout or ""), -1
+  tail = "\n".join(out.strip().splitlines()[-25:])
+  print(tail, flush=True)
+  summary = out.strip().splitlines()[-1] if out.strip() else ""
+  log(f"TESTS: exit {rc} after {time.time() - t:.0f}s: {summary}")
+  return {"ok": rc == 0, "exit": rc, "summary": summary, "tail": tail}
+
+
+# ---- shared helpers for the GPU phases ------------------------------------------------------
+
+
+SELFTEST = os.environ.get("ZIPCCL_GPU_CHECK_SELFTEST") == "1"  # CPU stands in for the GPU (script test)
+
+
+def setup_jax():
+  import jax
+  import zipccl_jax as zc
+  if SELFTEST:
+    return jax, zc, jax.devices("cpu")[0], jax.devices("cpu")[0]
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if not gpus:
+    raise RuntimeError(f"no GPU device visible to jax: {jax.devices()}")
+  if not zc.has_cuda_support():
+    raise RuntimeError("zipccl_jax.has_cuda_support() is False: the CUDA module is not installed")
+  return jax, zc, gpus[0], jax.devices("cpu")[0]
+
+
+def make(dist: str, n: int, dtype, seed: int):
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  dtype = np.dtype(dtype)
+  word = {2: np.uint16, 4: np.uint32}[dtype.itemsize]
+  if dist == "gauss":
+    x = rng.standard_normal(n) * 0.02
+  elif dist == "laplace":
+    x = rng.laplace(size=n)
+  elif dist == "zeros":
+    x = np.zeros(n)
+  elif dist == "bits":
+    return rng.integers(0, 2**(8 * dtype.itemsize), n, dtype=np.uint64).astype(word).view(dtype)
+  elif dist == "relu":
+    x = np.maximum(rng.standard_normal(n), 0)
+  elif dist == "outlier":  # one huge value in some blocks
+    x = rng.standard_normal(n)
+    x[1000::2048 * 3] = 6e4 if dtype == np.float16 else 1e30
+  elif dist == "specials":
+    bits = {np.dtype("float16"): (5, 10), np.dtype("float32"): (8, 23)}.get(dtype, (8, 7))
+    ebits, mbits = bits
+    expo = ((1 << ebits) - 1) << mbits
+    sign = 1 << (8 * dtype.itemsize - 1)
+    pats = np.array([0, sign, expo, expo | sign, expo | 1, expo | (1 << (mbits - 1)) | 5, expo | sign | 3,
+                     1, sign | 1, (1 << mbits) - 1, (1 << mbits) | 1, sign | ((1 << mbits) - 1)], dtype=np.uint64)
+    w = (rng.standard_normal(n).astype(dtype)).view(word).copy()
+    pick = rng.random(n) < 0.3
+    w[pick] = pats[rng.integers(0, len(pats), int(pick.sum()))].astype(word)
+    return w.view(dtype)
+  else:
+    raise ValueError(dist)
+  return x.astype(dtype)
+
+
+def sections(dtype, n: int, cap: int) -> list[tuple[str, int, int]]:
+  import numpy as np
+  rb, planes = {2: (1, 3), 4: (3, 3)}[np.dtype(dtype).itemsize]
+  if np.dtype(dtype) == np.dtype(np.float16):
+    planes = 6
+  al = lambda v: -(-v // 128) * 128  # noqa: E731
+  nb = -(-n // 2048)
+  t0 = 128
+  r0 = t0 + al(8 * nb)
+  p0 = r0 + al(rb * n)
+  e0 = p0 + nb * planes * 256
+  return [("header", 0, 128), ("table", t0, r0), ("raw", r0, p0), ("planes", p0, e0), ("escapes", e0, e0 + al(cap))]
+
+
+def describe_diff(a, b, dtype, n, cap) -> str:
+  import numpy as np
+  if a.shape != b.shape:
+    return f"shape {a.shape} vs {b.shape}"
+  diff = np.flatnonzero(a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1))
+  if not diff.size:
+    return "identical"
+  nbytes = a.shape[-1]
+  parts = []
+  for name, lo, hi in sections(dtype, n, cap):
+    cols = diff % nbytes
+    k = int(((cols >= lo) & (cols < hi)).sum())
+    if k:
+      parts.append(f"{name}: {k}")
+  i = int(diff[0])
+  r, c = divmod(i, nbytes)
+  return (f"{diff.size} bytes differ ({', '.join(parts)}); first at row {r} byte {c}: "
+          f"gpu {a.reshape(-1)[i]:#04x} cpu {b.reshape(-1)[i]:#04x}")
+
+
+def checksum_np(buf):
+  """Format v1 checksum of one row (numpy, for re-sealing corrupted payloads)."""
+  import numpy as np
+  b = buf.copy()
+  b[40:48] = 0
+  w = b.view("<u4").astype(np.uint64)
+  j = np.arange(w.size, dtype=np.uint64)
+  with np.errstate(over="ignore"):
+    return int(np.sum(w * (2 * j + 1), dtype=np.uint64))
+
+
+# ---- phase 3: identity ------------------------------------------------------------------------
+
+
+def phase_identity(args) -> dict:
+  import ml_dtypes
+  import numpy as np
+  jax, zc, gpu, cpu = setup_jax()
+  from zipccl_jax._src import codec as zcodec
+  bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
+  dtypes = [bf16, f16, f32]
+  enc_fn, dec_fn = {}, {}
+
+  def encode(dev, x2d, cap):
+    key = (x2d.shape, x2d.dtype, cap)
+    if key not in enc_fn:
+      enc_fn[key] = jax.jit(lambda v: zcodec.encode_rows(v, cap))
+    p, s = enc_fn[key](jax.device_put(x2d, dev))
+    return np.asarray(p), np.asarray(s)
+
+  def decode(dev, p2d, n, dtype, cap):
+    key = (p2d.shape, n, dtype, cap)
+    if key not in dec_fn:
+      dec_fn[key] = jax.jit(lambda q: zcodec.decode_rows(q, n, dtype, cap))
+    y, s = dec_fn[key](jax.device_put(p2d, dev))
+    return np.asarray(y), np.asarray(s)
+
+  results, failures = [], 0
+
+  def case(dtype, dist, n, cap=None, rows=1, seed=0):
+    nonlocal failures
+    t = time.time()
+    name = f"{np.dtype(dtype).name:8s} {dist:8s} rows={rows} n={n} cap={'default' if cap is None else cap}"
+    if rows * n >= (1 << 20):  # announce big cases (the last line names a case that crashed)
+      print(f"  ...  {name}", flush=True)
+    cap = zc.default_escape_capacity(n) if cap is None else cap
+    x = make(dist, rows * n, dtype, seed).reshape(rows, n)
+    word = {2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
+    pg, sg = encode(gpu, x, cap)
+    pc, sc = encode(cpu, x, cap)
+    enc_ok = pg.shape == pc.shape and bool((pg == pc).all()) and bool((sg == sc).all())
+    msg = "" if enc_ok else ("payload " + describe_diff(pg, pc, dtype, n, cap) +
+                             ("" if (sg == sc).all() else f"; stats gpu {sg.tolist()} cpu {sc.tolist()}"))
+    yg, stg = decode(gpu, pc, n, dtype, cap)
+    _, stc = decode(cpu, pc, n, dtype, cap)
+    dec_ok = bool((stg == stc).all())
+    if not dec_ok:
+      msg += f" decode status gpu {stg.tolist()} cpu {stc.tolist()}"
+    good = stc == 0
+    if good.any():
+      same = (yg[good].view(word) == x[good].view(word))
+      if not same.all():
+        dec_ok = False
+        i = int(np.flatnonzero(~same.reshape(-1))[0])
+        msg += (f" decoded values differ at {i}: {yg[good].view(word).reshape(-1)[i]:#x} != "
+                f"{x[good].view(word).reshape(-1)[i]:#x}")
+    ok = enc_ok and dec_ok
+    failures += not ok
+    print(f"  {'ok  ' if ok else 'FAIL'} {name} status={sc[:, 0].tolist()[:4]} "
+          f"esc={sc[:, 1].tolist()[:4]} ({time.time() - t:.1f}s) {msg}", flush=True)
+    results.append({"case": name.split(), "ok": ok, "encode_identical": enc_ok, "decode_ok": dec_ok, "detail": msg})
+
+  log("IDENTITY: GPU encode vs CPU encode (bytes + stats), GPU decode of CPU payloads")
+  sizes = [0, 1, 7, 8, 1001, 2047, 2048, 2049, 4097, 100003, 1 << 20]
+  for dt in dtypes:
+    for n in sizes:
+      case(dt, "gauss", n)
+    for dist in ["laplace", "zeros", "bits", "relu", "outlier", "specials"]:
+      for n in ([2049, 300001] if not args.quick else [4099]):
+        case(dt, dist, n, seed=n)
+    case(dt, "bits", 50000, cap=7)     # overflow: tiny capacity
+    case(dt, "bits", 50000, cap=0)     # overflow: no capacity
+    case(dt, "gauss", 0, cap=200)      # n = 0 with escape slots
+    case(dt, "gauss", 2049, rows=3)    # several rows, misaligned (odd n)
+    case(dt, "outlier", 7, rows=5)     # tiny misaligned rows
+    case(dt, "bits", 3001, rows=4, cap=50)  # overflow in several rows
+  if not args.quick:
+    case(f16, "gauss", 1 << 20, rows=2)
+    case(f32, "laplace", (1 << 22) + 5)
+  if not SELFTEST:
+    case(bf16, "gauss", (1 << 28) + 3)   # 256M+ elements
+  if not args.quick:
+    case(bf16, "bits", (1 << 24) + 1, cap=1 << 20)  # 16M random bits, overflow at scale
+
+  log("IDENTITY: corrupted payloads (GPU status == CPU status)")
+  corrupt = []
+  for dt in dtypes:
+    n = 50001
+    x = make("gauss", n, dt, 7).reshape(1, n)
+    cap = zc.default_escape_capacity(n)
+    pc, sc = encode(cpu, x, cap)
+    row = pc[0]
+    secs = {k: (lo, hi) for k, lo, hi in sections(dt, n, cap)}
+    nb = -(-n // 2048)
+    esc_used = int(sc[0, 1])
+    muts = []
+
+    def flip(pos, bit=0, reseal=False):
+      b = row.copy()
+      b[pos] ^= np.uint8(1 << bit)
+      if reseal:
+        b[40:48] = np.frombuffer(np.uint64(checksum_np(b)).tobytes(), np.uint8)
+      return b
+
+    def setbytes(pos, vals, reseal=True):
+      b = row.copy()
+      b[pos:pos + len(vals)] = np.array(vals, np.uint8)
+      if reseal:
+        b[40:48] = np.frombuffer(np.uint64(checksum_np(b)).tobytes(), np.uint8)
+      return b
+
+    for pos in [0, 3, 4, 5, 6, 7, 8, 16, 24, 32, 40, 47, 48, 100, 127]:
+      muts += [flip(pos), flip(pos, 1, reseal=True)]
+    muts += [setbytes(7, [1]), setbytes(7, [2]), setbytes(24, list(np.uint64(cap + 1).tobytes())),
+             setbytes(24, list(np.uint64(esc_used + 1).tobytes()))]
+    t0, _ = secs["table"]
+    for b in [0, nb // 2, nb - 1]:
+      for off, bit in [(0, 0), (4, 0), (4, 3), (5, 2), (6, 0), (6, 7), (7, 0), (7, 1)]:
+        muts += [flip(t0 + 8 * b + off, bit), flip(t0 + 8 * b + off, bit, reseal=True)]
+    t1 = secs["table"][1]
+    if t0 + 8 * nb < t1:
+      muts += [flip(t0 + 8 * nb, 0), flip(t1 - 1, 4, reseal=True)]
+    for name in ["raw", "planes", "escapes"]:
+      lo, hi = secs[name]
+      rng = np.random.default_rng(sum(map(ord, name)))
+      for _ in range(6):
+        p = int(rng.integers(lo, hi))
+        muts += [flip(p, int(rng.integers(8))), flip(p, int(rng.integers(8)), reseal=True)]
+    pl0, pl1 = secs["planes"]
+    muts += [flip(pl1 - 1, 7, reseal=True), flip(pl1 - 1, 7)]  # padding bit of the last block
+    e0, e1 = secs["escapes"]
+    muts += [flip(e0, 0, reseal=True), flip(e0 + esc_used, 0), flip(e1 - 1, 0, reseal=True)]
+    r0, r1 = secs["raw"]
+    muts += [flip(r1 - 1, 0), flip(r1 - 1, 0, reseal=True)]  # raw padding
+    batch = np.stack(muts)
+    _, sg = decode(gpu, batch, n, dt, cap)
+    _, scc = decode(cpu, batch, n, dt, cap)
+    same = sg == scc
+    hist = {int(k): int(v) for k, v in zip(*np.unique(scc, return_counts=True))}
+    ok = bool(same.all())
+    failures += not ok
+    bad = np.flatnonzero(~same)[:8].tolist()
+    log(f"  {'ok  ' if ok else 'FAIL'} {np.dtype(dt).name}: {len(muts)} corrupted payloads, CPU statuses {hist}"
+        + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
+    corrupt.append({"dtype": np.dtype(dt).name, "count": len(muts), "ok": ok, "cpu_status_hist": hist})
+  log(f"IDENTITY: {len(results)} cases, {failures} failures")
+  return {"ok": failures == 0, "failures": failures, "cases": results, "corrupt": corrupt}
+
+
+# ---- phase 4: timing ---------------------------------------------------------------------------
+
+
+def phase_timing(args) -> dict:
+  import ml_dtypes
+  import numpy as np
+  jax, zc, gpu, cpu = setup_jax()
+  import jax.numpy as jnp
+  from zipccl_jax._src import codec as zcodec
+  bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
+  plan = [(bf16, 64 << 20), (bf16, 1 << 30), (f32, 64 << 20)]
+  if not args.quick:
+    plan += [(f32, 1 << 30), (f16, 64 << 20)]
+  if SELFTEST:
+    plan = [(bf16, 1 << 20), (f32, 1 << 20)]
+  reps, rounds = (10, 5) if args.quick else (20, 7)
+
+  def bench(fn, *a):
+    out = fn(*a)
+    jax.block_until_ready(out)  # compile + warm up
+    times = []
+    for _ in range(rounds):
+      t = time.perf_counter()
+      for _ in range(reps):
+        out = fn(*a)
+      jax.block_until_ready(out)
+      times.append((time.perf_counter() - t) / reps)
+    del out
+    return statistics.median(times), min(times)
+
+  rows, key = [], jax.random.PRNGKey(int(time.time()))
+  for dt, size in plan:
+    n = size // dt.itemsize
+    cap = zc.default_escape_capacity(n)
+    nbytes = zc.encoded_nbytes(dt, n, cap)
+    label = f"{size >> 20} MiB" if size < (1 << 30) else f"{size >> 30} GiB"
+    log(f"TIMING: {label} {dt.name} (n = {n}), fresh Gaussian data")
+    key, sub = jax.random.split(key)
+    with jax.default_device(gpu):
+      x = (jax.random.normal(sub, (1, n), jnp.float32) * 0.02 + 1e-3).astype(dt)  # never zero
+      xb = jax.lax.bitcast_convert_type(x, jnp.uint16 if dt.itemsize == 2 else jnp.uint32)
+      salt = jnp.zeros((), xb.dtype)
+    x = jax.device_put(x, gpu)
+    enc = jax.jit(lambda v: zcodec.encode_rows(v, cap))
+    dec = jax.jit(lambda p: zcodec.decode_rows(p, n, dt, cap))
+    cpy = jax.jit(lambda v, s: v ^ s)
+    t_copy, t_copy_min = bench(cpy, xb, salt)
+    t_enc, t_enc_min = bench(enc, x)
+    payload, stats = enc(x)
+    t_dec, t_dec_min = bench(dec, payload)
+    # Bit identity of exactly this data: GPU encode vs CPU encode, and the round trip.
+    y, st = dec(payload)
+    roundtrip = bool(jnp.array_equal(jax.lax.bitcast_convert_type(y, xb.dtype), xb)) and int(st[0]) == 0
+    pc, sc = enc(jax.device_put(x, cpu))
+    identical = bool(np.array_equal(np.asarray(payload), np.asarray(pc))) and bool(
+        np.array_equal(np.asarray(stats), np.asarray(sc)))
+    in_bytes = n * dt.itemsize
+    copy_bw = 2 * in_bytes / t_copy
+    esc = int(np.asarray(stats)[0, 1])
+    for op, t, tmin, moved in [("encode", t_enc, t_enc_min, in_bytes + nbytes),
+                               ("decode", t_dec, t_dec_min, nbytes + in_bytes)]:
+      r = {"size": label, "dtype": dt.name, "op": op, "n": n, "input_bytes": in_bytes, "payload_bytes": nbytes,
+           "escapes": esc, "time_us": t * 1e6, "time_min_us": tmin * 1e6, "gbps_input": in_bytes / t / 1e9,
+           "gbps_moved": moved / t / 1e9, "copy_gbps": copy_bw / 1e9, "copy_time_us": t_copy * 1e6,
+           "roofline_share": (moved / t) / copy_bw,
+           "bit_identical": identical if op == "encode" else roundtrip}
+      rows.append(r)
+      log(f"  {op}: {t * 1e6:9.1f} us  {r['gbps_input']:7.1f} GB/s of input  moved {r['gbps_moved']:7.1f} GB/s  "
+          f"copy {copy_bw / 1e9:7.1f} GB/s  share {r['roofline_share']:.2f}  bit-identical {r['bit_identical']}")
+    del x, xb, payload, stats, y, pc, sc
+  return {"ok": True, "rows": rows, "method": f"median over {rounds} rounds of {reps} back-to-back jitted calls "
+          "(block_until_ready after each round); copy = jitted x ^ s over the same bytes"}
+
+
+# ---- driver --------------------------------------------------------------------------------------
+
+PHASES = {"identity": phase_identity, "timing": phase_timing}
+
+
+def run_phase_subprocess(name: str, args, timeout: int) -> dict:
+  with tempfile.TemporaryDirectory() as d:
+    res_file = Path(d) / "res.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", name, "--phase-result", str(res_file),
+           "--out", str(args.out)] + (["--quick"] if args.quick else [])
+    log(f"{name.upper()}: running in a subprocess (timeout {timeout}s)")
+    try:
+      r = subprocess.run(cmd, cwd=d, timeout=timeout)
+      rc = r.returncode
+    except subprocess.TimeoutExpired:
+      rc = -1
+      log(f"{name.upper()}: TIMED OUT after {timeout}s")
+    if res_file.exists():
+      out = json.loads(res_file.read_text())
+    else:
+      out = {"ok": False, "error": f"phase process exited {rc} without a result (crash? see output above)"}
+    out["exit"] = rc
+    return out
+
+
+def device_info() -> dict:
+  info = {"host": platform.node(), "python": sys.version.split()[0]}
+  try:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.memory",
+                          "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    info["nvidia_smi"] = smi.stdout.strip()
+  except Exception as e:  # noqa: BLE001
+    info["nvidia_smi"] = f"unavailable: {e}"
+  code = ("import jax, json; d=[x for x in jax.devices() if x.platform=='gpu']; "
+          "print(json.dumps({'jax': jax.__version__, 'device': d[0].device_kind if d else None}))")
+  rc, out = sub_python(code)
+  try:
+    info.update(json.loads(out.strip().splitlines()[-1]))
+  except Exception:  # noqa: BLE001
+    info["jax_error"] = out[-500:]
+  return info
+
+
+def write_report(args, report: dict) -> None:
+  stamp = report["date"].replace(":", "").replace("-", "")[:15]
+  dev = report["device"].get("device") or report["device"].get("nvidia_smi", "?")
+  lines = [f"# zipccl CUDA codec: GPU check ({report['date']})", "",
+           f"- device: {dev}", f"- nvidia-smi: {report['device'].get('nvidia_smi', '?')}",
+           f"- jax {report['device'].get('jax', '?')}, python {report['device'].get('python', '?')}",
+           f"- mode: {'quick' if args.quick else 'full'}; git {report.get('git', '?')}", ""]
+  b = report.get("build", {})
+  if b.get("ptxas"):
+    lines += ["## ptxas (-Xptxas -v)", "", "| kernel | registers | smem | stack | spill st/ld |", "|---|---|---|---|---|"]
+    for k, u in sorted(b["ptxas"].items()):
+      lines.append(f"| {k} | {u.get('registers')} | {u.get('smem', '')} | {u.get('stack')} | "
+                   f"{u.get('spill_stores')}/{u.get('spill_loads')} |")
+    lines.append("")
+  t = report.get("tests", {})
+  lines += ["## Checks", "", f"- build: {'ok' if b.get('ok') else 'FAILED' if b else 'skipped'}",
+            f"- tests/test_codec.py on the GPU backend: {t.get('summary', 'skipped')}"]
+  ident = report.get("identity", {})
+  if ident:
+    n_cases = len(ident.get("cases", []))
+    lines.append(f"- bit identity GPU vs CPU: {n_cases - ident.get('failures', 0)}/{n_cases} cases identical"
+                 + ("" if ident.get("ok") else f" ({ident.get('error', 'see JSON')})"))
+    for c in ident.get("corrupt", []):
+      lines.append(f"- corrupted payloads {c['dtype']}: {c['count']} cases, same status on GPU and CPU: "
+                   f"{'yes' if c['ok'] else 'NO'} (CPU statuses {c['cpu_status_hist']})")
+  tim = report.get("timing", {})
+  if tim.get("rows"):
+    lines += ["", "## Throughput", "", f"Method: {tim.get('method')}.", "",
+              "| size | dtype | op | time (us) | GB/s of input | moved GB/s | copy GB/s | roofline share | bit-identical |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in tim["rows"]:
+      lines.append(f"| {r['size']} | {r['dtype']} | {r['op']} | {r['time_us']:.1f} | {r['gbps_input']:.0f} | "
+                   f"{r['gbps_moved']:.0f} | {r['copy_gbps']:.0f} | {r['roofline_share']:.2f} | "
+                   f"{'yes' if r['bit_identical'] else 'NO'} |")
+    lines += ["", "roofline share = (input + payload bytes) / time, divided by the copy's (read + write) "
+              "bandwidth measured in the same run."]
+  elif tim:
+    lines += ["", f"Timing failed: {tim.get('error', '?')}"]
+  md = "\n".join(lines) + "\n"
+  print("\n" + md, flush=True)
+  dests = [args.out]
+  if os.environ.get("OUT"):
+    dests.append(Path(os.environ["OUT"]))
+  for d in dests:
+    try:
+      d.mkdir(parents=True, exist_ok=True)
+      (d / f"gpu_check_{stamp}.md").write_text(md)
+      (d / f"gpu_check_{stamp}.json").write_text(json.dumps(report, indent=1, default=str))
+      if d != args.out and (args.out / "gpu_check_build.log").exists():
+        shutil.copy(args.out / "gpu_check_build.log", d / "gpu_check_build.log")
+      log(f"report written to {d / f'gpu_check_{stamp}.md'} (+ .json)")
+    except OSError as e:
+      log(f"could not write to {d}: {e}")
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--quick", action="store_true", help="fewer identity cases and timing sizes")
+  ap.add_argument("--skip-build", action="store_true", help="use the installed zipccl_jax as is")
+  ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_codec.py")
+  ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results directory")
+  ap.add_argument("--archs", default="90", help="ZIPCCL_CUDA_ARCHITECTURES for the build (default 90: H100/H200)")
+  ap.add_argument("--build-timeout", type=int, default=300)
+  ap.add_argument("--test-timeout", type=int, default=180)
+  ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
+  ap.add_argument("--phase-result", type=Path, help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  args.out = args.out.resolve()
+  args.out.mkdir(parents=True, exist_ok=True)
+
+  if args.phase:  # child process: one GPU phase
+    try:
+      res = PHASES[args.phase](args)
+    except Exception as e:  # noqa: BLE001
+      traceback.print_exc()
+      res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    args.phase_result.write_text(json.dumps(res, default=str))
+    return 0
+
+  report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+  try:
+    report["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                   text=True).stdout.strip() or "?"
+  except OSError:
+    report["git"] = "?"
+  if not args.skip_build:
+    report["build"] = phase_build(args)
+  report["device"] = device_info()
+  log(f"DEVICE: {report['device']}")
+  rc, out = sub_python("import zipccl_jax as z; print('has_cuda_support', z.has_cuda_support())")
+  log(f"IMPORT: {out.strip().splitlines()[-1] if out.strip() else out}")
+  if not args.skip_tests:
+    report["tests"] = phase_tests(args)
+  report["identity"] = run_phase_subprocess("identity", args, timeout=600 if not args.quick else 300)
+  report["timing"] = run_phase_subprocess("timing", args, timeout=300)
+  write_report(args, report)
+  ok = (report.get("build", {}).get("ok", True) and report["identity"].get("ok")
+        and report["timing"].get("ok"))
+  log(f"DONE in {time.time() - T0:.0f}s: {'all checks passed' if ok else 'SOME CHECKS FAILED'}")
+  return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,928 @@
+// zipccl codec on CUDA GPUs: encode/decode kernels and their XLA FFI handlers
+// (targets "zipccl_zipccl_encode" / "zipccl_zipccl_decode", platform "CUDA").
+//
+// The output is byte-identical to the CPU codec (ffi/codec_cpu.cc) for every input:
+// the layout math is ffi/codec_format.h, the per-thread bit work cuda/codec_tile.h
+// (both also compiled for the host, where cuda/emulate_host.cc checks them against
+// the CPU codec). docs/cuda.md describes the design; in short:
+//
+// Encoder, per call (all rows), three stream operations, no host synchronisation:
+//   1. cudaMemsetAsync(workspace, 0)
+//   2. encode_kernel: persistent CTAs of 256 threads take blocks ("tiles") in ticket
+//      order from an atomic counter (a CTA only ever waits on tiles held by running
+//      CTAs: no deadlock even when other kernels share the GPU). Input streams
+//      through a cp.async ring (S - 1 tiles loading while one is processed). Per
+//      tile: window statistics and the four refinement counts (two rounds of warp
+//      reductions), codes and planes (SWAR), raw and plane stores, an escape prefix
+//      sum (warp shuffles), the tile's escape offset by a single-pass decoupled
+//      look-back over per-tile counts in the workspace, then the record and escape
+//      bytes. Every thread sums the checksum terms of the words it writes (a
+//      position-weighted word sum: order-independent), flushed with one atomicAdd
+//      per warp and row.
+//   3. encode_finalize: zeroes the unused escape bytes and writes the header (with
+//      the checksum) and the stats.
+// Decoder: memset, decode_kernel (grid-stride over tiles through the same kind of
+// ring; each record checked locally against its neighbour, planes against the
+// record, escapes read by offset and bounds-checked) and decode_finalize (header
+// checks in the CPU's order, then the tiles' findings by priority, then the checksum).
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "codec_cuda.h"
+#include "codec_format.h"
+#include "codec_tile.h"
+
+namespace zipccl {
+namespace gpu {
+namespace {
+
+using namespace ::zipccl::tile;
+
+constexpr unsigned kFull = 0xFFFFFFFFu;
+// __launch_bounds__ minimum CTAs per SM of 256 threads: 5 caps registers at 48
+// (16-bit dtypes), 4 at 64 (fp32, 8 words per thread); both without spills.
+template <typename T>
+constexpr int min_ctas() {
+  return Cfg<T>::kBits == 16 ? 5 : 4;
+}
+constexpr uint32_t kMaxGridX = 0x7FFFFFFFu;
+constexpr uint32_t kNoTicket = 0xFFFFFFFFu;  // >= any total_tiles
+
+// ---- device helpers ----------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t ld_relaxed(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_relaxed(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void st_u64(uint8_t* p, uint64_t v) { *reinterpret_cast<uint64_t*>(p) = v; }
+__device__ __forceinline__ uint64_t ld_u64(const uint8_t* p) { return *reinterpret_cast<const uint64_t*>(p); }
+
+// Warp sum of a u64 (mod 2^64), in every lane.
+__device__ __forceinline__ uint64_t warp_sum64(uint64_t x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+// Adds the warp's checksum terms to *slot (one atomic per warp; skipped if zero).
+__device__ __forceinline__ void flush_sum(uint8_t* slot, uint64_t x, int lane) {
+  x = warp_sum64(x);
+  if (lane == 0 && x) atomicAdd(reinterpret_cast<unsigned long long*>(slot), (unsigned long long)x);
+}
+
+// ---- encoder -----------------------------------------------------------------------
+
+struct EncArgs {
+  const uint8_t* x;    // [rows, n] elements
+  uint8_t* out;        // [rows, out_row] payload
+  uint8_t* ws;         // [rows, ws_row] workspace (zeroed)
+  uint64_t x_row;      // bytes per input row
+  uint64_t out_row;    // bytes per payload row (= g.total)
+  uint64_t ws_row;     // bytes per workspace row
+  Geom g;
+  uint32_t total_tiles;  // rows * g.tiles
+};
+
+// Starts loading tile `gt` (global ticket: row * tiles + block) into this thread's
+// own slots `buf[q][tid]` of one ring stage: 16-byte cp.async where the row is
+// 16-byte aligned and the group is complete, element loads (zero past the end)
+// otherwise.
+template <typename T>
+__device__ __forceinline__ void enc_issue(const EncArgs& a, uint32_t gt, uint4 (*buf)[kThreads], int tid) {
+  using C = Cfg<T>;
+  constexpr int CPB = C::kGW / 4;  // 16-byte chunks per group
+  const uint32_t row = gt / a.g.tiles, b = gt - row * a.g.tiles;
+  const uint8_t* xr = a.x + (uint64_t)row * a.x_row;
+  const uint32_t len = block_len(a.g.n, b);
+  const uint32_t j0 = 8u * tid;
+  const uint8_t* src = xr + ((uint64_t)b * kBlock + j0) * C::kEsize;
+  if ((reinterpret_cast<uintptr_t>(xr) & 15) == 0 && j0 + 8 <= len) {
+#pragma unroll
+    for (int q = 0; q < CPB; ++q) cp_async16(&buf[q][tid], src + 16 * q);
+  } else {
+    // Rare (the row's partial last group, or a row not 16-byte aligned): element by
+    // element straight into the slots, zero past the end. Element k of the group
+    // sits at byte k * esize of the group's chunks (little-endian words).
+#pragma unroll
+    for (int q = 0; q < CPB; ++q) buf[q][tid] = make_uint4(0, 0, 0, 0);
+#pragma unroll 1
+    for (int k = 0; k < 8; ++k) {
+      if (j0 + k >= len) break;
+      const int q = (k * C::kEsize) >> 4, kk = k - q * (16 / C::kEsize);
+      if (C::kEsize == 2)
+        reinterpret_cast<unsigned short*>(&buf[q][tid])[kk] = __ldg(reinterpret_cast<const unsigned short*>(src) + k);
+      else
+        reinterpret_cast<unsigned int*>(&buf[q][tid])[kk] = __ldg(reinterpret_cast<const unsigned int*>(src) + k);
+    }
+  }
+}
+
+// Decoupled look-back (warp 0): the number of escapes in tiles 0 .. tl-1 of the row.
+// Each state word is flag << 32 | count, flag 1 = the tile's own count, 2 = the
+// inclusive prefix through that tile. Tile 0 always publishes 2, so the walk ends.
+__device__ __forceinline__ uint32_t lookback(const uint64_t* states, uint32_t tl, int lane) {
+  uint32_t ex = 0;
+  int64_t top = (int64_t)tl - 1;
+  for (;;) {
+    const int64_t idx = top - lane;
+    uint64_t s = idx >= 0 ? ld_relaxed(states + idx) : kFlagPrefix;
+    int spins = 0;
+    while (__any_sync(kFull, (s >> 32) == 0)) {
+      if (++spins > 8) __nanosleep(32);
+      if ((s >> 32) == 0) s = ld_relaxed(states + idx);
+    }
+    const uint32_t pmask = __ballot_sync(kFull, (s >> 32) == 2);
+    uint32_t v = (uint32_t)s;
+    if (pmask) {
+      const int first = __ffs(pmask) - 1;  // nearest tile with an inclusive prefix
+      if (lane > first) v = 0;
+      return ex + __reduce_add_sync(kFull, v);
+    }
+    ex += __reduce_add_sync(kFull, v);
+    top -= 32;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs a) {
+  using C = Cfg<T>;
+  constexpr int GW = C::kGW, CPB = GW / 4, P = T::kPlanes, RB = C::kRB, S = C::kStages;
+  static_assert(C::kBPT == 1, "the kernels process one block per tile");
+  __shared__ uint4 s_buf[S][CPB][kThreads];  // ring of S tiles, each thread's own slots
+  __shared__ uint32_t s_red[kWarps][2];
+  __shared__ uint32_t s_cnt[kWarps][2];
+  __shared__ uint32_t s_scan[kWarps];
+  __shared__ uint32_t s_tk[S + 1];  // prologue tickets
+  __shared__ uint32_t s_next;       // a new ticket, broadcast at barrier (3)
+  __shared__ uint32_t s_excl;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const Geom& g = a.g;
+  uint32_t* ticket = reinterpret_cast<uint32_t*>(a.ws + kWsTicket);
+
+  // Tickets (tiles in row-major order) are taken from an atomic counter, so a CTA
+  // only ever waits in the look-back on tiles held by CTAs that are running. tk[0]
+  // is processed while tk[1 .. S-1] load and tk[S] is the next to load. The
+  // prologue takes them one at a time, so the first tickets of all CTAs interleave.
+  uint32_t tk[S + 1];
+#pragma unroll
+  for (int i = 0; i <= S; ++i) {
+    if (tid == 0) s_tk[i] = atomicAdd(ticket, 1u);
+    __syncthreads();
+    tk[i] = s_tk[i];
+    if (i < S) {
+      if (tk[i] < a.total_tiles) enc_issue<T>(a, tk[i], s_buf[i], tid);
+      cp_commit();
+    }
+  }
+  if (tk[0] >= a.total_tiles) return;  // uniform
+
+  uint32_t acc_row = tk[0] / g.tiles;
+  uint64_t csum = 0;  // checksum terms of this thread's writes to row acc_row
+  int stage = 0;
+
+  for (;;) {
+    const uint32_t cur = tk[0];
+    const uint32_t row = cur / g.tiles, tl = cur - row * g.tiles;  // tl = block index
+    if (row != acc_row) {  // uniform
+      flush_sum(a.ws + (uint64_t)acc_row * a.ws_row + kWsSum, csum, lane);
+      csum = 0;
+      acc_row = row;
+    }
+    uint8_t* out = a.out + (uint64_t)row * a.out_row;
+    uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
+    uint64_t* states = reinterpret_cast<uint64_t*>(ws + kWsStates);
+    const uint32_t len = block_len(g.n, tl);
+    const uint32_t vm = valid_mask(len, tid);
+
+    // This tile's stage has landed (own slots: no barrier needed after the wait).
+    cp_wait<S - 1>();
+    uint32_t w[GW];
+#pragma unroll
+    for (int q = 0; q < CPB; ++q) {
+      const uint4 v = s_buf[stage][q][tid];
+      w[4 * q] = v.x;
+      w[4 * q + 1] = v.y;
+      w[4 * q + 2] = v.z;
+      w[4 * q + 3] = v.w;
+    }
+    const Split sp = split<T>(w);
+    // Raw words do not depend on the window: store them now.
+#pragma unroll
+    for (int q = 0; q < RB; ++q) {
+      const uint64_t off = raw_word_off<T>(tl, tid, q);
+      if (off < g.raw_size) {  // data, or raw padding (zero: zero-filled elements)
+        const uint64_t v = (uint64_t)sp.R[2 * q] | ((uint64_t)sp.R[2 * q + 1] << 32);
+        st_u64(out + g.raw_off + off, v);
+        csum += cs_u64(g.raw_off + off, v);
+      }
+    }
+    {
+      const Stats st = group_stats<T>(sp, vm);
+      const uint32_t rs = __reduce_add_sync(kFull, st.S);
+      const uint32_t rnz = __reduce_add_sync(kFull, st.N | (st.Z << 16));  // <= 2048 each
+      if (lane == 0) {
+        s_red[warp][0] = rs;
+        s_red[warp][1] = rnz;
+      }
+    }
+    // Refill the stage just read (its words are consumed: the reductions above used
+    // every one) with the tile S ahead, and take the ticket after that.
+    if (tk[S] < a.total_tiles) enc_issue<T>(a, tk[S], s_buf[stage], tid);
+    cp_commit();
+    uint32_t pend = kNoTicket;
+    if (tid == 0 && tk[S] < a.total_tiles) pend = atomicAdd(ticket, 1u);
+    __syncthreads();  // (1) s_red
+
+    // Window: first guess from (S, N, Z), then best of base-1/base/base+1 from four
+    // exponent counts (a second block reduction).
+    Window win;
+    {
+      uint32_t Ssum = 0, NZ = 0;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) {
+        Ssum += s_red[i][0];
+        NZ += s_red[i][1];
+      }
+      win = choose_window32<T>(Ssum, NZ & 0xFFFFu, NZ >> 16, len);
+      int32_t probe[4];
+      window_probes(win, probe);
+      uint32_t c[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) c[k] = group_count_eq<T>(sp, vm, probe[k]);
+      const uint32_t r01 = __reduce_add_sync(kFull, c[0] | (c[1] << 16));  // <= 2048 each
+      const uint32_t r23 = __reduce_add_sync(kFull, c[2] | (c[3] << 16));
+      if (lane == 0) {
+        s_cnt[warp][0] = r01;
+        s_cnt[warp][1] = r23;
+      }
+    }
+    __syncthreads();  // (1b) s_cnt
+    uint32_t esc;
+    {
+      uint32_t c01 = 0, c23 = 0;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) {
+        c01 += s_cnt[i][0];
+        c23 += s_cnt[i][1];
+      }
+      const uint32_t cnt[4] = {c01 & 0xFFFFu, c01 >> 16, c23 & 0xFFFFu, c23 >> 16};
+      win = refine_window<T>(win, cnt);
+      const Planes pl = group_planes<T>(sp, win, vm);
+      esc = pl.esc;
+      // Plane bytes do not depend on the escape offsets: store them now.
+      const uint64_t po = g.plane_off + (uint64_t)tl * (P * kPlaneBytes) + tid;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        out[po + p * kPlaneBytes] = (uint8_t)pl.p[p];
+        csum += cs_byte(po + p * kPlaneBytes, pl.p[p]);
+      }
+    }
+    // Exclusive prefix of the escape counts over the threads (element order).
+    const uint32_t mine = popc(esc);
+    uint32_t incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (lane == 31) s_scan[warp] = incl;
+    __syncthreads();  // (2) s_scan
+    uint32_t pre = 0, cnt = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {
+      const uint32_t v = s_scan[i];
+      pre += i < warp ? v : 0u;
+      cnt += v;
+    }
+    const uint32_t excl = pre + incl - mine;
+
+    const bool last_tile = tl + 1 == g.tiles;
+    if (warp == 0) {
+      // Publish this tile's count, then find the escapes before it.
+      if (lane == 0) st_relaxed(states + tl, (tl == 0 ? kFlagPrefix : kFlagAggregate) | cnt);
+      const uint32_t ex = tl > 0 ? lookback(states, tl, lane) : 0u;
+      if (lane == 0) {
+        if (tl > 0) st_relaxed(states + tl, kFlagPrefix | (ex + cnt));
+        if (last_tile) st_u64(ws + kWsTotal, (uint64_t)ex + cnt);
+        s_excl = ex;
+        s_next = pend;  // lane 0 of warp 0 is thread 0, the one that took it
+      }
+    }
+    if (last_tile) {  // zero the table padding (< 16 words)
+      const uint64_t wi = (uint64_t)g.nb + tid;
+      if (8 * wi < g.table_size) st_u64(out + g.table_off + 8 * wi, 0);
+    }
+    __syncthreads();  // (3) s_excl, s_next
+    const uint32_t boff = s_excl;  // escapes before this block in the row
+    const uint32_t fresh = s_next;
+
+    if (tid == 0) {
+      Record r;
+      r.esc_offset = boff;
+      r.esc_count = cnt;
+      r.base = win.base;
+      r.mode = win.mode;
+      const uint64_t v = record_word(r);
+      st_u64(out + g.table_off + 8ull * tl, v);
+      csum += cs_u64(g.table_off + 8ull * tl, v);
+    }
+    uint32_t m = esc;
+    uint64_t gi = (uint64_t)boff + excl;
+    while (m) {
+      const int k = __ffs(m) - 1;
+      m &= m - 1;
+      if (gi < g.cap) {  // overflow: only the first cap escapes are stored
+        const uint32_t e = exp_byte(sp.E, k);
+        out[g.esc_off + gi] = (uint8_t)e;
+        csum += cs_byte(g.esc_off + gi, e);
+      }
+      ++gi;
+    }
+
+#pragma unroll
+    for (int i = 0; i < S; ++i) tk[i] = tk[i + 1];
+    tk[S] = fresh;
+    stage = stage + 1 == S ? 0 : stage + 1;
+    if (tk[0] >= a.total_tiles) break;  // uniform; later tickets are larger still
+  }
+  flush_sum(a.ws + (uint64_t)acc_row * a.ws_row + kWsSum, csum, lane);
+}
+
+// Per row: zero escape bytes [min(total, cap), esc_size) (split over `chunks` CTAs),
+// then CTA 0 writes the header and the stats.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) encode_finalize(EncArgs a, int32_t* stats, uint32_t chunks) {
+  const int tid = threadIdx.x;
+  const uint32_t row = blockIdx.x / chunks, k = blockIdx.x - row * chunks;
+  const Geom& g = a.g;
+  uint8_t* out = a.out + (uint64_t)row * a.out_row;
+  const uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
+  const uint64_t total = ld_u64(ws + kWsTotal);
+  const uint64_t written = total < g.cap ? total : g.cap;
+  const uint64_t c0 = (uint64_t)k * kZeroChunk;
+  const uint64_t lo = written > c0 ? written : c0;
+  const uint64_t hi = g.esc_size < c0 + kZeroChunk ? g.esc_size : c0 + kZeroChunk;  // multiple of 16
+  if (lo < hi) {
+    uint8_t* esc = out + g.esc_off;
+    const uint64_t lo16 = ((lo + 15) & ~15ull) < hi ? ((lo + 15) & ~15ull) : hi;
+    for (uint64_t i = lo + tid; i < lo16; i += kThreads) esc[i] = 0;
+    for (uint64_t i = lo16 + 16ull * tid; i < hi; i += 16ull * kThreads)
+      *reinterpret_cast<uint4*>(esc + i) = make_uint4(0, 0, 0, 0);
+  }
+  if (k == 0 && tid < 16) {
+    const uint8_t status = total > g.cap ? kEncOverflow : kEncOk;
+    uint64_t v;
+    if (tid == (int)(kOffChecksum / 8))
+      v = ld_u64(ws + kWsSum) + header_cs(T::kCode, status, g.n, g.cap, total, g.total);
+    else
+      v = header_word(tid, T::kCode, status, g.n, g.cap, total, g.total);  // 0 for reserved words
+    st_u64(out + 8 * tid, v);
+    if (tid == 0) {
+      stats[2 * (uint64_t)row] = status;
+      stats[2 * (uint64_t)row + 1] = (int32_t)(total < 0x7FFFFFFFull ? total : 0x7FFFFFFFull);
+    }
+  }
+}
+
+// ---- decoder -----------------------------------------------------------------------
+
+struct DecArgs {
+  const uint8_t* in;  // [rows, in_row] payload
+  uint8_t* y;         // [rows, n] elements
+  uint8_t* ws;        // [rows, ws_row] workspace (zeroed)
+  uint64_t in_row;    // bytes per payload row
+  uint64_t y_row;     // bytes per output row
+  uint64_t ws_row;
+  Geom g;
+  uint32_t total_tiles;
+  uint64_t esc_chunk;  // escape-section bytes each tile folds into the checksum
+};
+
+template <typename T>
+struct DecStage {
+  uint2 raw[Cfg<T>::kRB][kThreads];  // own slots: thread t's raw words
+  uint4 planes[T::kPlanes * 16];     // the block's planes (copied by threads 0 .. 16P-1)
+  uint64_t rec[2];                   // its record and the next block's
+};
+
+template <typename T>
+__device__ __forceinline__ void dec_issue(const DecArgs& a, uint64_t gt, DecStage<T>& st, int tid) {
+  constexpr int RB = Cfg<T>::kRB, PCH = T::kPlanes * 16;
+  const Geom& g = a.g;
+  const uint64_t row = gt / g.tiles, b = gt - row * g.tiles;
+  const uint8_t* in = a.in + row * a.in_row;
+#pragma unroll
+  for (int q = 0; q < RB; ++q) {
+    const uint64_t off = raw_word_off<T>(b, tid, q);
+    if (off < g.raw_size)
+      cp_async8(&st.raw[q][tid], in + g.raw_off + off);
+    else
+      st.raw[q][tid] = make_uint2(0, 0);
+  }
+  if (tid < PCH) cp_async16(&st.planes[tid], in + g.plane_off + b * (uint64_t)(T::kPlanes * kPlaneBytes) + 16ull * tid);
+  if (tid < 2 && b + tid < g.nb) cp_async8(&st.rec[tid], in + g.table_off + 8 * (b + tid));
+}
+
+__device__ __forceinline__ void dec_flush(const DecArgs& a, uint32_t row, uint64_t csum, uint32_t bad,
+                                          int lane) {
+  uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
+  flush_sum(ws + kWsSum, csum, lane);
+  const uint32_t wb = __reduce_or_sync(kFull, bad);
+  if (lane == 0 && wb) atomicOr(reinterpret_cast<unsigned int*>(ws + kWsBad), wb);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs a) {
+  using C = Cfg<T>;
+  constexpr int GW = C::kGW, RB = C::kRB, P = T::kPlanes, S = C::kStages;
+  static_assert(C::kBPT == 1, "the kernels process one block per tile");
+  __shared__ DecStage<T> ring[S];
+  __shared__ uint32_t s_scan[kWarps];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const Geom& g = a.g;
+  const uint64_t stride = gridDim.x, total = a.total_tiles;
+  uint64_t gt = blockIdx.x;
+  if (gt >= total) return;
+  // Static assignment (no inter-CTA waits here): tiles blockIdx.x + k * gridDim.x,
+  // S of them in the ring.
+#pragma unroll
+  for (int i = 0; i < S; ++i) {
+    if (gt + i * stride < total) dec_issue<T>(a, gt + i * stride, ring[i], tid);
+    cp_commit();
+  }
+  uint32_t acc_row = (uint32_t)(gt / g.tiles);
+  uint64_t csum = 0;
+  uint32_t bad = 0;  // bit 6: a bad record, bit 7: planes disagree with a record
+  uint64_t esc_total = ld_u64(a.in + (uint64_t)acc_row * a.in_row + kOffEscCount);
+  int stage = 0;
+
+  for (;;) {
+    const uint32_t row = (uint32_t)(gt / g.tiles), b = (uint32_t)(gt - (uint64_t)row * g.tiles);
+    if (row != acc_row) {  // uniform
+      dec_flush(a, acc_row, csum, bad, lane);
+      csum = 0;
+      bad = 0;
+      acc_row = row;
+      esc_total = ld_u64(a.in + (uint64_t)row * a.in_row + kOffEscCount);
+    }
+    const uint8_t* in = a.in + (uint64_t)row * a.in_row;
+    uint8_t* yr = a.y + (uint64_t)row * a.y_row;
+    const uint32_t len = block_len(g.n, b);
+    const uint32_t vm = valid_mask(len, tid);
+
+    cp_wait<S - 1>();
+    __syncthreads();  // (A) everyone's copies of this stage have landed
+    DecStage<T>& st = ring[stage];
+    const uint64_t recw = st.rec[0];
+    const Record rec = record_of_word(recw);
+    const bool has_next = b + 1 < g.nb;
+    const uint32_t next_off = has_next ? (uint32_t)st.rec[1] : 0u;
+    const bool ok = record_ok<T>(rec, b, g.nb, len, has_next, next_off, esc_total);
+    if (!ok) bad |= 1u << kDecBadTable;
+    uint32_t pb[P];
+    uint32_t any = 0;
+    const uint8_t* pbytes = reinterpret_cast<const uint8_t*>(st.planes);
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      pb[p] = pbytes[p * kPlaneBytes + tid];
+      any |= pb[p];
+    }
+    if (any & ~vm) bad |= 1u << kDecBadEscapes;  // a padding bit is set
+    uint32_t R[2 * RB];
+#pragma unroll
+    for (int q = 0; q < RB; ++q) {
+      const uint2 v = st.raw[q][tid];
+      R[2 * q] = v.x;
+      R[2 * q + 1] = v.y;
+    }
+    const uint32_t m0 = ~(pb[0] | pb[1] | pb[2]) & vm;  // escapes
+    const uint32_t mine = popc(m0);
+    uint32_t incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(kFull, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (lane == 31) s_scan[warp] = incl;
+    __syncthreads();  // (B) s_scan; every read of this stage is done: refill it
+    const uint64_t nx = gt + S * stride;
+    if (nx < total) dec_issue<T>(a, nx, st, tid);
+    cp_commit();
+    uint32_t pre = 0, cnt = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {
+      const uint32_t v = s_scan[i];
+      pre += i < warp ? v : 0u;
+      cnt += v;
+    }
+    if (cnt != rec.esc_count) bad |= 1u << kDecBadEscapes;
+
+    uint32_t E[2];
+    decode_exps(pb[0], pb[1], pb[2], Window{rec.base, rec.mode}, E);
+    uint32_t m = m0;
+    uint64_t idx = (uint64_t)rec.esc_offset + (pre + incl - mine);
+    while (m) {
+      const int k = __ffs(m) - 1;
+      m &= m - 1;
+      // Reads stay inside the escape section whatever the record says; a block whose
+      // record failed is reported as BAD_TABLE and its values are not meaningful.
+      const uint32_t e = (ok && idx < g.cap) ? (uint32_t)in[g.esc_off + idx] : 0u;
+      set_exp_byte(E, k, e);
+      ++idx;
+    }
+    uint32_t wout[GW];
+    join_group<T>(R, P > 3 ? pb[3 % P] : 0u, P > 4 ? pb[4 % P] : 0u, P > 5 ? pb[5 % P] : 0u, E, wout);
+    uint8_t* dst = yr + ((uint64_t)b * kBlock + 8ull * tid) * C::kEsize;
+    if (vm == 0xFFu && (reinterpret_cast<uintptr_t>(yr) & 15) == 0) {
+#pragma unroll
+      for (int q = 0; q < GW / 4; ++q)
+        reinterpret_cast<uint4*>(dst)[q] = make_uint4(wout[4 * q], wout[4 * q + 1], wout[4 * q + 2], wout[4 * q + 3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if ((vm >> k) & 1u) {
+          if (C::kEsize == 2)
+            reinterpret_cast<unsigned short*>(dst)[k] = (unsigned short)elem<T>(wout, k);
+          else
+            reinterpret_cast<unsigned int*>(dst)[k] = elem<T>(wout, k);
+        }
+      }
+    }
+    // Checksum: raw words (incl. raw padding; words past the section were loaded as
+    // 0 and add nothing), plane bytes, the record, the table padding (last block),
+    // and this block's share of the escape section.
+#pragma unroll
+    for (int q = 0; q < RB; ++q)
+      csum += cs_u64(g.raw_off + raw_word_off<T>(b, tid, q), (uint64_t)R[2 * q] | ((uint64_t)R[2 * q + 1] << 32));
+    const uint64_t po = g.plane_off + (uint64_t)b * (P * kPlaneBytes) + tid;
+#pragma unroll
+    for (int p = 0; p < P; ++p) csum += cs_byte(po + p * kPlaneBytes, pb[p]);
+    if (tid == 0) csum += cs_u64(g.table_off + 8ull * b, recw);
+    if (b + 1 == g.tiles) {
+      const uint64_t wi = (uint64_t)g.nb + tid;
+      if (8 * wi < g.table_size) csum += cs_u64(g.table_off + 8 * wi, ld_u64(in + g.table_off + 8 * wi));
+    }
+    {
+      const uint64_t lo = (uint64_t)b * a.esc_chunk;
+      const uint64_t hi = g.esc_size < lo + a.esc_chunk ? g.esc_size : lo + a.esc_chunk;
+      for (uint64_t i = lo + 16ull * tid; i < hi; i += 16ull * kThreads) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(in + g.esc_off + i));
+        const uint64_t o = g.esc_off + i;
+        csum += cs_word(o, v.x) + cs_word(o + 4, v.y) + cs_word(o + 8, v.z) + cs_word(o + 12, v.w);
+      }
+    }
+    gt += stride;
+    stage = stage + 1 == S ? 0 : stage + 1;
+    if (gt >= total) break;  // uniform
+  }
+  dec_flush(a, acc_row, csum, bad, lane);
+}
+
+// Header checks in the CPU decoder's order (statuses 1..5), 0 if the header is fine.
+template <typename T>
+__device__ int32_t header_status(const uint8_t* in, const Geom& g, bool size_ok) {
+  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
+  if (in[kOffDtype] != (uint8_t)T::kCode || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
+  if (load_u64(in + kOffN) != g.n || load_u64(in + kOffCapacity) != g.cap ||
+      load_u64(in + kOffTotalBytes) != g.total || !size_ok)
+    return kDecBadSize;
+  const uint8_t st = in[kOffStatus];
+  if (st == kEncOverflow) return kDecOverflowed;
+  if (st != kEncOk || load_u64(in + kOffEscCount) > g.cap) return kDecBadHeader;
+  for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
+    if (in[i]) return kDecBadHeader;
+  return kDecOk;
+}
+
+// One CTA per row: header checks, the header's (and, for n = 0, the escape
+// section's) part of the checksum, and the final status in the CPU's priority.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* status, int size_ok) {
+  __shared__ uint64_t s_x[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t row = blockIdx.x;
+  const Geom& g = a.g;
+  const uint8_t* in = a.in + (uint64_t)row * a.in_row;
+  uint64_t x = 0;
+  if (size_ok) {
+    if (g.nb == 0) {
+      for (uint64_t i = 16ull * tid; i < g.esc_size; i += 16ull * kThreads) {
+        const uint4 v = *reinterpret_cast<const uint4*>(in + g.esc_off + i);
+        const uint64_t o = g.esc_off + i;
+        x += cs_word(o, v.x) + cs_word(o + 4, v.y) + cs_word(o + 8, v.z) + cs_word(o + 12, v.w);
+      }
+    }
+    if (tid < 16 && tid != (int)(kOffChecksum / 8)) x += cs_u64(8ull * tid, ld_u64(in + 8 * tid));
+  }
+  x = warp_sum64(x);
+  if (lane == 0) s_x[warp] = x;
+  __syncthreads();
+  if (tid == 0) {
+    int32_t s;
+    if (a.in_row < kHeaderBytes) {
+      s = kDecBadSize;
+    } else {
+      s = header_status<T>(in, g, size_ok != 0);
+    }
+    if (s == kDecOk) {
+      const uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
+      const uint32_t bad = *reinterpret_cast<const uint32_t*>(ws + kWsBad);
+      uint64_t cs = ld_u64(ws + kWsSum);
+      for (int i = 0; i < kWarps; ++i) cs += s_x[i];
+      if ((g.nb == 0 && load_u64(in + kOffEscCount) != 0) || (bad & (1u << kDecBadTable)))
+        s = kDecBadTable;
+      else if (bad & (1u << kDecBadEscapes))
+        s = kDecBadEscapes;
+      else if (cs != load_u64(in + kOffChecksum))
+        s = kDecBadChecksum;
+    }
+    status[row] = s;
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------
+
+// CTAs that fit on the current device at once (for the persistent/grid-stride
+// kernels); cached per (device, kernel). Only a performance hint: the kernels are
+// correct for any grid size.
+int resident_ctas(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 1024;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find({dev, kernel});
+  if (it != cache.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || per_sm <= 0)
+    per_sm = 4;
+  cudaGetLastError();  // clear anything the queries left behind
+  const int v = sms * per_sm;
+  cache[{dev, kernel}] = v;
+  return v;
+}
+
+template <typename T>
+void warm_up_kernels() {
+  cudaFuncAttributes attr;
+  cudaFuncGetAttributes(&attr, encode_kernel<T>);
+  cudaFuncGetAttributes(&attr, encode_finalize<T>);
+  cudaFuncGetAttributes(&attr, decode_kernel<T>);
+  cudaFuncGetAttributes(&attr, decode_finalize<T>);
+  resident_ctas((const void*)encode_kernel<T>);
+  resident_ctas((const void*)decode_kernel<T>);
+}
+
+namespace ffi = ::xla::ffi;
+
+ffi::Error cuda_error(const char* target, const char* what, cudaError_t e) {
+  cudaGetLastError();  // clear it
+  return ffi::Error::Internal(std::string(target) + " (CUDA): " + what + " failed: " + cudaGetErrorString(e));
+}
+
+// After a launch: its configuration or launch error, if any.
+ffi::Error check_launch(const char* target, const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_error(target, what, e);
+  return ffi::Error::Success();
+}
+
+bool dtype_code(ffi::DataType t, DtypeCode* d) {
+  switch (t) {
+    case ffi::DataType::BF16: *d = kBF16; return true;
+    case ffi::DataType::F16: *d = kF16; return true;
+    case ffi::DataType::F32: *d = kF32; return true;
+    default: return false;
+  }
+}
+
+void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
+  uint64_t r = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
+  *rows = r;
+  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
+}
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+constexpr const char* kEnc = "zipccl_zipccl_encode";
+constexpr const char* kDec = "zipccl_zipccl_decode";
+
+template <typename T>
+ffi::Error encode_launch(cudaStream_t stream, const uint8_t* x, uint8_t* out, int32_t* stats, uint8_t* ws,
+                         uint64_t rows, uint64_t n, uint64_t cap, uint64_t ws_row) {
+  EncArgs a;
+  a.x = x;
+  a.out = out;
+  a.ws = ws;
+  a.g = geom_of<T>(n, cap);
+  a.x_row = n * (uint64_t)Cfg<T>::kEsize;
+  a.out_row = a.g.total;
+  a.ws_row = ws_row;
+  const uint64_t total_tiles = rows * a.g.tiles;
+  // Tickets overshoot the end by at most S + 1 per CTA: keep them far from 2^32.
+  if (total_tiles > kMaxGridX) return ffi::Error::InvalidArgument(std::string(kEnc) + ": too many tiles");
+  a.total_tiles = (uint32_t)total_tiles;
+  const uint64_t chunks = std::max<uint64_t>(1, (a.g.esc_size + kZeroChunk - 1) / kZeroChunk);
+  if (rows * chunks > kMaxGridX) return ffi::Error::InvalidArgument(std::string(kEnc) + ": rows too large");
+
+  if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
+    return cuda_error(kEnc, "workspace memset", e);
+  if (total_tiles) {
+    const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)encode_kernel<T>));
+    encode_kernel<T><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    ffi::Error e = check_launch(kEnc, "encode_kernel launch");
+    if (e.failure()) return e;
+  }
+  encode_finalize<T><<<(unsigned)(rows * chunks), kThreads, 0, stream>>>(a, stats, (uint32_t)chunks);
+  return check_launch(kEnc, "encode_finalize launch");
+}
+
+template <typename T>
+ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int32_t* status, uint8_t* ws,
+                         uint64_t rows, uint64_t nbytes, uint64_t n, uint64_t cap, uint64_t ws_row) {
+  DecArgs a;
+  a.in = in;
+  a.y = y;
+  a.ws = ws;
+  a.g = geom_of<T>(n, cap);
+  a.in_row = nbytes;
+  a.y_row = n * (uint64_t)Cfg<T>::kEsize;
+  a.ws_row = ws_row;
+  const bool size_ok = nbytes == a.g.total;
+  const uint64_t total_tiles = size_ok ? rows * a.g.tiles : 0;
+  if (total_tiles > kMaxGridX || rows > kMaxGridX)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": too many tiles");
+  a.total_tiles = (uint32_t)total_tiles;
+  a.esc_chunk = esc_chunk_of(a.g.esc_size, a.g.tiles);
+
+  if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
+    return cuda_error(kDec, "workspace memset", e);
+  if (total_tiles) {
+    const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)decode_kernel<T>));
+    decode_kernel<T><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    ffi::Error e = check_launch(kDec, "decode_kernel launch");
+    if (e.failure()) return e;
+  }
+  decode_finalize<T><<<(unsigned)rows, kThreads, 0, stream>>>(a, status, size_ok ? 1 : 0);
+  return check_launch(kDec, "decode_finalize launch");
+}
+
+ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+                          ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
+                          int64_t escape_capacity) {
+  DtypeCode d;
+  if (!dtype_code(x.element_type(), &d))
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": x must be bfloat16, float16 or float32");
+  if (escape_capacity < 0)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": escape_capacity must be >= 0, got " +
+                                       std::to_string(escape_capacity));
+  uint64_t rows, n, prow, nbytes, srow, two, wrow, wbytes;
+  split_dims(x.dimensions(), &rows, &n);
+  split_dims(payload->dimensions(), &prow, &nbytes);
+  split_dims(stats->dimensions(), &srow, &two);
+  split_dims(workspace->dimensions(), &wrow, &wbytes);
+  if (n >= (1ull << 32))
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": rows of >= 2^32 elements are not supported");
+  const uint64_t cap = (uint64_t)escape_capacity;
+  const uint64_t want = encoded_nbytes(d, n, cap);
+  if (prow != rows || nbytes != want)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": payload must be [" + str(rows) + ", " + str(want) +
+                                       "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
+  if (srow != rows || two != 2)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": stats must be [" + str(rows) + ", 2]");
+  const uint64_t wneed = workspace_nbytes(n);
+  if (wrow != rows || wbytes != wneed)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": workspace must be [" + str(rows) + ", " +
+                                       str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
+  if (rows == 0) return ffi::Error::Success();
+  uint8_t* out = payload->typed_data();
+  uint8_t* ws = workspace->typed_data();
+  if (!aligned16(out) || !aligned16(ws))
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": payload and workspace must be 16-byte aligned");
+  const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
+  int32_t* st = stats->typed_data();
+  switch (d) {
+    case kBF16: return encode_launch<BF16Traits>(stream, xb, out, st, ws, rows, n, cap, wbytes);
+    case kF16: return encode_launch<F16Traits>(stream, xb, out, st, ws, rows, n, cap, wbytes);
+    default: return encode_launch<F32Traits>(stream, xb, out, st, ws, rows, n, cap, wbytes);
+  }
+}
+
+ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
+                          ffi::Result<ffi::Buffer<ffi::S32>> status, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
+                          int64_t escape_capacity) {
+  DtypeCode d;
+  if (!dtype_code(y->element_type(), &d))
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": output must be bfloat16, float16 or float32");
+  if (escape_capacity < 0) return ffi::Error::InvalidArgument(std::string(kDec) + ": escape_capacity must be >= 0");
+  uint64_t rows, nbytes, yrows, n, wrow, wbytes;
+  split_dims(payload.dimensions(), &rows, &nbytes);
+  split_dims(y->dimensions(), &yrows, &n);
+  split_dims(workspace->dimensions(), &wrow, &wbytes);
+  if (yrows != rows)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": payload has " + str(rows) +
+                                       " rows but the output has " + str(yrows));
+  if (status->element_count() != (size_t)rows)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": status must have one entry per row");
+  if (n >= (1ull << 32))
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": rows of >= 2^32 elements are not supported");
+  const uint64_t wneed = workspace_nbytes(n);
+  if (wrow != rows || wbytes != wneed)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": workspace must be [" + str(rows) + ", " +
+                                       str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
+  if (rows == 0) return ffi::Error::Success();
+  const uint8_t* in = payload.typed_data();
+  uint8_t* ws = workspace->typed_data();
+  if (!aligned16(in) || !aligned16(ws))
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": payload and workspace must be 16-byte aligned");
+  uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
+  int32_t* st = status->typed_data();
+  const uint64_t cap = (uint64_t)escape_capacity;
+  switch (d) {
+    case kBF16: return decode_launch<BF16Traits>(stream, in, yb, st, ws, rows, nbytes, n, cap, wbytes);
+    case kF16: return decode_launch<F16Traits>(stream, in, yb, st, ws, rows, nbytes, n, cap, wbytes);
+    default: return decode_launch<F32Traits>(stream, in, yb, st, ws, rows, nbytes, n, cap, wbytes);
+  }
+}
+
+}  // namespace
+
+int warm_up() {
+  int count = 0, prev = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
+  int done = 0;
+  for (int d = 0; d < count; ++d) {
+    if (cudaSetDevice(d) != cudaSuccess) continue;
+    warm_up_kernels<BF16Traits>();
+    warm_up_kernels<F16Traits>();
+    warm_up_kernels<F32Traits>();
+    ++done;
+  }
+  if (have_prev) cudaSetDevice(prev);
+  cudaGetLastError();
+  return done;
+}
+
+}  // namespace gpu
+}  // namespace zipccl
+
+namespace ffi = ::xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, zipccl::gpu::EncodeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::AnyBuffer>()                     // x [..., n]
+                                  .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., nbytes]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 2]
+                                  .Ret<ffi::Buffer<ffi::U8>>()               // workspace [..., W]
+                                  .Attr<int64_t>("escape_capacity"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, zipccl::gpu::DecodeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., nbytes]
+                                  .Ret<ffi::AnyBuffer>()                     // y [..., n]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // status [...]
+                                  .Ret<ffi::Buffer<ffi::U8>>()               // workspace [..., W]
+                                  .Attr<int64_t>("escape_capacity"),
+                              {ffi::Traits::kCmdBufferCompatible});

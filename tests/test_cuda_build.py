@@ -1,0 +1,131 @@
+"""The CUDA codec without a GPU: it compiles, ptxas reports no spills or local
+memory, the module imports and registers, the CPU-only build still works, and a
+host emulation of the kernels (cuda/emulate_host.cc: the kernels' decomposition
+and per-thread functions, run on the CPU) produces the CPU codec's bytes and
+decoder statuses.
+
+The GPU itself is exercised by benchmarks/gpu_check.py on a GPU machine.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc")
+NINJA = shutil.which("ninja")
+GXX = shutil.which("g++") or shutil.which("c++")
+KERNELS = ("encode_kernel", "encode_finalize", "decode_kernel", "decode_finalize")
+DTYPES = ("BF16", "F16", "F32")
+
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: the CUDA module cannot be compiled here")
+
+
+def _cmake(build: Path, *defs: str, timeout: int = 600) -> subprocess.CompletedProcess:
+  gen = ["-G", "Ninja"] if NINJA else []
+  cfg = subprocess.run(
+      ["cmake", "-S", str(ROOT), "-B", str(build), *gen, f"-DPython_EXECUTABLE={sys.executable}", *defs],
+      capture_output=True, text=True, timeout=timeout)
+  assert cfg.returncode == 0, f"configure failed:\n{cfg.stdout}\n{cfg.stderr}"
+  out = subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
+                       capture_output=True, text=True, timeout=timeout)
+  out.configure_log = cfg.stdout + cfg.stderr  # type: ignore[attr-defined]
+  return out
+
+
+def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
+  """ptxas -v output -> {"encode_kernel<BF16> sm_90": {"registers": .., "stack": .., ...}}."""
+  res: dict[str, dict[str, int]] = {}
+  name = None
+  for line in log.splitlines():
+    m = re.search(r"Compiling entry function '(\S+)' for '(\w+)'", line)
+    if m:
+      kern = next((k for k in KERNELS if k in m.group(1)), None)
+      dt = re.search(r"(BF16|F16|F32)Traits", m.group(1))
+      name = f"{kern}<{dt.group(1) if dt else '?'}> {m.group(2)}" if kern else None
+      if name:
+        res[name] = {}
+      continue
+    if not name:
+      continue
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+    if m:
+      res[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+    m = re.search(r"Used (\d+) registers", line)
+    if m:
+      res[name]["registers"] = int(m.group(1))
+  return res
+
+
+@pytest.fixture(scope="module")
+def cuda_build(tmp_path_factory):
+  if NVCC is None:
+    pytest.skip("nvcc is not on PATH: the CUDA module cannot be compiled here")
+  build = tmp_path_factory.mktemp("cuda_build")
+  out = _cmake(build, "-DZIPCCL_CUDA=ON", "-DZIPCCL_CUDA_ARCHITECTURES=90", "-DZIPCCL_PTXAS_VERBOSE=ON")
+  return build, out
+
+
+@needs_nvcc
+def test_cuda_module_compiles_without_spills(cuda_build):
+  build, out = cuda_build
+  log = out.stdout + out.stderr
+  assert out.returncode == 0, f"CUDA build failed:\n{log[-6000:]}"
+  assert list(build.glob("_zipccl_cuda*.so")), "the _zipccl_cuda module was not built"
+  usage = parse_ptxas(log)
+  want = {f"{k}<{d}> sm_90" for k in KERNELS for d in DTYPES}
+  assert want <= set(usage), f"ptxas -v did not report every kernel; got {sorted(usage)}"
+  for name, u in sorted(usage.items()):
+    assert u.get("stack") == 0 and u.get("spill_stores") == 0 and u.get("spill_loads") == 0, (name, u)
+    assert 0 < u.get("registers", 0) <= 64, (name, u)
+
+
+@needs_nvcc
+def test_cuda_module_imports_and_registers_without_a_gpu(cuda_build):
+  build, out = cuda_build
+  assert out.returncode == 0
+  code = (
+      "import sys; sys.path.insert(0, sys.argv[1])\n"
+      "import _zipccl_cuda as m, jax\n"
+      "r = m.registrations()\n"
+      "assert sorted(r) == ['zipccl_zipccl_decode', 'zipccl_zipccl_encode'], r\n"
+      "for k, v in r.items(): jax.ffi.register_ffi_target(k, v, platform='CUDA')\n"
+      "print('ok')\n")
+  res = subprocess.run([sys.executable, "-c", code, str(build)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
+  # Static cudart: no dynamic dependency on the CUDA runtime or driver libraries.
+  if shutil.which("ldd"):
+    so = next(build.glob("_zipccl_cuda*.so"))
+    deps = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
+    assert "libcudart" not in deps and "libcuda.so" not in deps, deps
+
+
+def test_cpu_only_build(tmp_path):
+  """ZIPCCL_CUDA=OFF builds the CPU module and nothing of CUDA, even where nvcc exists."""
+  out = _cmake(tmp_path, "-DZIPCCL_CUDA=OFF")
+  assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+  assert list(tmp_path.glob("_zipccl_cpu*.so"))
+  assert not list(tmp_path.glob("_zipccl_cuda*"))
+  cache = (tmp_path / "CMakeCache.txt").read_text()
+  assert not re.search(r"^CMAKE_CUDA_COMPILER:", cache, re.M), "CUDA was enabled in a CUDA=OFF build"
+  assert "zipccl_cuda_kernels" not in out.stdout + out.configure_log
+
+
+@pytest.mark.skipif(GXX is None, reason="no host C++ compiler")
+def test_kernel_emulation_matches_cpu_codec(tmp_path):
+  exe = tmp_path / "emulate_host"
+  cc = subprocess.run(
+      [GXX, "-O2", "-std=c++17", f"-I{ROOT / 'ffi'}", f"-I{ROOT / 'cuda'}", "-isystem", jax.ffi.include_dir(),
+       str(ROOT / "cuda" / "emulate_host.cc"), str(ROOT / "ffi" / "codec_cpu.cc"), "-lpthread", "-o", str(exe)],
+      capture_output=True, text=True, timeout=300)
+  assert cc.returncode == 0, cc.stderr[-6000:]
+  res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0 and " 0 failures" in res.stdout, (res.stdout + res.stderr)[-6000:]
