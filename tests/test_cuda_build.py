@@ -8,6 +8,7 @@ The GPU itself is exercised by benchmarks/gpu_check.py on a GPU machine.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -40,28 +41,15 @@ def _cmake(build: Path, *defs: str, timeout: int = 600) -> subprocess.CompletedP
   return out
 
 
-def parse_ptxas(log: str) -> dict[str, dict[str, int]]:
-  """ptxas -v output -> {"encode_kernel<BF16> sm_90": {"registers": .., "stack": .., ...}}."""
-  res: dict[str, dict[str, int]] = {}
-  name = None
-  for line in log.splitlines():
-    m = re.search(r"Compiling entry function '(\S+)' for '(\w+)'", line)
-    if m:
-      kern = next((k for k in KERNELS if k in m.group(1)), None)
-      dt = re.search(r"(BF16|F16|F32)Traits", m.group(1))
-      name = f"{kern}<{dt.group(1) if dt else '?'}> {m.group(2)}" if kern else None
-      if name:
-        res[name] = {}
-      continue
-    if not name:
-      continue
-    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-    if m:
-      res[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
-    m = re.search(r"Used (\d+) registers", line)
-    if m:
-      res[name]["registers"] = int(m.group(1))
-  return res
+def _load_gpu_check():
+  """benchmarks/gpu_check.py owns the ptxas -v parser; the test uses the same one."""
+  spec = importlib.util.spec_from_file_location("_zipccl_gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+parse_ptxas = _load_gpu_check().parse_ptxas
 
 
 @pytest.fixture(scope="module")
