@@ -1,0 +1,627 @@
+#!/usr/bin/env python
+"""FSDP training of a small byte-level transformer over compressed collectives.
+
+What it shows: `zipccl_jax.compressed_all_gather` and its VJP (a compressed
+reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
+
+- Model: a decoder-only transformer in Flax linen: token and position
+  embeddings, pre-norm blocks (causal multi-head attention, GELU MLP, RMSNorm,
+  no biases), an output head tied to the token embedding. bfloat16 compute.
+- Data: the bytes of the Python standard library's own sources (no download),
+  byte-level tokens (vocabulary 256), batches drawn with a fixed seed.
+- Parallelism: 8 simulated CPU devices on one mesh axis "fsdp", pure FSDP
+  (ZeRO-3 style). Each FSDP unit (the embeddings, each block) is one flat
+  float32 master buffer split evenly over the devices. Inside `jax.shard_map`
+  each device casts its shard to bfloat16 and `compressed_all_gather(...,
+  tiled=True)` rebuilds the unit just before its first use. `jax.grad` of the
+  local loss runs the gather's VJP, a compressed reduce-scatter that sums the
+  devices' bfloat16 gradients in a fixed rank order with float32 accumulation,
+  so each device receives the gradient of its own shard only. optax.adamw
+  updates the float32 shards locally.
+- The training runs twice from the same initial state: codec="zipccl", and
+  codec="raw" (the same algorithm moving uncompressed uint16 words: same
+  reduction order). Losses and final parameters must agree bit for bit (compared
+  as uint32 words); the script exits with status 1 if they do not.
+- Bytes: the collectives' operand sizes are static, so the bytes every step
+  sends follow from `zipccl_jax.encoded_nbytes`; the script checks that model
+  against the compiled HLO (`zipccl_jax.hlo_wire_bytes`) for both the
+  compressed and the fallback paths, then counts the path each call took.
+
+Run:  python examples/train_fsdp.py          (default config: ~2 min of training on 2 cores)
+      python examples/train_fsdp.py --quick  (a tiny config, seconds)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import zipccl_jax
+
+NUM_DEVICES = 8
+AXIS = "fsdp"
+COMPUTE = jnp.bfloat16   # gathered parameters, activations and gradients
+
+
+def configure_jax(num_devices: int = NUM_DEVICES) -> None:
+  """Simulates `num_devices` CPU devices. Must run before JAX starts a backend."""
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", num_devices)
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  steps: int = 200
+  seq_len: int = 128
+  d_model: int = 128
+  layers: int = 4
+  heads: int = 4
+  mlp_ratio: int = 4
+  batch_per_device: int = 2
+  lr: float = 3e-3
+  warmup: int = 20
+  weight_decay: float = 0.01
+  seed: int = 0
+  # Escape slots per row as a fraction of the row (+ 64), for the gathers and,
+  # through the VJP, the gradient reduce-scatters. The library default (3.75%)
+  # fits these weights (~2% escapes) but not their gradients (~7% on average,
+  # up to ~30% on the worst row), whose reduce-scatters would then all fall back.
+  # 12.5% gave the fewest bytes overall here (0.10-0.15 are within 1%).
+  escape_rate: float | None = 0.125
+
+  @property
+  def d_head(self) -> int:
+    return self.d_model // self.heads
+
+
+QUICK = dict(steps=20, seq_len=64, d_model=64, layers=2, heads=2, warmup=5)
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+def load_corpus() -> np.ndarray:
+  """The bytes of the standard library's top-level .py files, in sorted order."""
+  root = os.path.dirname(os.__file__)
+  chunks = []
+  for path in sorted(glob.glob(os.path.join(root, "*.py"))):
+    with open(path, "rb") as f:
+      chunks.append(f.read())
+  data = np.frombuffer(b"".join(chunks), dtype=np.uint8)
+  if data.size < 1 << 16:
+    raise RuntimeError(f"the standard library sources under {root} are too small "
+                       f"({data.size} bytes)")
+  return data
+
+
+def make_batches(data: np.ndarray, cfg: Config, num_devices: int) -> np.ndarray:
+  """All batches up front, int32[steps, global batch, seq_len + 1]; both runs use them."""
+  rng = np.random.default_rng(cfg.seed)
+  starts = rng.integers(0, data.size - cfg.seq_len - 1,
+                        size=(cfg.steps, cfg.batch_per_device * num_devices))
+  return data[starts[..., None] + np.arange(cfg.seq_len + 1)].astype(np.int32)
+
+
+# ---- model ----------------------------------------------------------------------------------
+
+
+class Embeddings(nn.Module):
+  """Token and position embeddings and the final norm; the head reuses `tok`."""
+  cfg: Config
+
+  def setup(self):
+    d = self.cfg.d_model
+    self.tok = self.param("tok", nn.initializers.normal(stddev=d ** -0.5), (256, d))
+    self.pos = self.param("pos", nn.initializers.normal(stddev=0.02), (self.cfg.seq_len, d))
+    self.final_norm = nn.RMSNorm(dtype=COMPUTE)
+
+  def embed(self, tokens):
+    return (jnp.take(self.tok, tokens, axis=0) + self.pos[:tokens.shape[-1]]).astype(COMPUTE)
+
+  def logits(self, h):
+    return jnp.einsum("bld,vd->blv", self.final_norm(h), self.tok.astype(COMPUTE),
+                      preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens):  # for init only
+    return self.logits(self.embed(tokens))
+
+
+class Block(nn.Module):
+  """Pre-norm block: causal multi-head self-attention, then a GELU MLP."""
+  cfg: Config
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    length, d = x.shape[1], x.shape[2]
+    dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=COMPUTE)
+    h = nn.RMSNorm(dtype=COMPUTE, name="attn_norm")(x)
+    q, k, v = dense((3, cfg.heads, cfg.d_head), name="qkv")(h).transpose(2, 0, 1, 3, 4)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    p = jax.nn.softmax(jnp.where(causal, s * cfg.d_head ** -0.5, -1e30), axis=-1)
+    a = jnp.einsum("bhqk,bkhd->bqhd", p.astype(COMPUTE), v)
+    x = x + dense(d, axis=(-2, -1), name="out")(a)
+    h = nn.RMSNorm(dtype=COMPUTE, name="mlp_norm")(x)
+    return x + dense(d, name="down")(jax.nn.gelu(dense(cfg.mlp_ratio * d, name="up")(h)))
+
+
+def apply_model(cfg: Config, params: dict, inputs, get=lambda name, p: p):
+  """Logits and per-block outputs. `get(name, params[name])` returns a unit's pytree
+  (the FSDP step gathers it there, just before the unit's first use)."""
+  emb = {"params": get("embed", params["embed"])}
+  h = Embeddings(cfg).apply(emb, inputs, method=Embeddings.embed)
+  acts = []
+  for i in range(cfg.layers):
+    name = f"block{i}"
+    h = Block(cfg).apply({"params": get(name, params[name])}, h)
+    acts.append(h)
+  return Embeddings(cfg).apply(emb, h, method=Embeddings.logits), acts
+
+
+# ---- FSDP units: flat, padded, sharded parameter buffers -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """How one FSDP unit's pytree maps onto its flat buffer (static metadata)."""
+  name: str
+  treedef: object
+  shapes: tuple
+  size: int     # real elements
+  shard: int    # elements per device; the buffer holds shard * devices (zero padded)
+
+  def unflatten(self, flat):
+    leaves, off = [], 0
+    for shape in self.shapes:
+      n = math.prod(shape)
+      leaves.append(flat[off:off + n].reshape(shape))
+      off += n
+    return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+
+def init_model(cfg: Config, num_devices: int):
+  """Initial float32 parameters as FSDP units: (units, {name: flat padded buffer})."""
+  keys = jax.random.split(jax.random.key(cfg.seed), cfg.layers + 1)
+  trees = {"embed": Embeddings(cfg).init(keys[0], jnp.zeros((1, cfg.seq_len), jnp.int32))}
+  x = jnp.zeros((1, cfg.seq_len, cfg.d_model), COMPUTE)
+  for i in range(cfg.layers):
+    trees[f"block{i}"] = Block(cfg).init(keys[i + 1], x)
+  units, buffers = [], {}
+  for name, tree in trees.items():
+    leaves, treedef = jax.tree_util.tree_flatten(tree["params"])
+    flat = np.concatenate([np.asarray(leaf, np.float32).reshape(-1) for leaf in leaves])
+    shard = -(-flat.size // num_devices)
+    units.append(Unit(name, treedef, tuple(leaf.shape for leaf in leaves), flat.size, shard))
+    buffers[name] = np.pad(flat, (0, shard * num_devices - flat.size))
+  return tuple(units), buffers
+
+
+def unit_capacities(units, escape_rate: float | None) -> dict:
+  """Escape slots per row of each unit: the library default, or ceil(rate x row) + 64."""
+  if escape_rate is None:
+    return {u.name: None for u in units}
+  return {u.name: min(u.shard, math.ceil(escape_rate * u.shard) + 64) for u in units}
+
+
+# ---- the gather, and a probe of its backward pass ---------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _watch(full, probe, capacity):
+  """Identity on `full`. Its VJP reports what the backward reduce-scatter encodes.
+
+  The gather's VJP reduce-scatters the cotangent of `full`, one row per
+  destination, and has no stats output. This probe encodes the same rows (with
+  room for every escape) and returns, as the gradient of `probe` float32[3]:
+  (escapes in all rows, escapes of the worst row, rows over `capacity`). A row
+  over capacity makes that reduce-scatter fall back to raw words (exactly).
+  """
+  del probe, capacity
+  return full
+
+
+def _watch_fwd(full, probe, capacity):
+  del probe, capacity
+  return full, None
+
+
+def _watch_bwd(capacity, _, ct):
+  rows = ct.reshape(lax.axis_size(AXIS), -1)
+  esc = jax.vmap(lambda r: zipccl_jax.encode(r, escape_capacity=r.size).escape_count)(rows)
+  return ct, jnp.stack([esc.sum(), esc.max(), (esc > capacity).sum()]).astype(jnp.float32)
+
+
+_watch.defvjp(_watch_fwd, _watch_bwd)
+
+
+def gather_unit(shard, probe, *, codec: str, escape_capacity: int | None):
+  """All-gathers one unit's shard as bfloat16; returns (whole unit, CollectiveStats).
+
+  policy="always": "auto" only compresses rows of at least AUTO_MIN_ROW_BYTES
+  (64 KiB), and these rows are smaller.
+  """
+  full, stats = zipccl_jax.compressed_all_gather(
+      shard.astype(COMPUTE), AXIS, tiled=True, codec=codec, policy="always",
+      escape_capacity=escape_capacity, stats=True)
+  if probe is not None:
+    cap = (zipccl_jax.default_escape_capacity(shard.size) if escape_capacity is None
+           else escape_capacity)
+    full = _watch(full, probe, cap)
+  return full, stats
+
+
+# ---- the training step ----------------------------------------------------------------------
+
+
+def make_optimizer(cfg: Config):
+  warmup = min(cfg.warmup, cfg.steps // 2)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup,
+                                                max(cfg.steps, warmup + 1), cfg.lr / 10)
+  return optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
+
+
+def make_train_step(cfg: Config, units, mesh, codec: str, capacities: dict, opt_state,
+                    watch: bool):
+  """The jitted FSDP step.
+
+  (shards, opt_state, probes, batch) -> (shards, opt_state, mean loss, gather stats
+  per unit, probe gradients per unit); `probes` only matter when `watch`.
+  """
+  by_name = {u.name: u for u in units}
+  opt = make_optimizer(cfg)
+
+  def local_loss(shards, probes, batch):
+    stats = {}
+
+    def get(name, shard):
+      full, stats[name] = gather_unit(shard, probes[name] if watch else None, codec=codec,
+                                      escape_capacity=capacities[name])
+      return by_name[name].unflatten(full)
+
+    logits, _ = apply_model(cfg, shards, batch[:, :-1], get)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+    # The reduce-scatter sums the devices' gradients: dividing by the device
+    # count makes that sum the gradient of the global mean loss.
+    return loss / lax.axis_size(AXIS), stats
+
+  def step(shards, opt_state, probes, batch):
+    (loss, stats), (grads, probe_grads) = jax.value_and_grad(
+        local_loss, argnums=(0, 1), has_aux=True)(shards, probes, batch)
+    updates, opt_state = opt.update(grads, opt_state, shards)
+    return (optax.apply_updates(shards, updates), opt_state, lax.psum(loss, AXIS), stats,
+            probe_grads)
+
+  sharded = P(AXIS)
+  opt_specs = jax.tree.map(lambda x: sharded if x.ndim else P(), opt_state)
+  step = jax.shard_map(step, mesh=mesh, in_specs=(sharded, opt_specs, sharded, sharded),
+                       out_specs=(sharded, opt_specs, P(), P(), sharded))
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+# ---- bytes on the wire ------------------------------------------------------------------------
+
+
+def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
+  """Bytes one step sends, summed over the n devices, per unit, collective and path.
+
+  Unit u's all-gather moves one row of shard_u elements per device; its
+  reduce-scatter moves n rows per device (one per destination) over an
+  all-to-all. Sent bytes per device use the model of zipccl_jax.hlo_wire_bytes:
+  all-gather (n-1) x operand, all-to-all (n-1)/n x operand, all-reduce
+  2(n-1)/n x operand. `check_against_hlo` compares the totals with the HLO.
+
+  Returns:
+    {unit: {"gather": (bytes, bytes if it falls back), "scatter": (...)},
+     "other": bytes of the loss all-reduce}.
+  """
+  out = {}
+  for u in units:
+    raw = 2 * u.shard                                        # bf16 bytes of one row
+    if codec == "zipccl":
+      enc = zipccl_jax.encoded_nbytes(COMPUTE, u.shard, capacities[u.name])
+      flag = 2 * (n - 1) / n * 4                             # pmax of the int32 fallback flag
+      gather = ((n - 1) * enc, (n - 1) * (enc + raw))        # a fallback gathers raw on top
+      scatter = ((n - 1) * enc + flag, (n - 1) * raw + flag)  # ... sends raw instead
+    else:
+      gather = scatter = ((n - 1) * raw,) * 2
+    out[u.name] = {"gather": tuple(n * b for b in gather), "scatter": tuple(n * b for b in scatter)}
+  out["other"] = n * 2 * (n - 1) / n * 4                     # psum of the float32 loss
+  return out
+
+
+def check_against_hlo(model: dict, hlo, n: int):
+  """Raises unless the model's totals equal the compiled HLO's (both paths)."""
+  units = [v for k, v in model.items() if k != "other"]
+  common = sum(v["gather"][0] + v["scatter"][0] for v in units) + model["other"]
+  worst = sum(v["gather"][1] + v["scatter"][1] for v in units) + model["other"]
+  if abs(common - n * hlo.common_sent) > 1 or abs(worst - n * hlo.fallback_sent) > 1:
+    raise AssertionError(
+        f"the wire model disagrees with the compiled HLO: {common:.0f} vs "
+        f"{n * hlo.common_sent:.0f} bytes (no fallback), {worst:.0f} vs "
+        f"{n * hlo.fallback_sent:.0f} (all fall back)")
+  return common, worst
+
+
+# ---- one run --------------------------------------------------------------------------------
+
+
+def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=True) -> dict:
+  """Trains from `buffers`; returns losses, final shards, bytes, fallbacks and timings."""
+  n = mesh.size
+  sharding = NamedSharding(mesh, P(AXIS))
+  shards = {k: jax.device_put(v, sharding) for k, v in buffers.items()}
+  opt_state = jax.jit(make_optimizer(cfg).init)(shards)  # moments sharded, count replicated
+  capacities = unit_capacities(units, cfg.escape_rate)
+  watch = codec == "zipccl"
+  probes = {u.name: jax.device_put(np.zeros(3 * n, np.float32), sharding) for u in units}
+  data = jax.device_put(batches, NamedSharding(mesh, P(None, AXIS)))
+
+  t0 = time.perf_counter()
+  step = make_train_step(cfg, units, mesh, codec, capacities, opt_state, watch)
+  step = step.lower(shards, opt_state, probes, data[0]).compile()
+  compile_s = time.perf_counter() - t0
+  model = wire_model(units, codec, capacities, n)
+  common, worst = check_against_hlo(model, zipccl_jax.hlo_wire_bytes(step.as_text()), n)
+
+  losses, sent = [], {"gather": [], "scatter": []}
+  fallbacks = {"gather": 0, "scatter": 0}
+  escapes = {"gather": [0, 0], "scatter": [0, 0]}            # [escapes, elements]
+  bar = _progress(cfg.steps, f"{codec:>6}", progress)
+  t0 = time.perf_counter()
+  for i in range(cfg.steps):
+    shards, opt_state, loss, stats, probe_grads = step(shards, opt_state, probes, data[i])
+    # Wait for the whole step before dispatching the next: with several steps in
+    # flight, XLA:CPU's simulated devices can deadlock in a collective rendezvous.
+    jax.block_until_ready((shards, opt_state))
+    loss, stats, probe_grads = jax.device_get((loss, stats, probe_grads))
+    for u in units:
+      st = stats[u.name]
+      fell = {"gather": bool(st.fell_back), "scatter": False}
+      escapes["gather"][0] += int(st.escape_count)
+      escapes["gather"][1] += st.elements
+      if watch:
+        pg = probe_grads[u.name].reshape(n, 3)
+        fell["scatter"] = bool(pg[:, 2].sum() > 0)            # some row of some device
+        escapes["scatter"][0] += int(pg[:, 0].sum())
+        escapes["scatter"][1] += n * n * u.shard
+      for k in fell:
+        fallbacks[k] += fell[k]
+        sent[k].append(model[u.name][k][fell[k]])
+    losses.append(float(loss))
+    bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    bar.update(1)
+  wall = time.perf_counter() - t0
+  bar.close()
+  per_step = {k: sum(v) / cfg.steps for k, v in sent.items()}
+  per_step["other"] = model["other"]
+  return dict(codec=codec, losses=np.asarray(losses, np.float32),
+              params={k: np.asarray(v) for k, v in shards.items()},
+              bytes_common=common, bytes_worst=worst, bytes=per_step,
+              bytes_per_step=sum(per_step.values()), fallbacks=fallbacks,
+              calls=cfg.steps * len(units),
+              escape_rate={k: e / max(m, 1) for k, (e, m) in escapes.items()},
+              wall_s=wall, compile_s=compile_s)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+  try:
+    from tqdm import tqdm
+  except ImportError:  # tqdm is in the test extra; run without a bar if it is missing
+    tqdm = None
+  if tqdm is not None and enabled:
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+
+  class _NoBar:
+    def update(self, n): pass
+    def set_postfix(self, **kw): pass
+    def close(self): pass
+
+  return _NoBar()
+
+
+# ---- codec analysis of weights, gradients and activations ---------------------------------------
+
+
+def analyze_tensors(cfg: Config, units, buffers, batch) -> list:
+  """zipccl_jax.analyze on the initial weights, one step's gradients and activations.
+
+  Per tensor of the embeddings and the first block (weights and gradients, as
+  bfloat16; gradients of one device's batch), and the output of the first and
+  last blocks. Returns [(kind, name, Analysis)].
+  """
+  params = {u.name: jax.tree.map(lambda x: x.astype(COMPUTE),
+                                 u.unflatten(jnp.asarray(buffers[u.name]))) for u in units}
+
+  def loss_fn(params, batch):
+    logits, acts = apply_model(cfg, params, batch[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean(), acts
+
+  (_, acts), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params, batch)
+  rows = []
+  for kind, tree in (("weight", params), ("gradient", grads)):
+    for name in ("embed", "block0"):
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree[name]):
+        if leaf.size >= 4096:
+          label = name + "." + ".".join(str(getattr(k, "key", k)) for k in path)
+          rows.append((kind, label, zipccl_jax.analyze(leaf)))
+  rows.append(("activation", "block0 output", zipccl_jax.analyze(acts[0])))
+  rows.append(("activation", f"block{cfg.layers - 1} output", zipccl_jax.analyze(acts[-1])))
+  return rows
+
+
+def print_analysis(rows) -> None:
+  print(f"  {'kind':<10} {'tensor':<26} {'elements':>8} {'H bits':>6} {'exp H':>5} "
+        f"{'esc %':>6} {'ratio':>6} {'static':>6} {'overflow':>8} {'exact':>5}")
+  for kind, name, a in rows:
+    print(f"  {kind:<10} {name[:26]:<26} {a.n:>8} {a.entropy_bits:>6.2f} "
+          f"{a.exponent_entropy_bits:>5.2f} {100 * a.escape_rate:>6.2f} {a.ratio:>6.3f} "
+          f"{a.static_ratio:>6.3f} {'yes' if a.overflow else 'no':>8} "
+          f"{'yes' if a.roundtrip_ok else 'NO':>5}")
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+
+def _words(x) -> np.ndarray:
+  x = np.ascontiguousarray(x)
+  return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+def first_mismatch(a: dict, b: dict) -> str | None:
+  """None when every buffer is bit-identical, else the first differing word in hex."""
+  for k in a:
+    wa, wb = _words(a[k]), _words(b[k])
+    bad = np.flatnonzero(wa != wb)
+    if bad.size:
+      i = int(bad[0])
+      return f"{k}[{i}]: 0x{int(wa[i]):08x} vs 0x{int(wb[i]):08x} ({bad.size} words differ)"
+  return None
+
+
+def _mib(nbytes: float) -> str:
+  return f"{nbytes / 2**20:.2f} MiB"
+
+
+def parse_args(argv):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--steps", type=int, help=f"training steps (default {Config.steps})")
+  ap.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {Config.seq_len})")
+  ap.add_argument("--d-model", type=int, help=f"model width (default {Config.d_model})")
+  ap.add_argument("--layers", type=int, help=f"transformer blocks (default {Config.layers})")
+  ap.add_argument("--heads", type=int, help=f"attention heads (default {Config.heads})")
+  ap.add_argument("--batch-per-device", type=int,
+                  help=f"sequences per device and step (default {Config.batch_per_device})")
+  ap.add_argument("--escape-rate", type=float, metavar="R",
+                  help=f"escape slots per row as a fraction of the row, + 64 (default "
+                       f"{Config.escape_rate}); 0 or less: the library's default")
+  ap.add_argument("--quick", action="store_true",
+                  help="a tiny config (2 layers, width 64, 20 steps) that trains in seconds")
+  ap.add_argument("--no-analyze", action="store_true", help="skip the codec analysis table")
+  ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+  ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+  args = ap.parse_args(argv)
+  overrides = dict(QUICK) if args.quick else {}
+  for k in ("steps", "seq_len", "d_model", "layers", "heads", "batch_per_device", "escape_rate"):
+    if getattr(args, k) is not None:
+      overrides[k] = getattr(args, k)
+  if overrides.get("escape_rate", 1) <= 0:
+    overrides["escape_rate"] = None
+  cfg = Config(**overrides)
+  if cfg.d_model % cfg.heads:
+    ap.error(f"--d-model ({cfg.d_model}) must be a multiple of --heads ({cfg.heads})")
+  if min(cfg.steps, cfg.seq_len, cfg.layers, cfg.batch_per_device) < 1:
+    ap.error("--steps, --seq-len, --layers and --batch-per-device must be positive")
+  return cfg, args
+
+
+def main(argv=None) -> int:
+  """Runs the demo; returns 0 when both runs are bit-identical (and every round trip is)."""
+  cfg, args = parse_args(argv)
+  devices = jax.devices("cpu")
+  if len(devices) < NUM_DEVICES:
+    print(f"error: this example needs {NUM_DEVICES} CPU devices, JAX has {len(devices)}; run "
+          "it as a script (it configures the simulated devices itself) or set "
+          "jax_num_cpu_devices before JAX starts", file=sys.stderr)
+    return 2
+  with jax.default_device(devices[0]):
+    return _run(cfg, args, devices[:NUM_DEVICES])
+
+
+def _run(cfg: Config, args, devices) -> int:
+  mesh = jax.sharding.Mesh(np.array(devices), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+  data = load_corpus()
+  batches = make_batches(data, cfg, mesh.size)
+  units, buffers = init_model(cfg, mesh.size)
+  print(f"model: {cfg.layers} blocks, width {cfg.d_model}, {cfg.heads} heads, "
+        f"{sum(u.size for u in units) / 1e6:.2f} M parameters in {len(units)} FSDP units, "
+        f"sharded over {mesh.size} CPU devices ({', '.join(f'{u.shard}' for u in units)} "
+        f"elements per device)")
+  print(f"data: {data.size / 1e6:.1f} MB of Python standard library sources, "
+        f"{cfg.batch_per_device * mesh.size} x {cfg.seq_len} byte tokens per step")
+
+  if not args.no_analyze:
+    print("\ncodec analysis (zipccl_jax.analyze, bfloat16; ratio = raw / exact encoded size, "
+          "static = raw / the fixed size a collective moves at the default capacity):")
+    rows = analyze_tensors(cfg, units, buffers, jnp.asarray(batches[0, :cfg.batch_per_device]))
+    print_analysis(rows)
+    if not all(a.roundtrip_ok for _, _, a in rows):
+      print("error: a codec round trip was not bit-exact", file=sys.stderr)
+      return 1
+  print()
+
+  runs = {codec: train(cfg, codec, mesh, units, buffers, batches,
+                       progress=not args.no_progress) for codec in ("zipccl", "raw")}
+  z, r = runs["zipccl"], runs["raw"]
+  loss_same = np.array_equal(_words(z["losses"]), _words(r["losses"]))
+  mismatch = None if not loss_same else first_mismatch(z["params"], r["params"])
+  identical = loss_same and mismatch is None
+
+  print("\nmean loss (zipccl | raw):")
+  edges = np.linspace(0, cfg.steps, min(10, cfg.steps) + 1).astype(int)
+  for a, b in zip(edges[:-1], edges[1:]):
+    print(f"  steps {a + 1:>4}-{b:<4} {z['losses'][a:b].mean():.4f} | {r['losses'][a:b].mean():.4f}")
+
+  print(f"\nbytes sent per step, summed over the {mesh.size} devices (static sizes, equal to "
+        "the compiled HLO's collectives):")
+  print(f"  {'':<38} {'zipccl':>10} {'raw':>10} {'ratio':>6}")
+  table = [("if no call falls back", z["bytes_common"], r["bytes_common"]),
+           ("if every call falls back", z["bytes_worst"], r["bytes_worst"]),
+           ("measured: weight all-gathers", z["bytes"]["gather"], r["bytes"]["gather"]),
+           ("measured: gradient reduce-scatters", z["bytes"]["scatter"], r["bytes"]["scatter"]),
+           ("measured: total", z["bytes_per_step"], r["bytes_per_step"])]
+  for name, bz, br in table:
+    print(f"  {name:<38} {_mib(bz):>10} {_mib(br):>10} {br / bz:>6.3f}")
+  capacity = ("library default, 3.75% + 64" if cfg.escape_rate is None
+              else f"{100 * cfg.escape_rate:g}% + 64")
+  print(f"  escape rate: weights {100 * z['escape_rate']['gather']:.2f}%, gradient rows "
+        f"{100 * z['escape_rate']['scatter']:.2f}% (capacity {capacity} per row)")
+  print(f"  exact fallbacks to raw words: all-gathers {z['fallbacks']['gather']}/{z['calls']}, "
+        f"reduce-scatters {z['fallbacks']['scatter']}/{z['calls']}")
+
+  ratio = r["bytes_per_step"] / z["bytes_per_step"]
+  print("\nsummary")
+  print(f"  {'':<28} {'zipccl':>12} {'raw':>12}")
+  for name, a, b in (
+      ("steps", cfg.steps, cfg.steps),
+      ("loss, first step", f"{z['losses'][0]:.6f}", f"{r['losses'][0]:.6f}"),
+      ("loss, last step", f"{z['losses'][-1]:.6f}", f"{r['losses'][-1]:.6f}"),
+      ("bytes sent per step", _mib(z["bytes_per_step"]), _mib(r["bytes_per_step"])),
+      ("compile time (s)", f"{z['compile_s']:.1f}", f"{r['compile_s']:.1f}"),
+      ("training wall time (s)", f"{z['wall_s']:.1f}", f"{r['wall_s']:.1f}")):
+    print(f"  {name:<28} {str(a):>12} {str(b):>12}")
+  print(f"  {'wire ratio (raw / zipccl)':<28} {ratio:>12.3f}")
+  print(f"  {'bit-identical':<28} {'yes' if identical else 'NO':>12}")
+  if not identical:
+    print(f"  first difference: {'the losses' if not loss_same else mismatch}")
+
+  if args.json:
+    keys = ("bytes_common", "bytes_worst", "bytes", "bytes_per_step", "fallbacks", "calls",
+            "escape_rate", "wall_s", "compile_s")
+    with open(args.json, "w") as f:
+      json.dump(dict(config=dataclasses.asdict(cfg), identical=bool(identical), ratio=ratio,
+                     runs={c: dict({k: v[k] for k in keys}, losses=v["losses"].tolist())
+                           for c, v in runs.items()}), f, indent=1)
+  return 0 if identical else 1
+
+
+if __name__ == "__main__":
+  configure_jax()
+  sys.exit(main())
