@@ -650,3 +650,46 @@ def test_edge_shapes_and_forced_fallback(mesh8):
   assert_bits_equal(np.asarray(ag0), np.asarray(ag_lax).view(F16), "all_gather fallback")
   assert_bits_equal(np.asarray(rs0), np.asarray(rs_raw), "psum_scatter fallback vs raw")
   assert_bits_equal(np.asarray(g_inv), np.asarray(g_lax), "grad of all_gather to=invarying")
+
+
+def test_grad_escape_capacity_sizes_the_backward_rows(mesh8):
+  """grad_escape_capacity sets the capacity of the collective the VJP runs."""
+  x = jax.ShapeDtypeStruct((N * 64, 512), jnp.bfloat16)
+  m = 64 * 512  # elements of one device's block = one row, forward and backward
+
+  def rows_in_hlo(grad_cap):
+    def f(v):
+      return jax.grad(lambda u: jnp.sum(zc.compressed_all_gather(
+          u, "x", tiled=True, escape_capacity=128, grad_escape_capacity=grad_cap,
+          **ALWAYS).astype(jnp.float32) ** 2))(v)
+    text = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))) \
+        .lower(x).compile().as_text()
+    common = [o for o in zc.hlo_wire_bytes(text).ops if o.path != "fallback"]
+    assert sorted(o.opcode for o in common) == ["all-gather", "all-reduce", "all-to-all"]
+    return {o.opcode: o for o in common}
+
+  for cap in (None, 4096):
+    ops = rows_in_hlo(cap)
+    assert ops["all-gather"].operand_bytes == zc.encoded_nbytes(BF16, m, 128)
+    # backward: the cotangent of the gathered array goes out as N rows of m elements
+    a2a = zc.encoded_nbytes(BF16, m, 128 if cap is None else cap) * N
+    assert ops["all-to-all"].operand_bytes == a2a, (cap, ops["all-to-all"].operand_bytes, a2a)
+  with pytest.raises(ValueError, match="grad_escape_capacity"):
+    smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_all_gather(
+        v, "x", grad_escape_capacity=-1))(gaussian((N * 4, 8), BF16, seed=1))
+
+
+def test_grad_escape_capacity_overflow_is_exact(mesh8):
+  """A backward pass whose rows overflow their own capacity falls back exactly."""
+  rows, cols = 16, 128
+  x = gaussian((N * rows, cols), BF16, seed=31)
+  w = gaussian((N * N * rows, cols), F32, seed=32)
+
+  def grads(x, w, **kw):
+    return jax.grad(lambda v: jnp.sum(
+        zc.compressed_all_gather(v, "x", tiled=True, **kw).astype(jnp.float32) * w))(x)
+
+  run = lambda **kw: np.asarray(smap(mesh8, (P("x"), P("x")), P("x"))(
+      lambda x, w: grads(x, w, **kw))(x, w))
+  assert_bits_equal(run(policy="always", grad_escape_capacity=0), run(codec="raw"),
+                    "overflowing backward vs raw")

@@ -144,6 +144,13 @@ class _Opts(NamedTuple):
   codec: str | None
   escape_capacity: int | None
   policy: str
+  grad_escape_capacity: int | None = None   # for the collective the VJP runs
+
+  def for_grad(self) -> "_Opts":
+    """Options of the transposed collective: the gradient's own capacity if given."""
+    if self.grad_escape_capacity is None:
+      return self
+    return self._replace(escape_capacity=self.grad_escape_capacity)
 
 
 class _Plan(NamedTuple):
@@ -155,23 +162,27 @@ class _Plan(NamedTuple):
   nbytes: int       # encoded row bytes (when compress)
 
 
-def _check_opts(fn, codec, escape_capacity, policy, stats) -> _Opts:
+def _check_capacity(fn, name, value):
+  if value is None:
+    return None
+  if isinstance(value, jax.core.Tracer):
+    raise TypeError(f"{fn}: {name} must be a static Python int, got a traced "
+                    "value; pass it as a static argument")
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+    raise ValueError(f"{fn}: {name} must be None or a non-negative int, got {value!r}")
+  return int(value)
+
+
+def _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None) -> _Opts:
   if codec not in COLLECTIVE_CODECS:
     raise ValueError(f"{fn}: codec must be 'zipccl', 'raw' or None, got {codec!r}")
   if policy not in POLICIES:
     raise ValueError(f"{fn}: policy must be one of {POLICIES}, got {policy!r}")
-  if escape_capacity is not None:
-    if isinstance(escape_capacity, jax.core.Tracer):
-      raise TypeError(f"{fn}: escape_capacity must be a static Python int, got a traced "
-                      "value; pass it as a static argument")
-    if (not isinstance(escape_capacity, (int, np.integer)) or isinstance(escape_capacity, bool)
-        or escape_capacity < 0):
-      raise ValueError(f"{fn}: escape_capacity must be None or a non-negative int, "
-                       f"got {escape_capacity!r}")
-    escape_capacity = int(escape_capacity)
+  escape_capacity = _check_capacity(fn, "escape_capacity", escape_capacity)
+  grad_escape_capacity = _check_capacity(fn, "grad_escape_capacity", grad_escape_capacity)
   if not isinstance(stats, bool):
     raise TypeError(f"{fn}: stats must be a bool, got {stats!r}")
-  return _Opts(codec, escape_capacity, policy)
+  return _Opts(codec, escape_capacity, policy, grad_escape_capacity)
 
 
 def _check_axes(fn, axis_name) -> tuple:
@@ -474,30 +485,32 @@ def _ag_bwd(cfg: _Cfg, ct):
       size = ct.shape[cfg.dim] // cfg.n_peers
       return lax.dynamic_slice_in_dim(ct, me * size, size, cfg.dim)
     return lax.dynamic_index_in_dim(ct, me, cfg.dim, keepdims=False)
-  rs = cfg._replace(fn="compressed_psum_scatter (grad of compressed_all_gather)", stats=False)
+  rs = cfg._replace(fn="compressed_psum_scatter (grad of compressed_all_gather)", stats=False,
+                    opts=cfg.opts.for_grad())
   return _rs(compat.pvary(ct, cfg.axes), rs)[0]
 
 
 def _rs_bwd(cfg: _Cfg, ct):
   ag = cfg._replace(fn="compressed_all_gather (grad of compressed_psum_scatter)", stats=False,
-                    to="varying")
+                    to="varying", opts=cfg.opts.for_grad())
   return _ag(compat.pvary(ct, cfg.axes), ag)[0]
 
 
 def _psum_bwd(cfg: _Cfg, ct):
   if compat.check_vma_enabled():
     return compat.pvary(ct, cfg.axes)      # JAX: psum's cotangent is only re-typed
-  return _psum(ct, cfg._replace(stats=False))[0]   # JAX without vma: psum again
+  return _psum(ct, cfg._replace(stats=False, opts=cfg.opts.for_grad()))[0]  # no vma: psum again
 
 
 def _a2a_bwd(cfg: _Cfg, ct):
   return _a2a(compat.pvary(ct, cfg.axes),
-              cfg._replace(dim=cfg.dim2, dim2=cfg.dim, stats=False))[0]
+              cfg._replace(dim=cfg.dim2, dim2=cfg.dim, stats=False, opts=cfg.opts.for_grad()))[0]
 
 
 def _pp_bwd(cfg: _Cfg, ct):
   inv = tuple((d, s) for s, d in cfg.perm)
-  return _pp(compat.pvary(ct, cfg.axes), cfg._replace(perm=inv, stats=False))[0]
+  return _pp(compat.pvary(ct, cfg.axes), cfg._replace(perm=inv, stats=False,
+                                                      opts=cfg.opts.for_grad()))[0]
 
 
 _ag = _with_vjp(_ag_impl, _ag_bwd)
@@ -530,6 +543,10 @@ _OPTIONS_DOC = """
     escape_capacity: escape slots per row (one row = the message for one peer);
       default `default_escape_capacity(m)` (3.75% + 64). A row that needs more
       makes the whole call fall back to the uncompressed path (still exact).
+    grad_escape_capacity: escape slots per row of the collective that jax.grad
+      runs for this one (e.g. the reduce-scatter of an all_gather's cotangent);
+      default: escape_capacity. Gradients often escape more than weights (heavier
+      tails, mixed scales in flat FSDP buffers), so they may need more room.
     policy: "always" compress; "never" (same as codec="raw"); "auto" compress
       when a row holds at least AUTO_MIN_ROW_BYTES (64 KiB) raw and encodes
       smaller than that.
@@ -547,7 +564,8 @@ def _with_options_doc(f):
 @_with_options_doc
 def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
                           to: str = "varying", codec: str | None = "zipccl",
-                          escape_capacity: int | None = None, policy: str = "auto",
+                          escape_capacity: int | None = None,
+                          grad_escape_capacity: int | None = None, policy: str = "auto",
                           stats: bool = False):
   """`jax.lax.all_gather` with compressed payloads; bit-identical result.
 
@@ -570,7 +588,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     TypeError / ValueError naming the argument: bad dtype, axis, options.
   """
   fn = "compressed_all_gather"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats)
+  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
   axes = _check_axes(fn, axis_name)
   if to not in ("varying", "invarying"):
     raise ValueError(f"{fn}: to must be 'varying' or 'invarying', got {to!r}")
@@ -596,6 +614,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
 @_with_options_doc
 def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
                             codec: str | None = "zipccl", escape_capacity: int | None = None,
+                            grad_escape_capacity: int | None = None,
                             policy: str = "auto", stats: bool = False):
   """`jax.lax.psum_scatter` over compressed per-destination chunks.
 
@@ -619,7 +638,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_psum_scatter"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats)
+  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
   axes = _check_axes(fn, axis_name)
   if not isinstance(tiled, bool):
     raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
@@ -651,7 +670,8 @@ def _check_split(fn, arg, size, n_peers, tiled, axis_name):
 
 @_with_options_doc
 def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
-                    escape_capacity: int | None = None, policy: str = "auto",
+                    escape_capacity: int | None = None,
+                    grad_escape_capacity: int | None = None, policy: str = "auto",
                     stats: bool = False):
   """`jax.lax.psum` as compressed reduce-scatter + compressed all-gather.
 
@@ -673,7 +693,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_psum"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats)
+  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
   axes = _check_axes(fn, axis_name)
   n_peers = _axis_size(fn, axes, axis_name)
 
@@ -690,7 +710,8 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
 @_with_options_doc
 def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
                           tiled: bool = False, codec: str | None = "zipccl",
-                          escape_capacity: int | None = None, policy: str = "auto",
+                          escape_capacity: int | None = None,
+                          grad_escape_capacity: int | None = None, policy: str = "auto",
                           stats: bool = False):
   """`jax.lax.all_to_all` with compressed per-destination chunks; bit-identical.
 
@@ -709,7 +730,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_all_to_all"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats)
+  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
   axes = _check_axes(fn, axis_name)
   if not isinstance(tiled, bool):
     raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
@@ -733,7 +754,8 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
 
 @_with_options_doc
 def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
-                        escape_capacity: int | None = None, policy: str = "auto",
+                        escape_capacity: int | None = None,
+                        grad_escape_capacity: int | None = None, policy: str = "auto",
                         stats: bool = False):
   """`jax.lax.ppermute` with a compressed payload; bit-identical (zeros where
   no one sends, as lax).
@@ -752,7 +774,7 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_ppermute"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats)
+  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
   axes = _check_axes(fn, axis_name)
   n_peers = _axis_size(fn, axes, axis_name)
   perm = _check_perm(fn, perm, n_peers)
