@@ -79,13 +79,14 @@ class Config:
   warmup: int = 20
   weight_decay: float = 0.01
   seed: int = 0
-  # Escape slots per row as a fraction of the row (+ 64), for the gathers and,
-  # through the VJP, the gradient reduce-scatters. The library default (3.75%)
-  # fits these weights (~2% escapes) but not their gradients (~7% on average,
-  # up to ~36% on the worst row), whose reduce-scatters would then all fall back
-  # (1.15x fewer bytes in total instead of 1.25x). 12.5% gave the fewest bytes
-  # of the rates tried (0.10 to 0.15 are within 1% of each other).
-  escape_rate: float | None = 0.125
+  # Escape slots per row as a fraction of the row (+ 64). Weights (the gathers):
+  # the library default (3.75%) fits them (~2% escapes). Gradients (the
+  # reduce-scatters the gather's VJP runs, sized by grad_escape_capacity) escape
+  # ~7% on average and up to ~36% on the worst row: with the default they would
+  # all fall back to raw words. 12.5% gave the fewest bytes of the rates tried
+  # (0.10 to 0.15 are within 1% of each other).
+  escape_rate: float | None = None
+  grad_escape_rate: float | None = 0.125
 
   @property
   def d_head(self) -> int:
@@ -215,11 +216,17 @@ def init_model(cfg: Config, num_devices: int):
   return tuple(units), buffers
 
 
-def unit_capacities(units, escape_rate: float | None) -> dict:
-  """Escape slots per row of each unit: the library default, or ceil(rate x row) + 64."""
-  if escape_rate is None:
-    return {u.name: None for u in units}
-  return {u.name: min(u.shard, math.ceil(escape_rate * u.shard) + 64) for u in units}
+def _capacity(rate: float | None, row: int) -> int:
+  """ceil(rate x row) + 64 escape slots, or the library default when rate is None."""
+  if rate is None:
+    return zipccl_jax.default_escape_capacity(row)
+  return min(row, math.ceil(rate * row) + 64)
+
+
+def unit_capacities(units, cfg) -> dict:
+  """{unit: (capacity of its gather rows, capacity of its gradient reduce-scatter rows)}."""
+  return {u.name: (_capacity(cfg.escape_rate, u.shard), _capacity(cfg.grad_escape_rate, u.shard))
+          for u in units}
 
 
 # ---- the gather, and a probe of its backward pass ---------------------------------------------
@@ -253,7 +260,7 @@ def _watch_bwd(capacity, _, ct):
 _watch.defvjp(_watch_fwd, _watch_bwd)
 
 
-def gather_unit(shard, probe, *, codec: str, escape_capacity: int | None):
+def gather_unit(shard, probe, *, codec: str, capacities: tuple):
   """All-gathers one unit's shard as bfloat16; returns (whole unit, CollectiveStats).
 
   policy="always": "auto" only compresses rows of at least AUTO_MIN_ROW_BYTES
@@ -261,11 +268,9 @@ def gather_unit(shard, probe, *, codec: str, escape_capacity: int | None):
   """
   full, stats = zipccl_jax.compressed_all_gather(
       shard.astype(COMPUTE), AXIS, tiled=True, codec=codec, policy="always",
-      escape_capacity=escape_capacity, stats=True)
+      escape_capacity=capacities[0], grad_escape_capacity=capacities[1], stats=True)
   if probe is not None:
-    cap = (zipccl_jax.default_escape_capacity(shard.size) if escape_capacity is None
-           else escape_capacity)
-    full = _watch(full, probe, cap)
+    full = _watch(full, probe, capacities[1])
   return full, stats
 
 
@@ -294,7 +299,7 @@ def make_train_step(cfg: Config, units, mesh, codec: str, capacities: dict, opt_
 
     def get(name, shard):
       full, stats[name] = gather_unit(shard, probes[name] if watch else None, codec=codec,
-                                      escape_capacity=capacities[name])
+                                      capacities=capacities[name])
       return by_name[name].unflatten(full)
 
     logits, _ = apply_model(cfg, shards, batch[:, :-1], get)
@@ -337,10 +342,10 @@ def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
   for u in units:
     raw = 2 * u.shard                                        # bf16 bytes of one row
     if codec == "zipccl":
-      enc = zipccl_jax.encoded_nbytes(COMPUTE, u.shard, capacities[u.name])
+      enc, enc_g = (zipccl_jax.encoded_nbytes(COMPUTE, u.shard, c) for c in capacities[u.name])
       flag = 2 * (n - 1) / n * 4                             # pmax of the int32 fallback flag
       gather = ((n - 1) * enc, (n - 1) * (enc + raw))        # a fallback gathers raw on top
-      scatter = ((n - 1) * enc + flag, (n - 1) * raw + flag)  # ... sends raw instead
+      scatter = ((n - 1) * enc_g + flag, (n - 1) * raw + flag)  # ... sends raw instead
     else:
       gather = scatter = ((n - 1) * raw,) * 2
     out[u.name] = {"gather": tuple(n * b for b in gather), "scatter": tuple(n * b for b in scatter)}
@@ -370,7 +375,7 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
   sharding = NamedSharding(mesh, P(AXIS))
   shards = {k: jax.device_put(v, sharding) for k, v in buffers.items()}
   opt_state = jax.jit(make_optimizer(cfg).init)(shards)  # moments sharded, count replicated
-  capacities = unit_capacities(units, cfg.escape_rate)
+  capacities = unit_capacities(units, cfg)
   watch = codec == "zipccl"
   probes = {u.name: jax.device_put(np.zeros(3 * n, np.float32), sharding) for u in units}
   data = jax.device_put(batches, NamedSharding(mesh, P(None, AXIS)))
@@ -514,8 +519,11 @@ def parse_args(argv):
   ap.add_argument("--batch-per-device", type=int,
                   help=f"sequences per device and step (default {Config.batch_per_device})")
   ap.add_argument("--escape-rate", type=float, metavar="R",
-                  help=f"escape slots per row as a fraction of the row, + 64 (default "
-                       f"{Config.escape_rate}); 0 or less: the library's default")
+                  help="escape slots per weight row as a fraction of the row, + 64 (default: "
+                       "the library's, 3.75%% + 64); 0 or less: the library's default")
+  ap.add_argument("--grad-escape-rate", type=float, metavar="R",
+                  help=f"the same for the gradient reduce-scatter rows (default "
+                       f"{Config.grad_escape_rate}); 0 or less: the library's default")
   ap.add_argument("--quick", action="store_true",
                   help="a tiny config (2 layers, width 64, 20 steps) that trains in seconds")
   ap.add_argument("--no-analyze", action="store_true", help="skip the codec analysis table")
@@ -523,11 +531,13 @@ def parse_args(argv):
   ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
   args = ap.parse_args(argv)
   overrides = dict(QUICK) if args.quick else {}
-  for k in ("steps", "seq_len", "d_model", "layers", "heads", "batch_per_device", "escape_rate"):
+  for k in ("steps", "seq_len", "d_model", "layers", "heads", "batch_per_device", "escape_rate",
+            "grad_escape_rate"):
     if getattr(args, k) is not None:
       overrides[k] = getattr(args, k)
-  if overrides.get("escape_rate", 1) <= 0:
-    overrides["escape_rate"] = None
+  for k in ("escape_rate", "grad_escape_rate"):
+    if overrides.get(k, 1) is not None and overrides.get(k, 1) <= 0:
+      overrides[k] = None
   cfg = Config(**overrides)
   if cfg.d_model % cfg.heads:
     ap.error(f"--d-model ({cfg.d_model}) must be a multiple of --heads ({cfg.heads})")
@@ -594,8 +604,8 @@ def _run(cfg: Config, args, devices) -> int:
            ("measured: total", z["bytes_per_step"], r["bytes_per_step"])]
   for name, bz, br in table:
     print(f"  {name:<38} {_mib(bz):>10} {_mib(br):>10} {br / bz:>6.3f}")
-  capacity = ("library default, 3.75% + 64" if cfg.escape_rate is None
-              else f"{100 * cfg.escape_rate:g}% + 64")
+  rate = lambda r: "library default, 3.75% + 64" if r is None else f"{100 * r:g}% + 64"
+  capacity = f"weights {rate(cfg.escape_rate)}, gradients {rate(cfg.grad_escape_rate)}"
   print(f"  escape rate: weights {100 * z['escape_rate']['gather']:.2f}%, gradient rows "
         f"{100 * z['escape_rate']['scatter']:.2f}% (worst row "
         f"{100 * z['worst_gradient_row']:.1f}%); capacity {capacity} per row")
