@@ -84,6 +84,29 @@ def machine_info() -> dict:
   return info
 
 
+def _cpu_snapshot() -> tuple[float, float] | None:
+  """(busy CPU seconds of the whole machine, CPU seconds of this process and its children)."""
+  import resource
+  try:
+    with open("/proc/stat") as f:
+      v = [int(x) for x in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return None
+  hz = os.sysconf("SC_CLK_TCK")
+  busy = (sum(v[:8]) - v[3] - v[4]) / hz  # all but idle and iowait
+  own = sum(getattr(resource.getrusage(w), k) for w in (resource.RUSAGE_SELF,
+                                                        resource.RUSAGE_CHILDREN)
+            for k in ("ru_utime", "ru_stime"))
+  return busy, own
+
+
+def other_load(start, end, wall: float) -> float | None:
+  """Average number of cores other processes kept busy between two snapshots."""
+  if start is None or end is None or wall <= 0:
+    return None
+  return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / wall)
+
+
 def median_time(fn: Callable[[], object], runs: int, warmup: int = 2,
                 setup: Callable[[], object] | None = None) -> tuple[float, list[float]]:
   """Median wall time of fn() over `runs` runs after `warmup` untimed ones.
@@ -211,22 +234,30 @@ def _zipccl_worker(args) -> None:
     json.dump(out, f)
 
 
-# glibc's malloc backs large allocations with transparent huge pages under this
-# tunable (glibc >= 2.35): XLA's fresh output buffer of every call then faults in
-# 2 MiB pages instead of 4 KiB ones.
-THP_TUNABLE = "glibc.malloc.hugetlb=1"
+# XLA allocates every call's output afresh, and glibc serves allocations >= 32 MiB
+# (its largest dynamic mmap threshold) with a new mmap that is unmapped again on
+# free: each call first-touches its whole output, 4 KiB page by page. Two glibc
+# tunables (glibc >= 2.35) change that, for the rows that show the effect:
+MALLOC_VARIANTS = {
+    # huge pages for those mappings: 512x fewer faults, the kernel still zeroes them
+    "THP": "glibc.malloc.hugetlb=1",
+    # no mmap at all, no trimming: freed buffers are reused from the heap, no faults
+    "reuse": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184",
+}
+_VARIANT_LABEL = {"": "zipccl (XLA FFI, jit)", "THP": "zipccl (XLA FFI, jit, THP malloc)",
+                  "reuse": "zipccl (XLA FFI, jit, heap-reuse malloc)"}
 
 
-def run_zipccl(threads: str, cases, size_mib: float, runs: int, thp: bool = False) -> list[dict]:
+def run_zipccl(threads: str, cases, size_mib: float, runs: int, malloc: str = "") -> list[dict]:
   """Runs the zipccl worker in a fresh subprocess with ZIPCCL_NUM_THREADS=threads."""
   import tempfile
   with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
     path = tf.name
   env = dict(os.environ, ZIPCCL_NUM_THREADS=str(threads), JAX_PLATFORMS="cpu")
-  if thp:
+  if malloc:
     env["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"),
-                                                   THP_TUNABLE]))
-  label = f"{threads}+THP" if thp else str(threads)
+                                                   MALLOC_VARIANTS[malloc]]))
+  label = f"{threads}+{malloc}" if malloc else str(threads)
   cmd = [sys.executable, "-m", "zipccl_jax.bench", "_zipccl-worker", "--cases", ",".join(cases),
          "--size-mib", str(size_mib), "--runs", str(runs), "--json-out", path,
          "--threads-label", label]
@@ -311,9 +342,9 @@ def _mb(r: dict, what: str) -> str:
 
 
 def _variant(key: str) -> tuple[str, str]:
-  """Worker key ("1", "2+THP") -> (threads, codec label)."""
-  th, _, thp = key.partition("+")
-  return th, "zipccl (XLA FFI, jit" + (", THP malloc)" if thp else ")")
+  """Worker key ("1", "2+THP", "1+reuse") -> (threads, codec label)."""
+  th, _, malloc = key.partition("+")
+  return th, _VARIANT_LABEL[malloc]
 
 
 def codec_table(z_rows: dict, peers: list[dict]) -> str:
@@ -366,13 +397,14 @@ def codec_plot(path: str, z_rows: dict, peers: list[dict]) -> bool:
   fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=False)
   markers = {"gauss-bf16": "o", "gauss-fp32": "s", "laplace-bf16": "^"}
   colors = {"zipccl-1": "C0", "zipccl-2": "C1", "zipnn": "C2", "blosc2": "C3", "zstd": "C4",
-            "zipccl-1+THP": "C5", "zipccl-2+THP": "C6"}
+            "zipccl-1+THP": "C5", "zipccl-2+THP": "C6", "zipccl-1+reuse": "C8",
+            "zipccl-2+reuse": "C9"}
   for ax, key, title in ((axes[0], "encode_s", "encode"), (axes[1], "decode_s", "decode")):
     seen = set()
     for th, rows in z_rows.items():
       for r in rows:
-        nth, _, thp = str(th).partition("+")
-        lab = f"zipccl {nth} thread{'s' if nth != '1' else ''}" + (", THP" if thp else "")
+        nth, _, malloc = str(th).partition("+")
+        lab = f"zipccl {nth} thread{'s' if nth != '1' else ''}" + (f", {malloc}" if malloc else "")
         ax.scatter(_gbps(r["raw_nbytes"], r[key]), r["raw_nbytes"] / r["static_nbytes"],
                    marker=markers[r["case"]], color=colors.get(f"zipccl-{th}", "C7"), s=60,
                    label=lab if lab not in seen else None)
@@ -404,18 +436,27 @@ def codec_plot(path: str, z_rows: dict, peers: list[dict]) -> bool:
 
 
 def cmd_codec(args) -> int:
+  if args.from_json:  # re-render the report of a finished run
+    with open(args.from_json) as f:
+      doc = json.load(f)
+    out = os.path.dirname(os.path.abspath(args.from_json))
+    base = os.path.join(out, os.path.splitext(os.path.basename(args.from_json))[0])
+    return write_codec_report(base, doc["machine"], doc["size_mib"], doc["runs"],
+                              doc["zipccl"], doc["peers"], doc.get("threads", ["1", "2"]))
   size = 8.0 if args.quick and args.size_mib is None else (args.size_mib or 64.0)
   runs = args.runs or (5 if args.quick else 9)
   threads = [t.strip() for t in args.threads.split(",") if t.strip()]
   info = machine_info()
   log(f"codec benchmark: {size:g} MiB per case, median of {runs} runs, zipccl threads "
       f"{threads}, on {info['cpu']} ({info['cores']} cores)")
+  snap0, wall0 = _cpu_snapshot(), time.perf_counter()
   z_rows = {}
   for th in threads:
     z_rows[th] = run_zipccl(th, CASES, size, runs)
-  if not args.no_thp:
-    for th in threads:
-      z_rows[f"{th}+THP"] = run_zipccl(th, CASES, size, runs, thp=True)
+  if not args.no_malloc_variants:
+    for malloc in MALLOC_VARIANTS:
+      for th in threads:
+        z_rows[f"{th}+{malloc}"] = run_zipccl(th, CASES, size, runs, malloc=malloc)
   peers = []
   peer_names = [p for p in PEERS if p not in (args.skip_peers or "").split(",")]
   for case in CASES:
@@ -423,10 +464,19 @@ def cmd_codec(args) -> int:
     for p in peer_names:
       log(f"{p} {case} ...")
       peers.append(run_peer(p, case, x, runs))
-  table = codec_table(z_rows, peers)
+  info["other_load_cores"] = other_load(snap0, _cpu_snapshot(), time.perf_counter() - wall0)
+  if info["other_load_cores"] is not None:
+    log(f"other processes kept {info['other_load_cores']:.2f} cores busy on average during the run")
   stamp = datetime.date.today().isoformat() + ("_quick" if args.quick else "")
   os.makedirs(args.out, exist_ok=True)
   base = os.path.join(args.out, f"codec_{stamp}")
+  return write_codec_report(base, info, size, runs, z_rows, peers, threads)
+
+
+def write_codec_report(base: str, info: dict, size: float, runs: int, z_rows: dict,
+                       peers: list[dict], threads: list[str]) -> int:
+  """Writes base.md, base.json and base.png; prints the markdown. Returns the exit status."""
+  table = codec_table(z_rows, peers)
   g = next((r for r in z_rows.get("1", []) if r["case"] == "gauss-bf16"), None)
   zn = next((p for p in peers if p["peer"] == "zipnn" and p["case"] == "gauss-bf16" and
              "error" not in p), None)
@@ -445,24 +495,32 @@ def cmd_codec(args) -> int:
                  f"{1e3 * g.get('decode_sys_s', 0):.0f} ms of kernel time per call (of "
                  f"{1e3 * g.get('encode_wall_s', 0):.0f} and {1e3 * g.get('decode_wall_s', 0):.0f}"
                  " ms wall)")
-    gt = next((r for r in z_rows.get("1+THP", []) if r["case"] == "gauss-bf16"), None)
-    if gt:
-      goals.append(f"- the same with `GLIBC_TUNABLES={THP_TUNABLE}` (XLA's output buffers "
-                   f"backed by huge pages): encode **{_gbps(gt['raw_nbytes'], gt['encode_s']):.2f}"
-                   f" GB/s**, decode **{_gbps(gt['raw_nbytes'], gt['decode_s']):.2f} GB/s**, "
-                   f"{gt.get('encode_faults', 0):,.0f} and {gt.get('decode_faults', 0):,.0f} "
-                   "page faults per call")
+    for malloc, what in (("THP", "XLA's output buffers backed by huge pages"),
+                         ("reuse", "freed buffers reused from the heap, never unmapped")):
+      gt = next((r for r in z_rows.get(f"1+{malloc}", []) if r["case"] == "gauss-bf16"), None)
+      if gt:
+        goals.append(f"- the same with `GLIBC_TUNABLES={MALLOC_VARIANTS[malloc]}` ({what}): "
+                     f"encode **{_gbps(gt['raw_nbytes'], gt['encode_s']):.2f} GB/s**, decode "
+                     f"**{_gbps(gt['raw_nbytes'], gt['decode_s']):.2f} GB/s**, "
+                     f"{gt.get('encode_faults', 0):,.0f} and {gt.get('decode_faults', 0):,.0f} "
+                     "page faults per call")
     if "host_encode_s" in g:
       goals.append(f"- the row codec alone on preallocated buffers, 1 thread: encode "
                    f"{_gbps(g['raw_nbytes'], g['host_encode_s']):.2f} GB/s, decode "
                    f"{_gbps(g['raw_nbytes'], g['host_decode_s']):.2f} GB/s")
     if zn:
-      goals.append(f"- vs ZipNN in this run: encode {ge / _gbps(zn['raw_nbytes'], zn['encode_s']):.1f}x, "
-                   f"decode {gd / _gbps(zn['raw_nbytes'], zn['decode_s']):.1f}x "
-                   "(goal about 4x and 2x)")
+      zne, znd = _gbps(zn["raw_nbytes"], zn["encode_s"]), _gbps(zn["raw_nbytes"], zn["decode_s"])
+      line = (f"- vs ZipNN (1 thread) in this run: jit encode {ge / zne:.1f}x, decode "
+              f"{gd / znd:.1f}x")
+      gr = next((r for r in z_rows.get("1+reuse", []) if r["case"] == "gauss-bf16"), None)
+      if gr:
+        line += (f"; with heap-reuse malloc {_gbps(gr['raw_nbytes'], gr['encode_s']) / zne:.1f}x "
+                 f"and {_gbps(gr['raw_nbytes'], gr['decode_s']) / znd:.1f}x")
+      goals.append(line + " (goal about 4x and 2x)")
   md = [f"# Codec benchmark ({info['date']})", "",
         f"Machine: {info['cpu']}, {info['cores']} cores ({info['usable_cores']} usable), "
-        f"1-min load average at start {info.get('loadavg_1m', '?')}, "
+        f"1-min load average at start {info.get('loadavg_1m', '?')}, other processes kept "
+        f"{info.get('other_load_cores') or 0:.2f} cores busy on average during the run, "
         f"{info['machine']}, SIMD: {info['simd'] or 'none'}; Python {info['python']}; "
         + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".", "",
         f"Input: {size:g} MiB per case (deterministic seed). Times: median (and best) of {runs} "
@@ -478,11 +536,15 @@ def cmd_codec(args) -> int:
         "The Laplace case escapes more than the default capacity holds, so it runs with an "
         f"explicit capacity of {100 * LAPLACE_CAPACITY_RATE[0] / LAPLACE_CAPACITY_RATE[1]:g}% "
         "of n.", "",
-        "page faults/call: minor page faults per jitted call (getrusage). XLA allocates each "
+        "page faults/call: minor page faults per jitted call (getrusage; averaged over all "
+        "calls, the 2 warm-ups included). XLA allocates each "
         "call's output afresh; glibc serves allocations this large with a new mmap, so every "
         "call first-touches its whole output in 4 KiB pages (the 64 MiB decode output is 16,384 "
         "faults). The \"THP malloc\" rows rerun the same processes with "
-        f"`GLIBC_TUNABLES={THP_TUNABLE}`, which makes malloc back them with 2 MiB pages.", "",
+        f"`GLIBC_TUNABLES={MALLOC_VARIANTS['THP']}` (malloc backs them with 2 MiB pages; the "
+        "kernel still zeroes them), the \"heap-reuse malloc\" rows with "
+        f"`GLIBC_TUNABLES={MALLOC_VARIANTS['reuse']}` (no mmap, no trim: the previous call's "
+        "freed buffer is reused, no fault at all).", "",
         table, "", "## Goals", ""] + goals + [
         "", f"Plot: `{os.path.basename(base)}.png`.", "",
         "Reproduce: `python -m zipccl_jax.bench codec --size-mib "
@@ -490,8 +552,8 @@ def cmd_codec(args) -> int:
   with open(base + ".md", "w") as f:
     f.write("\n".join(md))
   with open(base + ".json", "w") as f:
-    json.dump({"machine": info, "size_mib": size, "runs": runs, "zipccl": z_rows,
-               "peers": peers}, f, indent=1)
+    json.dump({"machine": info, "size_mib": size, "runs": runs, "threads": threads,
+               "zipccl": z_rows, "peers": peers}, f, indent=1)
   codec_plot(base + ".png", z_rows, peers)
   print("\n".join(md))
   log(f"wrote {base}.md, .json, .png")
@@ -870,9 +932,11 @@ def _parser() -> argparse.ArgumentParser:
   c.add_argument("--quick", action="store_true", help="small and fast (results get a _quick "
                  "suffix)")
   c.add_argument("--skip-peers", default="", help="comma separated: zipnn,blosc2,zstd")
-  c.add_argument("--no-thp", action="store_true", help="skip the zipccl runs with "
-                 f"GLIBC_TUNABLES={THP_TUNABLE} (huge-page-backed malloc)")
+  c.add_argument("--no-malloc-variants", action="store_true", help="skip the zipccl runs "
+                 "with GLIBC_TUNABLES set for huge pages / heap reuse")
   c.add_argument("--out", default=RESULTS)
+  c.add_argument("--from-json", default=None, metavar="FILE",
+                 help="only re-render the report (.md, .png) of a finished run's .json")
   w = sub.add_parser("window", help="window-rule calibration")
   w.add_argument("--quick", action="store_true")
   w.add_argument("--out", default=RESULTS)
