@@ -161,7 +161,9 @@ _RIGHT = {"elements", "entropy", "zipccl", "static", "escapes"}
 
 
 def _fmt_ratio(v: float | None) -> str:
-  return "-" if v is None else f"{v:.3f}x"
+  if v is None:
+    return "-"
+  return f"{v:.3f}x" if math.isfinite(v) else "inf"  # inf: a constant tensor (0 bits)
 
 
 def _cells(r: Row, is_total: bool = False) -> list[str]:
