@@ -20,6 +20,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define ZIPCCL_X86 1
@@ -217,16 +221,25 @@ __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
   const Window w0 = choose_window<BF16Traits>(S, N, Z, kBlock);
   int32_t probe[4];
   window_probes(w0, probe);
-  // Probe values outside 0..255 count nothing: map them to a byte that never
-  // matches by comparing 16-bit lanes of the zero-extended exponents.
+  // Count the four probe exponents in byte lanes: each lane sees 64 of the block's
+  // elements, so a byte counter cannot overflow; one psadbw per probe sums them.
+  // A probe outside 0..255 (base-1 < 0 or base+7 > 255) counts nothing.
   uint32_t cnt[4] = {0, 0, 0, 0};
   {
-    __m256i pv[4];
-    for (int k = 0; k < 4; ++k) pv[k] = _mm256_set1_epi16((short)probe[k]);
-    for (uint32_t j = 0; j < kBlock; j += 16) {
-      __m256i e16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(ebuf + j)));
-      for (int k = 0; k < 4; ++k)
-        cnt[k] += __builtin_popcount((uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(e16, pv[k]))) / 2;
+    __m256i pv[4], acc[4];
+    for (int k = 0; k < 4; ++k) {
+      pv[k] = _mm256_set1_epi8((char)probe[k]);
+      acc[k] = zero;
+    }
+    for (uint32_t j = 0; j < kBlock; j += 32) {
+      __m256i e = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + j));
+      for (int k = 0; k < 4; ++k) acc[k] = _mm256_sub_epi8(acc[k], _mm256_cmpeq_epi8(e, pv[k]));
+    }
+    for (int k = 0; k < 4; ++k) {
+      if (probe[k] < 0 || probe[k] > 255) continue;
+      alignas(32) uint64_t s4k[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(s4k), _mm256_sad_epu8(acc[k], zero));
+      cnt[k] = (uint32_t)(s4k[0] + s4k[1] + s4k[2] + s4k[3]);
     }
   }
   const Window w = refine_window<BF16Traits>(w0, cnt);
@@ -632,6 +645,24 @@ void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
+// XLA:CPU allocates every call's outputs afresh; glibc gives allocations over its
+// mmap threshold (<= 32 MiB) a new mapping each time, so a handler would first-touch
+// its whole output in 4 KiB pages: 16,384 page faults for a 64 MiB output, more
+// time than the codec (benchmarks/results/codec_*.md). Asking for transparent huge
+// pages on the 2 MiB-aligned interior of a large output cuts that ~512-fold. A hint
+// only: errors are ignored, and ZIPCCL_NO_HUGEPAGES=1 turns it off.
+void advise_hugepages(void* p, uint64_t nbytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uint64_t kHuge = 2ull << 20;
+  if (nbytes < 4 * kHuge) return;
+  static const bool off = std::getenv("ZIPCCL_NO_HUGEPAGES") != nullptr;
+  if (off) return;
+  const uint64_t a = ((uint64_t)p + kHuge - 1) & ~(kHuge - 1);
+  const uint64_t b = ((uint64_t)p + nbytes) & ~(kHuge - 1);
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
+#endif
+}
+
 ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats,
                          ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t escape_capacity) {
@@ -656,6 +687,7 @@ ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> pay
   const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
   const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(d);
   uint8_t* out = payload->typed_data();
+  advise_hugepages(out, rows * nbytes);
   int32_t* st = stats->typed_data();
   for (uint64_t r = 0; r < rows; ++r) {
     zipccl::cpu::RowStats s =
@@ -687,6 +719,7 @@ ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffe
   const uint8_t* in = payload.typed_data();
   uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
   const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(d);
+  advise_hugepages(yb, rows * n * esize);
   int32_t* st = status->typed_data();
   for (uint64_t r = 0; r < rows; ++r)
     st[r] = zipccl::cpu::decode_row(d, in + r * nbytes, nbytes, n, (uint64_t)escape_capacity,
