@@ -163,14 +163,8 @@ class _Plan(NamedTuple):
 
 
 def _check_capacity(fn, name, value):
-  if value is None:
-    return None
-  if isinstance(value, jax.core.Tracer):
-    raise TypeError(f"{fn}: {name} must be a static Python int, got a traced "
-                    "value; pass it as a static argument")
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-    raise ValueError(f"{fn}: {name} must be None or a non-negative int, got {value!r}")
-  return int(value)
+  """None (the default capacity) or a static non-negative int, as `encode` checks it."""
+  return None if value is None else _codec._check_count(value, f"{fn}: {name}")
 
 
 def _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None) -> _Opts:
