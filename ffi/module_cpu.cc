@@ -45,6 +45,7 @@ NB_MODULE(_zipccl_cpu, m) {
       "encode_into",
       [](int dtype_code, Bytes x, uint64_t n, uint64_t capacity, Bytes out) {
         const zipccl::DtypeCode d = check_dtype(dtype_code);
+        if (n >= (1ull << 32)) throw nb::value_error("encode_into: n must be < 2^32");
         if (x.size() != n * (uint64_t)zipccl::elem_bytes_of(d))
           throw nb::value_error("encode_into: x must hold n elements of the dtype");
         const uint64_t need = zipccl::encoded_nbytes(d, n, capacity);
@@ -62,6 +63,7 @@ NB_MODULE(_zipccl_cpu, m) {
       "decode_into",
       [](int dtype_code, Bytes payload, uint64_t n, uint64_t capacity, Bytes out) {
         const zipccl::DtypeCode d = check_dtype(dtype_code);
+        if (n >= (1ull << 32)) throw nb::value_error("decode_into: n must be < 2^32");
         if (out.size() != n * (uint64_t)zipccl::elem_bytes_of(d))
           throw nb::value_error("decode_into: out must hold n elements of the dtype");
         nb::gil_scoped_release release;
