@@ -609,17 +609,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
 // Header checks in the CPU decoder's order (statuses 1..5), 0 if the header is fine.
 template <typename T>
 __device__ int32_t header_status(const uint8_t* in, const Geom& g, bool size_ok) {
-  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
-  if (in[kOffDtype] != (uint8_t)T::kCode || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
-  if (load_u64(in + kOffN) != g.n || load_u64(in + kOffCapacity) != g.cap ||
-      load_u64(in + kOffTotalBytes) != g.total || !size_ok)
-    return kDecBadSize;
-  const uint8_t st = in[kOffStatus];
-  if (st == kEncOverflow) return kDecOverflowed;
-  if (st != kEncOk || load_u64(in + kOffEscCount) > g.cap) return kDecBadHeader;
-  for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
-    if (in[i]) return kDecBadHeader;
-  return kDecOk;
+  return check_header<T>(in, g.n, g.cap, g.total, size_ok);
 }
 
 // One CTA per row: header checks, the header's (and, for n = 0, the escape

@@ -239,17 +239,7 @@ void emu_encode(const typename T::bits_t* x_all, uint64_t rows, uint64_t n, uint
 
 template <typename T>
 int32_t emu_header_status(const uint8_t* in, const Geom& g, bool size_ok) {
-  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
-  if (in[kOffDtype] != (uint8_t)T::kCode || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
-  if (load_u64(in + kOffN) != g.n || load_u64(in + kOffCapacity) != g.cap ||
-      load_u64(in + kOffTotalBytes) != g.total || !size_ok)
-    return kDecBadSize;
-  const uint8_t st = in[kOffStatus];
-  if (st == kEncOverflow) return kDecOverflowed;
-  if (st != kEncOk || load_u64(in + kOffEscCount) > g.cap) return kDecBadHeader;
-  for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
-    if (in[i]) return kDecBadHeader;
-  return kDecOk;
+  return check_header<T>(in, g.n, g.cap, g.total, size_ok);
 }
 
 template <typename T>

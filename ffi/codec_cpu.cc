@@ -538,17 +538,9 @@ int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t ca
   const Layout L = layout_of(d, n, capacity);
   if (nbytes < kHeaderBytes) return kDecBadSize;
   // 1-5: header.
-  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
-  if (in[kOffDtype] != (uint8_t)d || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
-  if (load_u64(in + kOffN) != n || load_u64(in + kOffCapacity) != capacity ||
-      load_u64(in + kOffTotalBytes) != L.total || nbytes != L.total)
-    return kDecBadSize;
-  const uint8_t status = in[kOffStatus];
-  if (status == kEncOverflow) return kDecOverflowed;
+  const int32_t hs = check_header<T>(in, n, capacity, L.total, nbytes == L.total);
+  if (hs != kDecOk) return hs;
   const uint64_t esc_total = load_u64(in + kOffEscCount);
-  if (status != kEncOk || esc_total > capacity) return kDecBadHeader;
-  for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
-    if (in[i]) return kDecBadHeader;
   // 6: block table (sequential, nb records).
   const uint64_t nb = num_blocks(n);
   uint64_t run = 0;

@@ -344,6 +344,26 @@ ZC_HD uint64_t header_checksum(DtypeCode d, uint8_t status, uint64_t n, uint64_t
   return checksum_span(h, 0, kHeaderUsed / 4);
 }
 
+
+// Decoder checks 1-5 (docs/format.md, "Decoding") on a header of at least 128
+// bytes, in the normative order; size_ok = the buffer holds exactly `total` bytes.
+// Shared by the CPU decoder, the CUDA decoder and its host emulation.
+template <typename T>
+ZC_HD int32_t check_header(const uint8_t* in, uint64_t n, uint64_t capacity, uint64_t total,
+                           bool size_ok) {
+  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
+  if (in[kOffDtype] != (uint8_t)T::kCode || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
+  if (load_u64(in + kOffN) != n || load_u64(in + kOffCapacity) != capacity ||
+      load_u64(in + kOffTotalBytes) != total || !size_ok)
+    return kDecBadSize;
+  const uint8_t st = in[kOffStatus];
+  if (st == kEncOverflow) return kDecOverflowed;
+  if (st != kEncOk || load_u64(in + kOffEscCount) > capacity) return kDecBadHeader;
+  for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
+    if (in[i]) return kDecBadHeader;
+  return kDecOk;
+}
+
 }  // namespace zipccl
 
 namespace zipccl {
