@@ -203,6 +203,16 @@ def _axis_size(fn, axes, axis_name) -> int:
         f"jax.shard_map over a mesh that has that axis ({e})") from None
 
 
+def _setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity, policy, stats,
+           tiled=False):
+  """Validation shared by the five public collectives: (options, axes, peer count)."""
+  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
+  axes = _check_axes(fn, axis_name)
+  if not isinstance(tiled, bool):
+    raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
+  return opts, axes, _axis_size(fn, axes, axis_name)
+
+
 def _check_x(fn, x):
   dtype = getattr(x, "dtype", None)
   if dtype is None:
@@ -582,13 +592,10 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     TypeError / ValueError naming the argument: bad dtype, axis, options.
   """
   fn = "compressed_all_gather"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
-  axes = _check_axes(fn, axis_name)
   if to not in ("varying", "invarying"):
     raise ValueError(f"{fn}: to must be 'varying' or 'invarying', got {to!r}")
-  if not isinstance(tiled, bool):
-    raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
-  n_peers = _axis_size(fn, axes, axis_name)
+  opts, axes, n_peers = _setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity,
+                               policy, stats, tiled)
 
   def one(leaf):
     leaf = _check_x(fn, leaf)
@@ -632,11 +639,8 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_psum_scatter"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
-  axes = _check_axes(fn, axis_name)
-  if not isinstance(tiled, bool):
-    raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
-  n_peers = _axis_size(fn, axes, axis_name)
+  opts, axes, n_peers = _setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity,
+                               policy, stats, tiled)
 
   def one(leaf):
     leaf = _check_x(fn, leaf)
@@ -687,9 +691,8 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_psum"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
-  axes = _check_axes(fn, axis_name)
-  n_peers = _axis_size(fn, axes, axis_name)
+  opts, axes, n_peers = _setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity,
+                               policy, stats)
 
   def one(leaf):
     leaf = _check_x(fn, leaf)
@@ -724,11 +727,8 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_all_to_all"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
-  axes = _check_axes(fn, axis_name)
-  if not isinstance(tiled, bool):
-    raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
-  n_peers = _axis_size(fn, axes, axis_name)
+  opts, axes, n_peers = _setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity,
+                               policy, stats, tiled)
 
   def one(leaf):
     leaf = _check_x(fn, leaf)
@@ -768,9 +768,8 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
     TypeError / ValueError naming the argument.
   """
   fn = "compressed_ppermute"
-  opts = _check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
-  axes = _check_axes(fn, axis_name)
-  n_peers = _axis_size(fn, axes, axis_name)
+  opts, axes, n_peers = _setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity,
+                               policy, stats)
   perm = _check_perm(fn, perm, n_peers)
 
   def one(leaf):
