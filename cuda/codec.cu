@@ -25,7 +25,11 @@
 // ring; each record checked locally against its neighbour, planes against the
 // record, escapes read by offset and bounds-checked) and decode_finalize (header
 // checks in the CPU's order, then the tiles' findings by priority, then the checksum).
+#if defined(ZIPCCL_SIMT_HOST)
+#include "simt_host.h"  // cuda/emulate_host.cc: these kernels on a CPU SIMT emulator
+#else
 #include <cuda_runtime.h>
+#endif
 #include <stdint.h>
 
 #include <algorithm>
@@ -56,6 +60,27 @@ constexpr uint32_t kNoTicket = 0xFFFFFFFFu;  // >= any total_tiles
 
 // ---- device helpers ----------------------------------------------------------------
 
+// Shared-memory declarations and launches, spelled so that the host emulation
+// (ZIPCCL_SIMT_HOST) can give every emulated CTA its own shared memory and run a
+// launch on its fibers.
+#if defined(ZIPCCL_SIMT_HOST)
+#define ZC_SHARED(type, name, dims) auto& name = ::simt::shared_object<type dims>()
+#define ZC_LAUNCH(kernel, grid, stream, ...) \
+  ::simt::launch_async((unsigned)(grid), kThreads, (stream), [=] { kernel(__VA_ARGS__); })
+#else
+#define ZC_SHARED(type, name, dims) __shared__ type name dims
+#define ZC_LAUNCH(kernel, grid, stream, ...) kernel<<<(unsigned)(grid), kThreads, 0, (stream)>>>(__VA_ARGS__)
+#endif
+
+#if defined(ZIPCCL_SIMT_HOST)
+__device__ __forceinline__ uint64_t ld_relaxed(const uint64_t* p) { return ::simt::ld_relaxed(p); }
+__device__ __forceinline__ void st_relaxed(uint64_t* p, uint64_t v) { ::simt::st_relaxed(p, v); }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { ::simt::cp_async(smem, gmem, 16); }
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) { ::simt::cp_async(smem, gmem, 8); }
+__device__ __forceinline__ void cp_commit() { ::simt::cp_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { ::simt::cp_wait(N); }
+#else
 __device__ __forceinline__ uint64_t ld_relaxed(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -79,6 +104,7 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#endif
 
 __device__ __forceinline__ void st_u64(uint8_t* p, uint64_t v) { *reinterpret_cast<uint64_t*>(p) = v; }
 __device__ __forceinline__ uint64_t ld_u64(const uint8_t* p) { return *reinterpret_cast<const uint64_t*>(p); }
@@ -174,13 +200,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
   using C = Cfg<T>;
   constexpr int GW = C::kGW, CPB = GW / 4, P = T::kPlanes, RB = C::kRB, S = C::kStages;
   static_assert(C::kBPT == 1, "the kernels process one block per tile");
-  __shared__ uint4 s_buf[S][CPB][kThreads];  // ring of S tiles, each thread's own slots
-  __shared__ uint32_t s_red[kWarps][2];
-  __shared__ uint32_t s_cnt[kWarps][2];
-  __shared__ uint32_t s_scan[kWarps];
-  __shared__ uint32_t s_tk[S + 1];  // prologue tickets
-  __shared__ uint32_t s_next;       // a new ticket, broadcast at barrier (3)
-  __shared__ uint32_t s_excl;
+  ZC_SHARED(uint4, s_buf, [S][CPB][kThreads]);  // ring of S tiles, each thread's own slots
+  ZC_SHARED(uint32_t, s_red, [kWarps][2]);
+  ZC_SHARED(uint32_t, s_cnt, [kWarps][2]);
+  ZC_SHARED(uint32_t, s_scan, [kWarps]);
+  ZC_SHARED(uint32_t, s_tk, [S + 1]);  // prologue tickets
+  ZC_SHARED(uint32_t, s_next, );       // a new ticket, broadcast at barrier (3)
+  ZC_SHARED(uint32_t, s_excl, );
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Geom& g = a.g;
@@ -463,8 +489,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
   using C = Cfg<T>;
   constexpr int GW = C::kGW, RB = C::kRB, P = T::kPlanes, S = C::kStages;
   static_assert(C::kBPT == 1, "the kernels process one block per tile");
-  __shared__ DecStage<T> ring[S];
-  __shared__ uint32_t s_scan[kWarps];
+  ZC_SHARED(DecStage<T>, ring, [S]);
+  ZC_SHARED(uint32_t, s_scan, [kWarps]);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Geom& g = a.g;
@@ -616,7 +642,7 @@ __device__ int32_t header_status(const uint8_t* in, const Geom& g, bool size_ok)
 // section's) part of the checksum, and the final status in the CPU's priority.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* status, int size_ok) {
-  __shared__ uint64_t s_x[kWarps];
+  ZC_SHARED(uint64_t, s_x, [kWarps]);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t row = blockIdx.x;
   const Geom& g = a.g;
@@ -754,11 +780,11 @@ ffi::Error encode_launch(cudaStream_t stream, const uint8_t* x, uint8_t* out, in
     return cuda_error(kEnc, "workspace memset", e);
   if (total_tiles) {
     const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)encode_kernel<T>));
-    encode_kernel<T><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    ZC_LAUNCH(encode_kernel<T>, grid, stream, a);
     ffi::Error e = check_launch(kEnc, "encode_kernel launch");
     if (e.failure()) return e;
   }
-  encode_finalize<T><<<(unsigned)(rows * chunks), kThreads, 0, stream>>>(a, stats, (uint32_t)chunks);
+  ZC_LAUNCH(encode_finalize<T>, rows * chunks, stream, a, stats, (uint32_t)chunks);
   return check_launch(kEnc, "encode_finalize launch");
 }
 
@@ -784,11 +810,11 @@ ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int
     return cuda_error(kDec, "workspace memset", e);
   if (total_tiles) {
     const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)decode_kernel<T>));
-    decode_kernel<T><<<(unsigned)grid, kThreads, 0, stream>>>(a);
+    ZC_LAUNCH(decode_kernel<T>, grid, stream, a);
     ffi::Error e = check_launch(kDec, "decode_kernel launch");
     if (e.failure()) return e;
   }
-  decode_finalize<T><<<(unsigned)rows, kThreads, 0, stream>>>(a, status, size_ok ? 1 : 0);
+  ZC_LAUNCH(decode_finalize<T>, rows, stream, a, status, size_ok ? 1 : 0);
   return check_launch(kDec, "decode_finalize launch");
 }
 
