@@ -462,8 +462,10 @@ template <typename T>
 __device__ __forceinline__ void dec_issue(const DecArgs& a, uint64_t gt, DecStage<T>& st, int tid) {
   constexpr int RB = Cfg<T>::kRB, PCH = T::kPlanes * 16;
   const Geom& g = a.g;
-  const uint64_t row = gt / g.tiles, b = gt - row * g.tiles;
-  const uint8_t* in = a.in + row * a.in_row;
+  // gt < total_tiles < 2^31 (checked by the handler): a 32-bit division, not the
+  // 64-bit software routine.
+  const uint32_t row = (uint32_t)gt / g.tiles, b = (uint32_t)gt - row * g.tiles;
+  const uint8_t* in = a.in + (uint64_t)row * a.in_row;
 #pragma unroll
   for (int q = 0; q < RB; ++q) {
     const uint64_t off = raw_word_off<T>(b, tid, q);
@@ -504,14 +506,14 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
     if (gt + i * stride < total) dec_issue<T>(a, gt + i * stride, ring[i], tid);
     cp_commit();
   }
-  uint32_t acc_row = (uint32_t)(gt / g.tiles);
+  uint32_t acc_row = (uint32_t)gt / g.tiles;  // gt < total < 2^31: 32-bit divisions
   uint64_t csum = 0;
   uint32_t bad = 0;  // bit 6: a bad record, bit 7: planes disagree with a record
   uint64_t esc_total = ld_u64(a.in + (uint64_t)acc_row * a.in_row + kOffEscCount);
   int stage = 0;
 
   for (;;) {
-    const uint32_t row = (uint32_t)(gt / g.tiles), b = (uint32_t)(gt - (uint64_t)row * g.tiles);
+    const uint32_t row = (uint32_t)gt / g.tiles, b = (uint32_t)gt - row * g.tiles;
     if (row != acc_row) {  // uniform
       dec_flush(a, acc_row, csum, bad, lane);
       csum = 0;
