@@ -116,6 +116,28 @@ __device__ __forceinline__ uint64_t warp_sum64(uint64_t x) {
   return x;
 }
 
+// Block sums of two u32 per thread in two steps around a barrier: warp_sums2 puts
+// the warp's sums in s[warp] (lane 0), block_sums2 adds the kWarps entries up
+// once every warp has stored them.
+__device__ __forceinline__ void warp_sums2(uint32_t (*s)[2], uint32_t x, uint32_t y, int lane, int warp) {
+  x = __reduce_add_sync(kFull, x);
+  y = __reduce_add_sync(kFull, y);
+  if (lane == 0) {
+    s[warp][0] = x;
+    s[warp][1] = y;
+  }
+}
+
+__device__ __forceinline__ uint2 block_sums2(const uint32_t (*s)[2]) {
+  uint2 r = make_uint2(0, 0);
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) {
+    r.x += s[i][0];
+    r.y += s[i][1];
+  }
+  return r;
+}
+
 // Adds the warp's checksum terms to *slot (one atomic per warp; skipped if zero).
 __device__ __forceinline__ void flush_sum(uint8_t* slot, uint64_t x, int lane) {
   x = warp_sum64(x);
@@ -271,12 +293,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
     }
     {
       const Stats st = group_stats<T>(sp, vm);
-      const uint32_t rs = __reduce_add_sync(kFull, st.S);
-      const uint32_t rnz = __reduce_add_sync(kFull, st.N | (st.Z << 16));  // <= 2048 each
-      if (lane == 0) {
-        s_red[warp][0] = rs;
-        s_red[warp][1] = rnz;
-      }
+      warp_sums2(s_red, st.S, st.N | (st.Z << 16), lane, warp);  // N, Z <= 2048 each
     }
     // Refill the stage just read (its words are consumed: the reductions above used
     // every one) with the tile S ahead, and take the ticket after that.
@@ -290,35 +307,20 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
     // exponent counts (a second block reduction).
     Window win;
     {
-      uint32_t Ssum = 0, NZ = 0;
-#pragma unroll
-      for (int i = 0; i < kWarps; ++i) {
-        Ssum += s_red[i][0];
-        NZ += s_red[i][1];
-      }
-      win = choose_window32<T>(Ssum, NZ & 0xFFFFu, NZ >> 16, len);
+      const uint2 r = block_sums2(s_red);  // (S, N | Z << 16)
+      win = choose_window32<T>(r.x, r.y & 0xFFFFu, r.y >> 16, len);
       int32_t probe[4];
       window_probes(win, probe);
       uint32_t c[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) c[k] = group_count_eq<T>(sp, vm, probe[k]);
-      const uint32_t r01 = __reduce_add_sync(kFull, c[0] | (c[1] << 16));  // <= 2048 each
-      const uint32_t r23 = __reduce_add_sync(kFull, c[2] | (c[3] << 16));
-      if (lane == 0) {
-        s_cnt[warp][0] = r01;
-        s_cnt[warp][1] = r23;
-      }
+      warp_sums2(s_cnt, c[0] | (c[1] << 16), c[2] | (c[3] << 16), lane, warp);  // <= 2048 each
     }
     __syncthreads();  // (1b) s_cnt
     uint32_t esc;
     {
-      uint32_t c01 = 0, c23 = 0;
-#pragma unroll
-      for (int i = 0; i < kWarps; ++i) {
-        c01 += s_cnt[i][0];
-        c23 += s_cnt[i][1];
-      }
-      const uint32_t cnt[4] = {c01 & 0xFFFFu, c01 >> 16, c23 & 0xFFFFu, c23 >> 16};
+      const uint2 r = block_sums2(s_cnt);
+      const uint32_t cnt[4] = {r.x & 0xFFFFu, r.x >> 16, r.y & 0xFFFFu, r.y >> 16};
       win = refine_window<T>(win, cnt);
       const Planes pl = group_planes<T>(sp, win, vm);
       esc = pl.esc;
