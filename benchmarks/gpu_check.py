@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -91,7 +92,9 @@ def parse_ptxas(text: str) -> dict:
     if m:
       kern = next((k for k in KERNELS if k in m.group(1)), None)
       dt = re.search(r"(BF16|F16|F32)Traits", m.group(1))
-      name = f"{kern}<{dt.group(1) if dt else '?'}> {m.group(2)}" if kern else None
+      g = re.search(r"ELi(\d+)E", m.group(1))  # the tile kernels' groups per thread G
+      targs = (dt.group(1) if dt else "?") + (f",G={g.group(1)}" if g else "")
+      name = f"{kern}<{targs}> {m.group(2)}" if kern else None
       if name:
         res[name] = {}
       continue
@@ -320,16 +323,29 @@ def phase_identity(args) -> dict:
   bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
   dtypes = [bf16, f16, f32]
   enc_fn, dec_fn = {}, {}
+  # GPU calls take the tile-kernel variants (ZIPCCL_CUDA_GROUPS) in turn, so every
+  # variant meets the cases and decodes payloads another variant encoded. The
+  # variable is read when XLA runs (or captures) the call: one jitted function per
+  # variant.
+  variants, variant_calls = itertools.cycle(GROUP_VARIANTS), {g: 0 for g in GROUP_VARIANTS}
+
+  def variant(dev) -> int:
+    if dev is cpu:
+      return 0
+    g = next(variants)
+    os.environ["ZIPCCL_CUDA_GROUPS"] = str(g)
+    variant_calls[g] += 1
+    return g
 
   def encode(dev, x2d, cap):
-    key = (x2d.shape, x2d.dtype, cap)
+    key = (x2d.shape, x2d.dtype, cap, variant(dev))
     if key not in enc_fn:
       enc_fn[key] = jax.jit(lambda v: zcodec.encode_rows(v, cap))
     p, s = enc_fn[key](jax.device_put(x2d, dev))
     return np.asarray(p), np.asarray(s)
 
   def decode(dev, p2d, n, dtype, cap):
-    key = (p2d.shape, n, dtype, cap)
+    key = (p2d.shape, n, dtype, cap, variant(dev))
     if key not in dec_fn:
       dec_fn[key] = jax.jit(lambda q: zcodec.decode_rows(q, n, dtype, cap))
     y, s = dec_fn[key](jax.device_put(p2d, dev))
@@ -441,7 +457,10 @@ def phase_identity(args) -> dict:
         + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
     corrupt.append({"dtype": np.dtype(dt).name, "count": len(muts), "ok": ok, "cpu_status_hist": hist})
   log(f"IDENTITY: {len(results)} cases, {failures} failures")
-  return {"ok": failures == 0, "failures": failures, "cases": results, "corrupt": corrupt}
+  os.environ.pop("ZIPCCL_CUDA_GROUPS", None)
+  log(f"IDENTITY: GPU calls per tile-kernel variant: {variant_calls}")
+  return {"ok": failures == 0, "failures": failures, "cases": results, "corrupt": corrupt,
+          "variant_calls": {str(k): v for k, v in variant_calls.items()}}
 
 
 # ---- phase 4: timing ---------------------------------------------------------------------------
@@ -487,33 +506,41 @@ def phase_timing(args) -> dict:
       xb = jax.lax.bitcast_convert_type(x, jnp.uint16 if dt.itemsize == 2 else jnp.uint32)
       salt = jnp.zeros((), xb.dtype)
     x = jax.device_put(x, gpu)
-    enc = jax.jit(lambda v: zcodec.encode_rows(v, cap))
-    dec = jax.jit(lambda p: zcodec.decode_rows(p, n, dt, cap))
     cpy = jax.jit(lambda v, s: v ^ s)
     t_copy, t_copy_min = bench(cpy, xb, salt)
-    t_enc, t_enc_min = bench(enc, x)
-    payload, stats = enc(x)
-    t_dec, t_dec_min = bench(dec, payload)
-    # Bit identity of exactly this data: GPU encode vs CPU encode, and the round trip.
-    y, st = dec(payload)
-    roundtrip = bool(jnp.array_equal(jax.lax.bitcast_convert_type(y, xb.dtype), xb)) and int(st[0]) == 0
-    pc, sc = enc(jax.device_put(x, cpu))
-    identical = bool(np.array_equal(np.asarray(payload), np.asarray(pc))) and bool(
-        np.array_equal(np.asarray(stats), np.asarray(sc)))
     in_bytes = n * dt.itemsize
     copy_bw = 2 * in_bytes / t_copy
-    esc = int(np.asarray(stats)[0, 1])
-    for op, t, tmin, moved in [("encode", t_enc, t_enc_min, in_bytes + nbytes),
-                               ("decode", t_dec, t_dec_min, nbytes + in_bytes)]:
-      r = {"size": label, "dtype": dt.name, "op": op, "n": n, "input_bytes": in_bytes, "payload_bytes": nbytes,
-           "escapes": esc, "time_us": t * 1e6, "time_min_us": tmin * 1e6, "gbps_input": in_bytes / t / 1e9,
-           "gbps_moved": moved / t / 1e9, "copy_gbps": copy_bw / 1e9, "copy_time_us": t_copy * 1e6,
-           "roofline_share": (moved / t) / copy_bw,
-           "bit_identical": identical if op == "encode" else roundtrip}
-      rows.append(r)
-      log(f"  {op}: {t * 1e6:9.1f} us  {r['gbps_input']:7.1f} GB/s of input  moved {r['gbps_moved']:7.1f} GB/s  "
-          f"copy {copy_bw / 1e9:7.1f} GB/s  share {r['roofline_share']:.2f}  bit-identical {r['bit_identical']}")
-    del x, xb, payload, stats, y, pc, sc
+    pc, sc = zcodec.encode_rows(jax.device_put(x, cpu), cap)  # the CPU codec's bytes for this data
+    pc, sc = np.asarray(pc), np.asarray(sc)
+    # Every variant of the tile kernels (ZIPCCL_CUDA_GROUPS, docs/cuda.md): fresh jitted
+    # functions per variant, since the handler reads the variable when XLA runs (or
+    # captures into a CUDA graph) the call.
+    for groups in GROUP_VARIANTS:
+      os.environ["ZIPCCL_CUDA_GROUPS"] = str(groups)
+      enc = jax.jit(lambda v: zcodec.encode_rows(v, cap))
+      dec = jax.jit(lambda p: zcodec.decode_rows(p, n, dt, cap))
+      t_enc, t_enc_min = bench(enc, x)
+      payload, stats = enc(x)
+      t_dec, t_dec_min = bench(dec, payload)
+      # Bit identity of exactly this data: GPU encode vs CPU encode, and the round trip.
+      y, st = dec(payload)
+      roundtrip = bool(jnp.array_equal(jax.lax.bitcast_convert_type(y, xb.dtype), xb)) and int(st[0]) == 0
+      identical = bool(np.array_equal(np.asarray(payload), pc)) and bool(np.array_equal(np.asarray(stats), sc))
+      esc = int(np.asarray(stats)[0, 1])
+      for op, t, tmin, moved in [("encode", t_enc, t_enc_min, in_bytes + nbytes),
+                                 ("decode", t_dec, t_dec_min, nbytes + in_bytes)]:
+        r = {"size": label, "dtype": dt.name, "op": op, "groups": groups, "n": n, "input_bytes": in_bytes,
+             "payload_bytes": nbytes, "escapes": esc, "time_us": t * 1e6, "time_min_us": tmin * 1e6,
+             "gbps_input": in_bytes / t / 1e9, "gbps_moved": moved / t / 1e9, "copy_gbps": copy_bw / 1e9,
+             "copy_time_us": t_copy * 1e6, "roofline_share": (moved / t) / copy_bw,
+             "bit_identical": identical if op == "encode" else roundtrip}
+        rows.append(r)
+        log(f"  {op} G={groups}: {t * 1e6:9.1f} us  {r['gbps_input']:7.1f} GB/s of input  moved "
+            f"{r['gbps_moved']:7.1f} GB/s  copy {copy_bw / 1e9:7.1f} GB/s  share {r['roofline_share']:.2f}  "
+            f"bit-identical {r['bit_identical']}")
+      del payload, stats, y
+    os.environ.pop("ZIPCCL_CUDA_GROUPS", None)
+    del x, xb, pc, sc
   # Both checks of exactly this data count: a fast but wrong codec is not a pass.
   return {"ok": all(r["bit_identical"] for r in rows), "rows": rows,
           "method": f"median over {rounds} rounds of {reps} back-to-back jitted calls "
@@ -521,6 +548,9 @@ def phase_timing(args) -> dict:
 
 
 # ---- driver --------------------------------------------------------------------------------------
+
+# The tile kernels' variants (8-element groups per thread; cuda/codec.cu, docs/cuda.md).
+GROUP_VARIANTS = (1, 2, 4)
 
 PHASES = {"identity": phase_identity, "timing": phase_timing}
 
@@ -600,14 +630,16 @@ def write_report(args, report: dict) -> None:
   if tim.get("rows"):
     lines += ["", "## Throughput" + (" (CPU rehearsal, tiny sizes: not GPU numbers)" if args.rehearse else ""),
               "", f"Method: {tim.get('method')}.", "",
-              "| size | dtype | op | time (us) | GB/s of input | moved GB/s | copy GB/s | roofline share | bit-identical |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| size | dtype | op | G | time (us) | GB/s of input | moved GB/s | copy GB/s | roofline share | "
+              "bit-identical |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in tim["rows"]:
-      lines.append(f"| {r['size']} | {r['dtype']} | {r['op']} | {r['time_us']:.1f} | {r['gbps_input']:.0f} | "
+      lines.append(f"| {r['size']} | {r['dtype']} | {r['op']} | {r.get('groups', '')} | {r['time_us']:.1f} | "
+                   f"{r['gbps_input']:.0f} | "
                    f"{r['gbps_moved']:.0f} | {r['copy_gbps']:.0f} | {r['roofline_share']:.2f} | "
                    f"{'yes' if r['bit_identical'] else 'NO'} |")
     lines += ["", "roofline share = (input + payload bytes) / time, divided by the copy's (read + write) "
-              "bandwidth measured in the same run."]
+              "bandwidth measured in the same run. G = 8-element groups per thread of the tile kernels "
+              "(ZIPCCL_CUDA_GROUPS; without it 4 for 16-bit dtypes, 2 for fp32: cuda/codec.cu groups_per_thread)."]
   elif tim:
     lines += ["", f"Timing failed: {tim.get('error', '?')}"]
   md = "\n".join(lines) + "\n"

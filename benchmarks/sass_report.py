@@ -117,9 +117,10 @@ def main() -> int:
            f"`python benchmarks/sass_report.py --arch {args.arch} --dtype {args.dtype}`; {version}.",
            "Static code, not a measurement: see docs/cuda.md, \"Expected throughput\".", ""]
   for want in args.kernels.split(","):
-    for name, blocks in kernels.items():
+    for name, blocks in sorted(kernels.items()):
       if want in name and f"{args.dtype}Traits" in name:
-        short = f"{want}<{args.dtype}>"
+        g = re.search(r"ELi(\d+)E", name)  # groups per thread, for the tile kernels
+        short = f"{want}<{args.dtype}" + (f", G={g.group(1)}" if g else "") + ">"
         lines += report_kernel(short, blocks)
   text = "\n".join(lines)
   print(text)

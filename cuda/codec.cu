@@ -8,7 +8,8 @@
 //
 // Encoder, per call (all rows), three stream operations, no host synchronisation:
 //   1. cudaMemsetAsync(workspace, 0)
-//   2. encode_kernel: persistent CTAs of 256 threads take blocks ("tiles") in ticket
+//   2. encode_kernel: persistent CTAs of 256 / G threads (G = 1, 2, 4 groups of 8
+//      elements per thread: see groups_per_thread) take blocks ("tiles") in ticket
 //      order from an atomic counter (a CTA only ever waits on tiles held by running
 //      CTAs: no deadlock even when other kernels share the GPU). Input streams
 //      through a cp.async ring (S - 1 tiles loading while one is processed). Per
@@ -31,6 +32,7 @@
 #include <cuda_runtime.h>
 #endif
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <map>
@@ -49,11 +51,18 @@ namespace {
 using namespace ::zipccl::tile;
 
 constexpr unsigned kFull = 0xFFFFFFFFu;
-// __launch_bounds__ minimum CTAs per SM of 256 threads: 5 caps registers at 48
-// (16-bit dtypes), 4 at 64 (fp32, 8 words per thread); both without spills.
-template <typename T>
+// The tile kernels come in variants of G = 1, 2 or 4 groups of 8 elements per
+// thread (kPlaneBytes / G threads per CTA; see docs/cuda.md, "Groups per thread").
+template <int G>
+__host__ __device__ constexpr int tile_threads() {
+  return (int)kPlaneBytes / G;
+}
+// __launch_bounds__ minimum CTAs per SM: it sets the register cap per thread,
+// 65536 / (threads x CTAs): 48 / 64 / ~100 for 16-bit dtypes with G = 1 / 2 / 4,
+// 64 / ~100 / 128 for fp32 (8 words per group), all without spills (ptxas -v).
+template <typename T, int G>
 constexpr int min_ctas() {
-  return Cfg<T>::kBits == 16 ? 5 : 4;
+  return Cfg<T>::kBits == 16 ? (G == 1 ? 5 : G == 2 ? 8 : 10) : (G == 1 ? 4 : G == 2 ? 5 : 8);
 }
 constexpr uint32_t kMaxGridX = 0x7FFFFFFFu;
 constexpr uint32_t kNoTicket = 0xFFFFFFFFu;  // >= any total_tiles
@@ -65,11 +74,12 @@ constexpr uint32_t kNoTicket = 0xFFFFFFFFu;  // >= any total_tiles
 // launch on its fibers.
 #if defined(ZIPCCL_SIMT_HOST)
 #define ZC_SHARED(type, name, dims) auto& name = ::simt::shared_object<type dims>()
-#define ZC_LAUNCH(kernel, grid, stream, ...) \
-  ::simt::launch_async((unsigned)(grid), kThreads, (stream), [=] { kernel(__VA_ARGS__); })
+#define ZC_LAUNCH(kernel, grid, block, stream, ...) \
+  ::simt::launch_async((unsigned)(grid), (block), (stream), [=] { kernel(__VA_ARGS__); })
 #else
 #define ZC_SHARED(type, name, dims) __shared__ type name dims
-#define ZC_LAUNCH(kernel, grid, stream, ...) kernel<<<(unsigned)(grid), kThreads, 0, (stream)>>>(__VA_ARGS__)
+#define ZC_LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<(unsigned)(grid), (block), 0, (stream)>>>(__VA_ARGS__)
 #endif
 
 #if defined(ZIPCCL_SIMT_HOST)
@@ -117,7 +127,7 @@ __device__ __forceinline__ uint64_t warp_sum64(uint64_t x) {
 }
 
 // Block sums of two u32 per thread in two steps around a barrier: warp_sums2 puts
-// the warp's sums in s[warp] (lane 0), block_sums2 adds the kWarps entries up
+// the warp's sums in s[warp] (lane 0), block_sums2 adds the NW entries up
 // once every warp has stored them.
 __device__ __forceinline__ void warp_sums2(uint32_t (*s)[2], uint32_t x, uint32_t y, int lane, int warp) {
   x = __reduce_add_sync(kFull, x);
@@ -128,10 +138,11 @@ __device__ __forceinline__ void warp_sums2(uint32_t (*s)[2], uint32_t x, uint32_
   }
 }
 
+template <int NW>
 __device__ __forceinline__ uint2 block_sums2(const uint32_t (*s)[2]) {
   uint2 r = make_uint2(0, 0);
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i) {
+  for (int i = 0; i < NW; ++i) {
     r.x += s[i][0];
     r.y += s[i][1];
   }
@@ -158,29 +169,30 @@ struct EncArgs {
 };
 
 // Starts loading tile `gt` (global ticket: row * tiles + block) into this thread's
-// own slots `buf[q][tid]` of one ring stage: 16-byte cp.async where the row is
-// 16-byte aligned and the group is complete, element loads (zero past the end)
-// otherwise.
-template <typename T>
-__device__ __forceinline__ void enc_issue(const EncArgs& a, uint32_t gt, uint4 (*buf)[kThreads], int tid) {
+// own slots `buf[q][tid]` of one ring stage -- its G groups, elements 8G*tid ..
+// 8G*tid + 8G-1 of the block: 16-byte cp.async where the row is 16-byte aligned
+// and the groups are complete, element loads (zero past the end) otherwise.
+template <typename T, int G>
+__device__ __forceinline__ void enc_issue(const EncArgs& a, uint32_t gt, uint4 (*buf)[tile_threads<G>()],
+                                          int tid) {
   using C = Cfg<T>;
-  constexpr int CPB = C::kGW / 4;  // 16-byte chunks per group
+  constexpr int CPT = G * C::kGW / 4;  // 16-byte chunks per thread
   const uint32_t row = gt / a.g.tiles, b = gt - row * a.g.tiles;
   const uint8_t* xr = a.x + (uint64_t)row * a.x_row;
   const uint32_t len = block_len(a.g.n, b);
-  const uint32_t j0 = 8u * tid;
+  const uint32_t j0 = 8u * G * tid;
   const uint8_t* src = xr + ((uint64_t)b * kBlock + j0) * C::kEsize;
-  if ((reinterpret_cast<uintptr_t>(xr) & 15) == 0 && j0 + 8 <= len) {
+  if ((reinterpret_cast<uintptr_t>(xr) & 15) == 0 && j0 + 8 * G <= len) {
 #pragma unroll
-    for (int q = 0; q < CPB; ++q) cp_async16(&buf[q][tid], src + 16 * q);
+    for (int q = 0; q < CPT; ++q) cp_async16(&buf[q][tid], src + 16 * q);
   } else {
     // Rare (the row's partial last group, or a row not 16-byte aligned): element by
-    // element straight into the slots, zero past the end. Element k of the group
-    // sits at byte k * esize of the group's chunks (little-endian words).
+    // element straight into the slots, zero past the end. Element k of the thread
+    // sits at byte k * esize of its chunks (little-endian words).
 #pragma unroll
-    for (int q = 0; q < CPB; ++q) buf[q][tid] = make_uint4(0, 0, 0, 0);
+    for (int q = 0; q < CPT; ++q) buf[q][tid] = make_uint4(0, 0, 0, 0);
 #pragma unroll 1
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < 8 * G; ++k) {
       if (j0 + k >= len) break;
       const int q = (k * C::kEsize) >> 4, kk = k - q * (16 / C::kEsize);
       if (C::kEsize == 2)
@@ -189,6 +201,13 @@ __device__ __forceinline__ void enc_issue(const EncArgs& a, uint32_t gt, uint4 (
         reinterpret_cast<unsigned int*>(&buf[q][tid])[kk] = __ldg(reinterpret_cast<const unsigned int*>(src) + k);
     }
   }
+}
+
+// Checksum term of the G plane bytes v (byte i = group i) a thread stores at o:
+// o is a multiple of G <= 4, so they sit inside one u32 word.
+template <int G>
+__device__ __forceinline__ uint64_t cs_bytes(uint64_t o, uint32_t v) {
+  return cs_word(o, v << (8 * (o & 3)));
 }
 
 // Decoupled look-back (warp 0): the number of escapes in tiles 0 .. tl-1 of the row.
@@ -217,15 +236,16 @@ __device__ __forceinline__ uint32_t lookback(const uint64_t* states, uint32_t tl
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs a) {
+template <typename T, int G>
+__global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_kernel(EncArgs a) {
   using C = Cfg<T>;
   constexpr int GW = C::kGW, CPB = GW / 4, P = T::kPlanes, RB = C::kRB, S = C::kStages;
+  constexpr int NT = tile_threads<G>(), NW = NT / 32;
   static_assert(C::kBPT == 1, "the kernels process one block per tile");
-  ZC_SHARED(uint4, s_buf, [S][CPB][kThreads]);  // ring of S tiles, each thread's own slots
-  ZC_SHARED(uint32_t, s_red, [kWarps][2]);
-  ZC_SHARED(uint32_t, s_cnt, [kWarps][2]);
-  ZC_SHARED(uint32_t, s_scan, [kWarps]);
+  ZC_SHARED(uint4, s_buf, [S][G * CPB][NT]);  // ring of S tiles, each thread's own slots
+  ZC_SHARED(uint32_t, s_red, [NW][2]);
+  ZC_SHARED(uint32_t, s_cnt, [NW][2]);
+  ZC_SHARED(uint32_t, s_scan, [NW]);
   ZC_SHARED(uint32_t, s_tk, [S + 1]);  // prologue tickets
   ZC_SHARED(uint32_t, s_next, );       // a new ticket, broadcast at barrier (3)
   ZC_SHARED(uint32_t, s_excl, );
@@ -245,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
     __syncthreads();
     tk[i] = s_tk[i];
     if (i < S) {
-      if (tk[i] < a.total_tiles) enc_issue<T>(a, tk[i], s_buf[i], tid);
+      if (tk[i] < a.total_tiles) enc_issue<T, G>(a, tk[i], s_buf[i], tid);
       cp_commit();
     }
   }
@@ -267,37 +287,45 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
     uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
     uint64_t* states = reinterpret_cast<uint64_t*>(ws + kWsStates);
     const uint32_t len = block_len(g.n, tl);
-    const uint32_t vm = valid_mask(len, tid);
+    uint32_t vm[G];  // valid elements of the thread's groups G*tid .. G*tid + G-1
+#pragma unroll
+    for (int i = 0; i < G; ++i) vm[i] = valid_mask(len, G * tid + i);
 
     // This tile's stage has landed (own slots: no barrier needed after the wait).
     cp_wait<S - 1>();
-    uint32_t w[GW];
+    Split sp[G];
+    Stats st{0, 0, 0};
 #pragma unroll
-    for (int q = 0; q < CPB; ++q) {
-      const uint4 v = s_buf[stage][q][tid];
-      w[4 * q] = v.x;
-      w[4 * q + 1] = v.y;
-      w[4 * q + 2] = v.z;
-      w[4 * q + 3] = v.w;
-    }
-    const Split sp = split<T>(w);
-    // Raw words do not depend on the window: store them now.
+    for (int i = 0; i < G; ++i) {
+      uint32_t w[GW];
 #pragma unroll
-    for (int q = 0; q < RB; ++q) {
-      const uint64_t off = raw_word_off<T>(tl, tid, q);
-      if (off < g.raw_size) {  // data, or raw padding (zero: zero-filled elements)
-        const uint64_t v = (uint64_t)sp.R[2 * q] | ((uint64_t)sp.R[2 * q + 1] << 32);
-        st_u64(out + g.raw_off + off, v);
-        csum += cs_u64(g.raw_off + off, v);
+      for (int q = 0; q < CPB; ++q) {
+        const uint4 v = s_buf[stage][i * CPB + q][tid];
+        w[4 * q] = v.x;
+        w[4 * q + 1] = v.y;
+        w[4 * q + 2] = v.z;
+        w[4 * q + 3] = v.w;
       }
+      sp[i] = split<T>(w);
+      // Raw words do not depend on the window: store them now.
+#pragma unroll
+      for (int q = 0; q < RB; ++q) {
+        const uint64_t off = raw_word_off<T>(tl, G * tid + i, q);
+        if (off < g.raw_size) {  // data, or raw padding (zero: zero-filled elements)
+          const uint64_t v = (uint64_t)sp[i].R[2 * q] | ((uint64_t)sp[i].R[2 * q + 1] << 32);
+          st_u64(out + g.raw_off + off, v);
+          csum += cs_u64(g.raw_off + off, v);
+        }
+      }
+      const Stats gs = group_stats<T>(sp[i], vm[i]);
+      st.S += gs.S;
+      st.N += gs.N;
+      st.Z += gs.Z;
     }
-    {
-      const Stats st = group_stats<T>(sp, vm);
-      warp_sums2(s_red, st.S, st.N | (st.Z << 16), lane, warp);  // N, Z <= 2048 each
-    }
+    warp_sums2(s_red, st.S, st.N | (st.Z << 16), lane, warp);  // N, Z <= 2048 each
     // Refill the stage just read (its words are consumed: the reductions above used
     // every one) with the tile S ahead, and take the ticket after that.
-    if (tk[S] < a.total_tiles) enc_issue<T>(a, tk[S], s_buf[stage], tid);
+    if (tk[S] < a.total_tiles) enc_issue<T, G>(a, tk[S], s_buf[stage], tid);
     cp_commit();
     uint32_t pend = kNoTicket;
     if (tid == 0 && tk[S] < a.total_tiles) pend = atomicAdd(ticket, 1u);
@@ -307,33 +335,48 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
     // exponent counts (a second block reduction).
     Window win;
     {
-      const uint2 r = block_sums2(s_red);  // (S, N | Z << 16)
+      const uint2 r = block_sums2<NW>(s_red);  // (S, N | Z << 16)
       win = choose_window32<T>(r.x, r.y & 0xFFFFu, r.y >> 16, len);
       int32_t probe[4];
       window_probes(win, probe);
-      uint32_t c[4];
+      uint32_t c[4] = {0, 0, 0, 0};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) c[k] = group_count_eq<T>(sp, vm, probe[k]);
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int i = 0; i < G; ++i) c[k] += group_count_eq<T>(sp[i], vm[i], probe[k]);
       warp_sums2(s_cnt, c[0] | (c[1] << 16), c[2] | (c[3] << 16), lane, warp);  // <= 2048 each
     }
     __syncthreads();  // (1b) s_cnt
-    uint32_t esc;
+    uint32_t esc[G];
+    uint32_t mine = 0;
     {
-      const uint2 r = block_sums2(s_cnt);
+      const uint2 r = block_sums2<NW>(s_cnt);
       const uint32_t cnt[4] = {r.x & 0xFFFFu, r.x >> 16, r.y & 0xFFFFu, r.y >> 16};
       win = refine_window<T>(win, cnt);
-      const Planes pl = group_planes<T>(sp, win, vm);
-      esc = pl.esc;
-      // Plane bytes do not depend on the escape offsets: store them now.
-      const uint64_t po = g.plane_off + (uint64_t)tl * (P * kPlaneBytes) + tid;
+      uint32_t pv[P];  // plane p's G bytes of this thread (byte i = group i)
+#pragma unroll
+      for (int p = 0; p < P; ++p) pv[p] = 0;
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        const Planes pl = group_planes<T>(sp[i], win, vm[i]);
+        esc[i] = pl.esc;
+        mine += popc(pl.esc);
+#pragma unroll
+        for (int p = 0; p < P; ++p) pv[p] |= pl.p[p] << (8 * i);
+      }
+      // Plane bytes do not depend on the escape offsets: store them now, G bytes
+      // per plane in one store.
+      const uint64_t po = g.plane_off + (uint64_t)tl * (P * kPlaneBytes) + G * tid;
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        out[po + p * kPlaneBytes] = (uint8_t)pl.p[p];
-        csum += cs_byte(po + p * kPlaneBytes, pl.p[p]);
+        uint8_t* dst = out + po + p * kPlaneBytes;
+        if (G == 1) *dst = (uint8_t)pv[p];
+        if (G == 2) *reinterpret_cast<unsigned short*>(dst) = (unsigned short)pv[p];
+        if (G == 4) *reinterpret_cast<uint32_t*>(dst) = pv[p];
+        csum += cs_bytes<G>(po + p * kPlaneBytes, pv[p]);
       }
     }
     // Exclusive prefix of the escape counts over the threads (element order).
-    const uint32_t mine = popc(esc);
     uint32_t incl = mine;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -344,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
     __syncthreads();  // (2) s_scan
     uint32_t pre = 0, cnt = 0;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) {
+    for (int i = 0; i < NW; ++i) {
       const uint32_t v = s_scan[i];
       pre += i < warp ? v : 0u;
       cnt += v;
@@ -381,17 +424,20 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) encode_kernel(EncArgs
       st_u64(out + g.table_off + 8ull * tl, v);
       csum += cs_u64(g.table_off + 8ull * tl, v);
     }
-    uint32_t m = esc;
-    uint64_t gi = (uint64_t)boff + excl;
-    while (m) {
-      const int k = __ffs(m) - 1;
-      m &= m - 1;
-      if (gi < g.cap) {  // overflow: only the first cap escapes are stored
-        const uint32_t e = exp_byte(sp.E, k);
-        out[g.esc_off + gi] = (uint8_t)e;
-        csum += cs_byte(g.esc_off + gi, e);
+    uint64_t ei = (uint64_t)boff + excl;  // row index of this thread's next escape
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+      uint32_t m = esc[i];
+      while (m) {
+        const int k = __ffs(m) - 1;
+        m &= m - 1;
+        if (ei < g.cap) {  // overflow: only the first cap escapes are stored
+          const uint32_t e = exp_byte(sp[i].E, k);
+          out[g.esc_off + ei] = (uint8_t)e;
+          csum += cs_byte(g.esc_off + ei, e);
+        }
+        ++ei;
       }
-      ++gi;
     }
 
 #pragma unroll
@@ -453,30 +499,32 @@ struct DecArgs {
   uint64_t esc_chunk;  // escape-section bytes each tile folds into the checksum
 };
 
-template <typename T>
+template <typename T, int G>
 struct DecStage {
-  uint2 raw[Cfg<T>::kRB][kThreads];  // own slots: thread t's raw words
-  uint4 planes[T::kPlanes * 16];     // the block's planes (copied by threads 0 .. 16P-1)
-  uint64_t rec[2];                   // its record and the next block's
+  uint2 raw[G * Cfg<T>::kRB][tile_threads<G>()];  // own slots: thread t's raw words
+  uint4 planes[T::kPlanes * 16];                  // the block's planes (16-byte chunks)
+  uint64_t rec[2];                                // its record and the next block's
 };
 
-template <typename T>
-__device__ __forceinline__ void dec_issue(const DecArgs& a, uint64_t gt, DecStage<T>& st, int tid) {
-  constexpr int RB = Cfg<T>::kRB, PCH = T::kPlanes * 16;
+template <typename T, int G>
+__device__ __forceinline__ void dec_issue(const DecArgs& a, uint64_t gt, DecStage<T, G>& st, int tid) {
+  constexpr int RB = Cfg<T>::kRB, PCH = T::kPlanes * 16, NT = tile_threads<G>();
   const Geom& g = a.g;
   // gt < total_tiles < 2^31 (checked by the handler): a 32-bit division, not the
   // 64-bit software routine.
   const uint32_t row = (uint32_t)gt / g.tiles, b = (uint32_t)gt - row * g.tiles;
   const uint8_t* in = a.in + (uint64_t)row * a.in_row;
+  // The thread's raw words are contiguous: those of groups G*tid .. G*tid + G-1.
 #pragma unroll
-  for (int q = 0; q < RB; ++q) {
-    const uint64_t off = raw_word_off<T>(b, tid, q);
+  for (int q = 0; q < G * RB; ++q) {
+    const uint64_t off = raw_word_off<T>(b, G * tid, q);
     if (off < g.raw_size)
       cp_async8(&st.raw[q][tid], in + g.raw_off + off);
     else
       st.raw[q][tid] = make_uint2(0, 0);
   }
-  if (tid < PCH) cp_async16(&st.planes[tid], in + g.plane_off + b * (uint64_t)(T::kPlanes * kPlaneBytes) + 16ull * tid);
+  for (int c = tid; c < PCH; c += NT)
+    cp_async16(&st.planes[c], in + g.plane_off + b * (uint64_t)(T::kPlanes * kPlaneBytes) + 16ull * c);
   if (tid < 2 && b + tid < g.nb) cp_async8(&st.rec[tid], in + g.table_off + 8 * (b + tid));
 }
 
@@ -488,13 +536,15 @@ __device__ __forceinline__ void dec_flush(const DecArgs& a, uint32_t row, uint64
   if (lane == 0 && wb) atomicOr(reinterpret_cast<unsigned int*>(ws + kWsBad), wb);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs a) {
+template <typename T, int G>
+__global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_kernel(DecArgs a) {
   using C = Cfg<T>;
   constexpr int GW = C::kGW, RB = C::kRB, P = T::kPlanes, S = C::kStages;
+  constexpr int NT = tile_threads<G>(), NW = NT / 32;
   static_assert(C::kBPT == 1, "the kernels process one block per tile");
-  ZC_SHARED(DecStage<T>, ring, [S]);
-  ZC_SHARED(uint32_t, s_scan, [kWarps]);
+  using Stage = DecStage<T, G>;
+  ZC_SHARED(Stage, ring, [S]);
+  ZC_SHARED(uint32_t, s_scan, [NW]);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Geom& g = a.g;
@@ -505,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
   // S of them in the ring.
 #pragma unroll
   for (int i = 0; i < S; ++i) {
-    if (gt + i * stride < total) dec_issue<T>(a, gt + i * stride, ring[i], tid);
+    if (gt + i * stride < total) dec_issue<T, G>(a, gt + i * stride, ring[i], tid);
     cp_commit();
   }
   uint32_t acc_row = (uint32_t)gt / g.tiles;  // gt < total < 2^31: 32-bit divisions
@@ -526,35 +576,40 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
     const uint8_t* in = a.in + (uint64_t)row * a.in_row;
     uint8_t* yr = a.y + (uint64_t)row * a.y_row;
     const uint32_t len = block_len(g.n, b);
-    const uint32_t vm = valid_mask(len, tid);
+    uint32_t vm[G];  // valid elements of the thread's groups G*tid .. G*tid + G-1
+#pragma unroll
+    for (int i = 0; i < G; ++i) vm[i] = valid_mask(len, G * tid + i);
 
     cp_wait<S - 1>();
     __syncthreads();  // (A) everyone's copies of this stage have landed
-    DecStage<T>& st = ring[stage];
+    DecStage<T, G>& st = ring[stage];
     const uint64_t recw = st.rec[0];
     const Record rec = record_of_word(recw);
     const bool has_next = b + 1 < g.nb;
     const uint32_t next_off = has_next ? (uint32_t)st.rec[1] : 0u;
     const bool ok = record_ok<T>(rec, b, g.nb, len, has_next, next_off, esc_total);
     if (!ok) bad |= 1u << kDecBadTable;
-    uint32_t pb[P];
-    uint32_t any = 0;
+    uint32_t pb[G][P];
+    uint32_t mine = 0;
     const uint8_t* pbytes = reinterpret_cast<const uint8_t*>(st.planes);
 #pragma unroll
-    for (int p = 0; p < P; ++p) {
-      pb[p] = pbytes[p * kPlaneBytes + tid];
-      any |= pb[p];
-    }
-    if (any & ~vm) bad |= 1u << kDecBadEscapes;  // a padding bit is set
-    uint32_t R[2 * RB];
+    for (int i = 0; i < G; ++i) {
+      uint32_t any = 0;
 #pragma unroll
-    for (int q = 0; q < RB; ++q) {
+      for (int p = 0; p < P; ++p) {
+        pb[i][p] = pbytes[p * kPlaneBytes + G * tid + i];
+        any |= pb[i][p];
+      }
+      if (any & ~vm[i]) bad |= 1u << kDecBadEscapes;  // a padding bit is set
+      mine += popc(~(pb[i][0] | pb[i][1] | pb[i][2]) & vm[i]);  // escapes
+    }
+    uint32_t R[2 * G * RB];
+#pragma unroll
+    for (int q = 0; q < G * RB; ++q) {
       const uint2 v = st.raw[q][tid];
       R[2 * q] = v.x;
       R[2 * q + 1] = v.y;
     }
-    const uint32_t m0 = ~(pb[0] | pb[1] | pb[2]) & vm;  // escapes
-    const uint32_t mine = popc(m0);
     uint32_t incl = mine;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -564,45 +619,55 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
     if (lane == 31) s_scan[warp] = incl;
     __syncthreads();  // (B) s_scan; every read of this stage is done: refill it
     const uint64_t nx = gt + S * stride;
-    if (nx < total) dec_issue<T>(a, nx, st, tid);
+    if (nx < total) dec_issue<T, G>(a, nx, st, tid);
     cp_commit();
     uint32_t pre = 0, cnt = 0;
 #pragma unroll
-    for (int i = 0; i < kWarps; ++i) {
+    for (int i = 0; i < NW; ++i) {
       const uint32_t v = s_scan[i];
       pre += i < warp ? v : 0u;
       cnt += v;
     }
     if (cnt != rec.esc_count) bad |= 1u << kDecBadEscapes;
 
-    uint32_t E[2];
-    decode_exps(pb[0], pb[1], pb[2], Window{rec.base, rec.mode}, E);
-    uint32_t m = m0;
-    uint64_t idx = (uint64_t)rec.esc_offset + (pre + incl - mine);
-    while (m) {
-      const int k = __ffs(m) - 1;
-      m &= m - 1;
-      // Reads stay inside the escape section whatever the record says; a block whose
-      // record failed is reported as BAD_TABLE and its values are not meaningful.
-      const uint32_t e = (ok && idx < g.cap) ? (uint32_t)in[g.esc_off + idx] : 0u;
-      set_exp_byte(E, k, e);
-      ++idx;
-    }
-    uint32_t wout[GW];
-    join_group<T>(R, P > 3 ? pb[3 % P] : 0u, P > 4 ? pb[4 % P] : 0u, P > 5 ? pb[5 % P] : 0u, E, wout);
-    uint8_t* dst = yr + ((uint64_t)b * kBlock + 8ull * tid) * C::kEsize;
-    if (vm == 0xFFu && (reinterpret_cast<uintptr_t>(yr) & 15) == 0) {
+    uint32_t wout[G * GW];
+    uint64_t idx = (uint64_t)rec.esc_offset + (pre + incl - mine);  // row index of the next escape
 #pragma unroll
-      for (int q = 0; q < GW / 4; ++q)
+    for (int i = 0; i < G; ++i) {
+      uint32_t E[2];
+      decode_exps(pb[i][0], pb[i][1], pb[i][2], Window{rec.base, rec.mode}, E);
+      uint32_t m = ~(pb[i][0] | pb[i][1] | pb[i][2]) & vm[i];
+      while (m) {
+        const int k = __ffs(m) - 1;
+        m &= m - 1;
+        // Reads stay inside the escape section whatever the record says; a block whose
+        // record failed is reported as BAD_TABLE and its values are not meaningful.
+        const uint32_t e = (ok && idx < g.cap) ? (uint32_t)in[g.esc_off + idx] : 0u;
+        set_exp_byte(E, k, e);
+        ++idx;
+      }
+      join_group<T>(R + 2 * RB * i, P > 3 ? pb[i][3 % P] : 0u, P > 4 ? pb[i][4 % P] : 0u,
+                    P > 5 ? pb[i][5 % P] : 0u, E, wout + GW * i);
+    }
+    uint8_t* dst = yr + ((uint64_t)b * kBlock + 8ull * G * tid) * C::kEsize;
+    bool full = (reinterpret_cast<uintptr_t>(yr) & 15) == 0;
+#pragma unroll
+    for (int i = 0; i < G; ++i) full = full && vm[i] == 0xFFu;
+    if (full) {
+#pragma unroll
+      for (int q = 0; q < G * GW / 4; ++q)
         reinterpret_cast<uint4*>(dst)[q] = make_uint4(wout[4 * q], wout[4 * q + 1], wout[4 * q + 2], wout[4 * q + 3]);
     } else {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        if ((vm >> k) & 1u) {
-          if (C::kEsize == 2)
-            reinterpret_cast<unsigned short*>(dst)[k] = (unsigned short)elem<T>(wout, k);
-          else
-            reinterpret_cast<unsigned int*>(dst)[k] = elem<T>(wout, k);
+      for (int i = 0; i < G; ++i) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if ((vm[i] >> k) & 1u) {
+            if (C::kEsize == 2)
+              reinterpret_cast<unsigned short*>(dst)[8 * i + k] = (unsigned short)elem<T>(wout + GW * i, k);
+            else
+              reinterpret_cast<unsigned int*>(dst)[8 * i + k] = elem<T>(wout + GW * i, k);
+          }
         }
       }
     }
@@ -610,11 +675,16 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
     // 0 and add nothing), plane bytes, the record, the table padding (last block),
     // and this block's share of the escape section.
 #pragma unroll
-    for (int q = 0; q < RB; ++q)
-      csum += cs_u64(g.raw_off + raw_word_off<T>(b, tid, q), (uint64_t)R[2 * q] | ((uint64_t)R[2 * q + 1] << 32));
-    const uint64_t po = g.plane_off + (uint64_t)b * (P * kPlaneBytes) + tid;
+    for (int q = 0; q < G * RB; ++q)
+      csum += cs_u64(g.raw_off + raw_word_off<T>(b, G * tid, q), (uint64_t)R[2 * q] | ((uint64_t)R[2 * q + 1] << 32));
+    const uint64_t po = g.plane_off + (uint64_t)b * (P * kPlaneBytes) + G * tid;
 #pragma unroll
-    for (int p = 0; p < P; ++p) csum += cs_byte(po + p * kPlaneBytes, pb[p]);
+    for (int p = 0; p < P; ++p) {
+      uint32_t v = 0;
+#pragma unroll
+      for (int i = 0; i < G; ++i) v |= pb[i][p] << (8 * i);
+      csum += cs_bytes<G>(po + p * kPlaneBytes, v);
+    }
     if (tid == 0) csum += cs_u64(g.table_off + 8ull * b, recw);
     if (b + 1 == g.tiles) {
       const uint64_t wi = (uint64_t)g.nb + tid;
@@ -623,7 +693,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas<T>()) decode_kernel(DecArgs
     {
       const uint64_t lo = (uint64_t)b * a.esc_chunk;
       const uint64_t hi = g.esc_size < lo + a.esc_chunk ? g.esc_size : lo + a.esc_chunk;
-      for (uint64_t i = lo + 16ull * tid; i < hi; i += 16ull * kThreads) {
+      for (uint64_t i = lo + 16ull * tid; i < hi; i += 16ull * NT) {
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(in + g.esc_off + i));
         const uint64_t o = g.esc_off + i;
         csum += cs_word(o, v.x) + cs_word(o + 4, v.y) + cs_word(o + 8, v.z) + cs_word(o + 12, v.w);
@@ -693,7 +763,7 @@ __global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* 
 // CTAs that fit on the current device at once (for the persistent/grid-stride
 // kernels); cached per (device, kernel). Only a performance hint: the kernels are
 // correct for any grid size.
-int resident_ctas(const void* kernel) {
+int resident_ctas(const void* kernel, int threads) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int> cache;
   int dev = 0;
@@ -706,7 +776,7 @@ int resident_ctas(const void* kernel) {
   if (it != cache.end()) return it->second;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || per_sm <= 0)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm <= 0)
     per_sm = 4;
   cudaGetLastError();  // clear anything the queries left behind
   const int v = sms * per_sm;
@@ -714,15 +784,45 @@ int resident_ctas(const void* kernel) {
   return v;
 }
 
+template <typename T, int G>
+void warm_up_tile_kernels() {
+  cudaFuncAttributes attr;
+  cudaFuncGetAttributes(&attr, encode_kernel<T, G>);
+  cudaFuncGetAttributes(&attr, decode_kernel<T, G>);
+  resident_ctas((const void*)encode_kernel<T, G>, tile_threads<G>());
+  resident_ctas((const void*)decode_kernel<T, G>, tile_threads<G>());
+}
+
 template <typename T>
 void warm_up_kernels() {
   cudaFuncAttributes attr;
-  cudaFuncGetAttributes(&attr, encode_kernel<T>);
   cudaFuncGetAttributes(&attr, encode_finalize<T>);
-  cudaFuncGetAttributes(&attr, decode_kernel<T>);
   cudaFuncGetAttributes(&attr, decode_finalize<T>);
-  resident_ctas((const void*)encode_kernel<T>);
-  resident_ctas((const void*)decode_kernel<T>);
+  warm_up_tile_kernels<T, 1>();
+  warm_up_tile_kernels<T, 2>();
+  warm_up_tile_kernels<T, 4>();
+}
+
+// Groups per thread of the tile kernels: ZIPCCL_CUDA_GROUPS (1, 2 or 4) when set,
+// for measuring the variants against each other (benchmarks/gpu_check.py), else the
+// default: G = 4 for 16-bit dtypes, 2 for fp32 -- the fewest SASS instructions per
+// element at a register cap without spills (docs/cuda.md, "Groups per thread"; a
+// static estimate until a GPU has timed them). Read whenever XLA runs the handler
+// (a getenv; once per capture when the call is recorded in a CUDA graph). The
+// payload bytes do not depend on it.
+template <typename T>
+int groups_per_thread() {
+  const char* v = getenv("ZIPCCL_CUDA_GROUPS");
+  if (v && v[0] && !v[1] && (v[0] == '1' || v[0] == '2' || v[0] == '4')) return v[0] - '0';
+  return Cfg<T>::kBits == 16 ? 4 : 2;
+}
+
+// A tile kernel (encode_kernel / decode_kernel of one dtype and G) with as many CTAs
+// as fit on the device at once, at most one per tile (persistent / grid-stride).
+template <typename Args>
+void launch_tiles(void (*kernel)(Args), int threads, uint64_t total_tiles, cudaStream_t stream, const Args& a) {
+  const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)kernel, threads));
+  ZC_LAUNCH(kernel, grid, threads, stream, a);
 }
 
 namespace ffi = ::xla::ffi;
@@ -783,12 +883,15 @@ ffi::Error encode_launch(cudaStream_t stream, const uint8_t* x, uint8_t* out, in
   if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
     return cuda_error(kEnc, "workspace memset", e);
   if (total_tiles) {
-    const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)encode_kernel<T>));
-    ZC_LAUNCH(encode_kernel<T>, grid, stream, a);
+    switch (groups_per_thread<T>()) {
+      case 1: launch_tiles(encode_kernel<T, 1>, tile_threads<1>(), total_tiles, stream, a); break;
+      case 2: launch_tiles(encode_kernel<T, 2>, tile_threads<2>(), total_tiles, stream, a); break;
+      default: launch_tiles(encode_kernel<T, 4>, tile_threads<4>(), total_tiles, stream, a); break;
+    }
     ffi::Error e = check_launch(kEnc, "encode_kernel launch");
     if (e.failure()) return e;
   }
-  ZC_LAUNCH(encode_finalize<T>, rows * chunks, stream, a, stats, (uint32_t)chunks);
+  ZC_LAUNCH(encode_finalize<T>, rows * chunks, kThreads, stream, a, stats, (uint32_t)chunks);
   return check_launch(kEnc, "encode_finalize launch");
 }
 
@@ -813,12 +916,15 @@ ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int
   if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
     return cuda_error(kDec, "workspace memset", e);
   if (total_tiles) {
-    const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)decode_kernel<T>));
-    ZC_LAUNCH(decode_kernel<T>, grid, stream, a);
+    switch (groups_per_thread<T>()) {
+      case 1: launch_tiles(decode_kernel<T, 1>, tile_threads<1>(), total_tiles, stream, a); break;
+      case 2: launch_tiles(decode_kernel<T, 2>, tile_threads<2>(), total_tiles, stream, a); break;
+      default: launch_tiles(decode_kernel<T, 4>, tile_threads<4>(), total_tiles, stream, a); break;
+    }
     ffi::Error e = check_launch(kDec, "decode_kernel launch");
     if (e.failure()) return e;
   }
-  ZC_LAUNCH(decode_finalize<T>, rows, stream, a, status, size_ok ? 1 : 0);
+  ZC_LAUNCH(decode_finalize<T>, rows, kThreads, stream, a, status, size_ok ? 1 : 0);
   return check_launch(kDec, "decode_finalize launch");
 }
 

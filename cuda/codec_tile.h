@@ -4,11 +4,13 @@
 // codec, which checks everything except the warp/block glue on a machine
 // without a GPU.
 //
-// Decomposition (docs/cuda.md): a CTA of kThreads = 256 threads works on one
-// block (a "tile") at a time. Thread t owns the 8 elements j = 8t .. 8t+7 of the
-// block, i.e. byte t of each of the block's bit planes. Those 8 elements are held
-// as u32 words: 4 words for 16-bit types (element 2i in the low half of word i),
-// 8 words for fp32.
+// Decomposition (docs/cuda.md): a CTA works on one block (a "tile") at a time. The
+// unit of the bit work is a group of 8 elements, j = 8g .. 8g+7 of the block, i.e.
+// byte g of each of the block's bit planes; a thread owns G adjacent groups (the
+// kernels' template parameter, 1, 2 or 4: kPlaneBytes / G threads per CTA). A
+// group's 8 elements are held as u32 words: 4 words for 16-bit types (element 2i
+// in the low half of word i), 8 words for fp32. The functions below work on one
+// group; `grp` arguments are group indices within the block.
 //
 // The bit work is SWAR over bytes: the 8 exponent fields become two u32 of four
 // exponent bytes each, codes are computed four at a time, and bit planes are
@@ -29,9 +31,9 @@
 namespace zipccl {
 namespace tile {
 
-constexpr int kThreads = 256;  // threads per CTA: one per plane byte
+constexpr int kThreads = 256;  // threads per CTA of the finalize kernels (tile kernels: kPlaneBytes / G)
 constexpr int kWarps = kThreads / 32;
-static_assert(kThreads == (int)kPlaneBytes, "thread t owns plane byte t");
+static_assert(kThreads == (int)kPlaneBytes, "256 groups of 8 elements per 2048-element block");
 
 // ---- SWAR primitives ------------------------------------------------------------
 
@@ -96,9 +98,9 @@ ZC_TD uint32_t nspread8(uint32_t b) {
   return x;
 }
 
-// Valid-element mask (8 bits) of thread t's group in a block of len elements.
-ZC_TD uint32_t valid_mask(uint32_t len, uint32_t t) {
-  const uint32_t j0 = 8 * t;
+// Valid-element mask (8 bits) of group grp in a block of len elements.
+ZC_TD uint32_t valid_mask(uint32_t len, uint32_t grp) {
+  const uint32_t j0 = 8 * grp;
   if (len <= j0) return 0u;
   const uint32_t nv = len - j0;
   return nv >= 8 ? 0xFFu : (1u << nv) - 1u;
@@ -383,11 +385,12 @@ ZC_TD Geom geom_of(uint64_t n, uint64_t cap) {
   return g;
 }
 
-// Row offset of raw word q (8 bytes) of thread t's group in block b; the word is
-// part of the row (data or raw padding) when it is < raw_size.
+// Row offset of raw word q (8 bytes) counted from group grp of block b (q may run
+// past the group's own RB words into the next groups'); the word is part of the
+// row (data or raw padding) when it is < raw_size.
 template <typename T>
-ZC_TD uint64_t raw_word_off(uint64_t b, uint32_t t, int q) {
-  return (b * kBlock + 8ull * t) * (uint64_t)Cfg<T>::kRB + 8ull * (uint64_t)q;
+ZC_TD uint64_t raw_word_off(uint64_t b, uint32_t grp, int q) {
+  return (b * kBlock + 8ull * grp) * (uint64_t)Cfg<T>::kRB + 8ull * (uint64_t)q;
 }
 
 ZC_TD uint64_t record_word(Record r) {

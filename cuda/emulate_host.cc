@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -88,10 +89,18 @@ XLA_FFI_DataType ffi_dtype() {
 
 cudaStream_t kStream = nullptr;
 
-// Sets the emulated machine for one call: CTAs resident at once and the schedule.
+int groups_used[5] = {0};  // calls per tile-kernel variant (8-element groups per thread)
+
+// Sets the emulated machine for one handler call: CTAs resident at once, the
+// schedule, and the tile kernels' variant (ZIPCCL_CUDA_GROUPS, read by the handler;
+// drawn per call, so payloads of one variant are decoded by another).
 void machine(std::mt19937_64& rng) {
   simt::config().resident = 1 + (unsigned)(rng() % 4);
   simt::config().seed = rng();
+  static const char* kGroups[] = {"1", "2", "4"};
+  const char* g = kGroups[rng() % 3];
+  setenv("ZIPCCL_CUDA_GROUPS", g, 1);
+  ++groups_used[g[0] - '0'];
 }
 
 // zipccl_zipccl_encode on the emulated GPU. Returns false (after printing) if the
@@ -416,6 +425,7 @@ int main(int argc, char** argv) {
   suite<F32Traits>(rng, big);
   printf("decoder statuses compared on corrupted payloads:");
   for (int i = 0; i <= 8; ++i) printf(" %d:%d", i, status_seen[i]);
+  printf("\nhandler calls per variant: G=1 %d, G=2 %d, G=4 %d", groups_used[1], groups_used[2], groups_used[4]);
   printf("\n%d cases, %d failures\n", cases, failures);
   for (int i = 1; i <= 8; ++i)
     if (!status_seen[i]) {
