@@ -330,7 +330,7 @@ def phase_identity(args) -> dict:
   variants, variant_calls = itertools.cycle(GROUP_VARIANTS), {g: 0 for g in GROUP_VARIANTS}
 
   def variant(dev) -> int:
-    if dev is cpu:
+    if dev is not gpu:  # (in a rehearsal the CPU is both, and every call rotates)
       return 0
     g = next(variants)
     os.environ["ZIPCCL_CUDA_GROUPS"] = str(g)

@@ -70,8 +70,13 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
 
   tim = rep["timing"]
   assert tim["ok"] is True and tim["exit"] == 0, tim.get("error")
-  assert [r["size"] for r in tim["rows"]] == ["256 KiB"] * 2 + ["4 MiB"] * 2 + ["256 KiB"] * 2
+  # Every size, both ops, every tile-kernel variant G (cuda/codec.cu; ZIPCCL_CUDA_GROUPS).
+  variants = list(gc.GROUP_VARIANTS)
+  assert [r["size"] for r in tim["rows"]] == sum(([s] * 2 * len(variants) for s in ("256 KiB", "4 MiB", "256 KiB")), [])
+  assert [r["groups"] for r in tim["rows"]] == sum(([g, g] for g in variants), []) * 3
   assert all(r["bit_identical"] and r["time_us"] > 0 for r in tim["rows"])
+  # The identity phase rotated the variants over its GPU-side calls.
+  assert set(ident["variant_calls"]) == {str(g) for g in variants} and min(ident["variant_calls"].values()) > 20
 
 
 def test_rehearsal_refuses_the_results_directory():
@@ -139,7 +144,7 @@ def test_report_of_a_gpu_run_and_of_failed_phases(tmp_path, monkeypatch, capsys)
   (out / "gpu_check_build.log").write_text("build log")
   monkeypatch.setenv("OUT", str(extra))
   args = argparse.Namespace(out=out, quick=False, rehearse=False)
-  row = {"size": "1 GiB", "dtype": "bfloat16", "op": "encode", "time_us": 400.0, "gbps_input": 2684.0,
+  row = {"size": "1 GiB", "dtype": "bfloat16", "op": "encode", "groups": 4, "time_us": 400.0, "gbps_input": 2684.0,
          "gbps_moved": 4500.0, "copy_gbps": 4000.0, "roofline_share": 1.1, "bit_identical": False}
   gc.write_report(args, _report(
       build={"ok": True, "ptxas": {"encode_kernel<BF16> sm_90": {"registers": 48, "smem": 12472, "stack": 0,
@@ -152,7 +157,7 @@ def test_report_of_a_gpu_run_and_of_failed_phases(tmp_path, monkeypatch, capsys)
   assert "GPU check" in md and "rehearsal" not in md.lower()
   assert "| encode_kernel<BF16> sm_90 | 48 | 12472 | 0 | 0/0 |" in md
   assert "on the GPU backend: 1 failed, 85 passed" in md and "1/2 cases identical (see JSON)" in md
-  assert "same status on GPU and CPU: NO" in md and "| 1 GiB | bfloat16 | encode | 400.0 | 2684 |" in md
+  assert "same status on GPU and CPU: NO" in md and "| 1 GiB | bfloat16 | encode | 4 | 400.0 | 2684 |" in md
   for f in ("gpu_check_20260102T030405.md", "gpu_check_20260102T030405.json", "gpu_check_build.log"):
     assert (extra / f).exists(), f
 
