@@ -424,20 +424,31 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
       st_u64(out + g.table_off + 8ull * tl, v);
       csum += cs_u64(g.table_off + 8ull * tl, v);
     }
-    uint64_t ei = (uint64_t)boff + excl;  // row index of this thread's next escape
+    // One loop over the escapes of all G groups (bit 8i + k: element k of group i),
+    // not one per group: a warp runs the loop as often as its busiest lane needs.
+    uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < G; ++i) {
-      uint32_t m = esc[i];
-      while (m) {
-        const int k = __ffs(m) - 1;
-        m &= m - 1;
-        if (ei < g.cap) {  // overflow: only the first cap escapes are stored
-          const uint32_t e = exp_byte(sp[i].E, k);
-          out[g.esc_off + ei] = (uint8_t)e;
-          csum += cs_byte(g.esc_off + ei, e);
+    for (int i = 0; i < G; ++i) m |= esc[i] << (8 * i);
+    uint64_t ei = (uint64_t)boff + excl;  // row index of this thread's next escape
+    while (m) {
+      const int k = __ffs(m) - 1;
+      m &= m - 1;
+      if (ei < g.cap) {  // overflow: only the first cap escapes are stored
+        // Exponent word k >> 2 of the thread by a tree of selects on the bits of k
+        // (a compare chain, or indexing, is compiled to a local-memory table).
+        uint32_t v[G];
+#pragma unroll
+        for (int i = 0; i < G; ++i) v[i] = (k & 4) ? sp[i].E[1] : sp[i].E[0];
+        if (G == 4) {
+          v[0] = (k & 16) ? v[2 % G] : v[0];
+          v[1 % G] = (k & 16) ? v[3 % G] : v[1 % G];
         }
-        ++ei;
+        if (G >= 2) v[0] = (k & 8) ? v[1 % G] : v[0];
+        const uint32_t e = (v[0] >> (8 * (k & 3))) & 0xFFu;
+        out[g.esc_off + ei] = (uint8_t)e;
+        csum += cs_byte(g.esc_off + ei, e);
       }
+      ++ei;
     }
 
 #pragma unroll
@@ -630,25 +641,33 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
     }
     if (cnt != rec.esc_count) bad |= 1u << kDecBadEscapes;
 
-    uint32_t wout[G * GW];
-    uint64_t idx = (uint64_t)rec.esc_offset + (pre + incl - mine);  // row index of the next escape
+    uint32_t E[2 * G];  // exponent bytes of the thread's 8G elements, four per word
+    uint32_t m = 0;     // escapes: bit 8i + k = element k of group i
 #pragma unroll
     for (int i = 0; i < G; ++i) {
-      uint32_t E[2];
-      decode_exps(pb[i][0], pb[i][1], pb[i][2], Window{rec.base, rec.mode}, E);
-      uint32_t m = ~(pb[i][0] | pb[i][1] | pb[i][2]) & vm[i];
-      while (m) {
-        const int k = __ffs(m) - 1;
-        m &= m - 1;
-        // Reads stay inside the escape section whatever the record says; a block whose
-        // record failed is reported as BAD_TABLE and its values are not meaningful.
-        const uint32_t e = (ok && idx < g.cap) ? (uint32_t)in[g.esc_off + idx] : 0u;
-        set_exp_byte(E, k, e);
-        ++idx;
-      }
-      join_group<T>(R + 2 * RB * i, P > 3 ? pb[i][3 % P] : 0u, P > 4 ? pb[i][4 % P] : 0u,
-                    P > 5 ? pb[i][5 % P] : 0u, E, wout + GW * i);
+      decode_exps(pb[i][0], pb[i][1], pb[i][2], Window{rec.base, rec.mode}, E + 2 * i);
+      m |= (~(pb[i][0] | pb[i][1] | pb[i][2]) & vm[i]) << (8 * i);
     }
+    // One loop over all G groups' escapes (a warp runs it as often as its busiest
+    // lane needs), each read at offset + rank.
+    uint64_t idx = (uint64_t)rec.esc_offset + (pre + incl - mine);  // row index of the next escape
+    while (m) {
+      const int k = __ffs(m) - 1;
+      m &= m - 1;
+      // Reads stay inside the escape section whatever the record says; a block whose
+      // record failed is reported as BAD_TABLE and its values are not meaningful.
+      const uint32_t e = (ok && idx < g.cap) ? (uint32_t)in[g.esc_off + idx] : 0u;
+      const int sh = 8 * (k & 3);
+#pragma unroll
+      for (int j = 0; j < 2 * G; ++j)  // selects: no dynamically indexed (local) array
+        E[j] = (k >> 2) == j ? (E[j] & ~(0xFFu << sh)) | (e << sh) : E[j];
+      ++idx;
+    }
+    uint32_t wout[G * GW];
+#pragma unroll
+    for (int i = 0; i < G; ++i)
+      join_group<T>(R + 2 * RB * i, P > 3 ? pb[i][3 % P] : 0u, P > 4 ? pb[i][4 % P] : 0u,
+                    P > 5 ? pb[i][5 % P] : 0u, E + 2 * i, wout + GW * i);
     uint8_t* dst = yr + ((uint64_t)b * kBlock + 8ull * G * tid) * C::kEsize;
     bool full = (reinterpret_cast<uintptr_t>(yr) & 15) == 0;
 #pragma unroll

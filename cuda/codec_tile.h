@@ -284,14 +284,6 @@ ZC_TD Planes group_planes(const Split& s, Window w, uint32_t vmask) {
   return pl;
 }
 
-// Exponent byte of element k.
-// (Selects instead of indexing E[k >> 2]: k is a run-time value in the kernels and a
-// dynamically indexed register array would go to local memory.)
-ZC_TD uint32_t exp_byte(const uint32_t E[2], int k) {
-  const uint32_t v = k < 4 ? E[0] : E[1];
-  return (v >> (8 * (k & 3))) & 0xFFu;
-}
-
 // ---- decoder ------------------------------------------------------------------------
 
 // Eight exponent bytes from the code planes through an 8-entry byte table
@@ -305,16 +297,6 @@ ZC_TD void decode_exps(uint32_t p0, uint32_t p1, uint32_t p2, Window w, uint32_t
   const uint32_t sel = nspread8(p0) | (nspread8(p1) << 1) | (nspread8(p2) << 2);
   E[0] = prmt(L0, L1, sel & 0xFFFFu);
   E[1] = prmt(L0, L1, sel >> 16);
-}
-
-ZC_TD void set_exp_byte(uint32_t E[2], int k, uint32_t e) {
-  const int s = 8 * (k & 3);
-  const uint32_t m = ~(0xFFu << s), v = (e & 0xFFu) << s;
-  if (k < 4) {
-    E[0] = (E[0] & m) | v;
-  } else {
-    E[1] = (E[1] & m) | v;
-  }
 }
 
 // Joins raw bytes (R: the group's raw section words), raw planes (fp16: p3..p5)

@@ -476,15 +476,20 @@ inline int launch(unsigned grid, unsigned block, std::function<void()> body) {
   for (unsigned s = 0; s < slots; ++s) start_cta(&ctas[s], next++, pool, (size_t)s * block);
   M.switches_since_progress = 0;
   while (!M.runnable.empty()) {
-    Fiber* f = M.runnable[M.rng() % M.runnable.size()];
-    if (M.schedule == Schedule::kPriority && M.rng() % 16 != 0)
-      for (Fiber* g : M.runnable) f = g->prio > f->prio ? g : f;
-    M.cur = f;
-    if (_setjmp(M.main_jb) == 0) {
-      if (f->started) _longjmp(f->jb, 1);
-      f->started = true;
-      swapcontext(&M.main_ctx, &f->ctx);
+    {
+      Fiber* pick = M.runnable[M.rng() % M.runnable.size()];
+      if (M.schedule == Schedule::kPriority && M.rng() % 16 != 0)
+        for (Fiber* g : M.runnable) pick = g->prio > pick->prio ? g : pick;
+      M.cur = pick;
     }
+    // Only globals are read after _setjmp returns the second time (locals set
+    // before it may not survive the _longjmp back): the fiber that ran is M.cur.
+    if (_setjmp(M.main_jb) == 0) {
+      if (M.cur->started) _longjmp(M.cur->jb, 1);
+      M.cur->started = true;
+      swapcontext(&M.main_ctx, &M.cur->ctx);
+    }
+    Fiber* const f = M.cur;
     M.cur = nullptr;
     if (++M.switches_since_progress > 20000000ull)
       fail("no barrier completed in 20M fiber switches: a livelock (e.g. a look-back that never ends)");
