@@ -836,10 +836,15 @@ int groups_per_thread() {
   return Cfg<T>::kBits == 16 ? 4 : 2;
 }
 
-// A tile kernel (encode_kernel / decode_kernel of one dtype and G) with as many CTAs
-// as fit on the device at once, at most one per tile (persistent / grid-stride).
-template <typename Args>
-void launch_tiles(void (*kernel)(Args), int threads, uint64_t total_tiles, cudaStream_t stream, const Args& a) {
+// A tile kernel (encode_kernel or decode_kernel of dtype T, in the variant
+// groups_per_thread<T>() picks among k1, k2, k4) with as many CTAs as fit on the
+// device at once, at most one per tile (persistent / grid-stride).
+template <typename T, typename Args>
+void launch_tiles(void (*k1)(Args), void (*k2)(Args), void (*k4)(Args), uint64_t total_tiles, cudaStream_t stream,
+                  const Args& a) {
+  const int groups = groups_per_thread<T>();
+  void (*kernel)(Args) = groups == 1 ? k1 : groups == 2 ? k2 : k4;
+  const int threads = (int)kPlaneBytes / groups;
   const uint64_t grid = std::min<uint64_t>(total_tiles, (uint64_t)resident_ctas((const void*)kernel, threads));
   ZC_LAUNCH(kernel, grid, threads, stream, a);
 }
@@ -902,11 +907,7 @@ ffi::Error encode_launch(cudaStream_t stream, const uint8_t* x, uint8_t* out, in
   if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
     return cuda_error(kEnc, "workspace memset", e);
   if (total_tiles) {
-    switch (groups_per_thread<T>()) {
-      case 1: launch_tiles(encode_kernel<T, 1>, tile_threads<1>(), total_tiles, stream, a); break;
-      case 2: launch_tiles(encode_kernel<T, 2>, tile_threads<2>(), total_tiles, stream, a); break;
-      default: launch_tiles(encode_kernel<T, 4>, tile_threads<4>(), total_tiles, stream, a); break;
-    }
+    launch_tiles<T>(encode_kernel<T, 1>, encode_kernel<T, 2>, encode_kernel<T, 4>, total_tiles, stream, a);
     ffi::Error e = check_launch(kEnc, "encode_kernel launch");
     if (e.failure()) return e;
   }
@@ -935,11 +936,7 @@ ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int
   if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
     return cuda_error(kDec, "workspace memset", e);
   if (total_tiles) {
-    switch (groups_per_thread<T>()) {
-      case 1: launch_tiles(decode_kernel<T, 1>, tile_threads<1>(), total_tiles, stream, a); break;
-      case 2: launch_tiles(decode_kernel<T, 2>, tile_threads<2>(), total_tiles, stream, a); break;
-      default: launch_tiles(decode_kernel<T, 4>, tile_threads<4>(), total_tiles, stream, a); break;
-    }
+    launch_tiles<T>(decode_kernel<T, 1>, decode_kernel<T, 2>, decode_kernel<T, 4>, total_tiles, stream, a);
     ffi::Error e = check_launch(kDec, "decode_kernel launch");
     if (e.failure()) return e;
   }
