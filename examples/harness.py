@@ -124,9 +124,12 @@ def all_processes(x: np.ndarray) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
 
 
-def _stats_leaves(stats):
-  return [s for s in jax.tree.leaves(stats, is_leaf=lambda s: isinstance(
-      s, zipccl_jax.CollectiveStats)) if isinstance(s, zipccl_jax.CollectiveStats)]
+def _stats_leaves(stats) -> list:
+  """[(name, CollectiveStats)] of a stats pytree; name = its path, e.g. "layer0/dispatch"."""
+  is_stats = lambda s: isinstance(s, zipccl_jax.CollectiveStats)
+  leaves = jax.tree_util.tree_flatten_with_path(stats, is_leaf=is_stats)[0]
+  return [("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path), s)
+          for path, s in leaves if is_stats(s)]
 
 
 @dataclasses.dataclass
@@ -141,7 +144,8 @@ class Variant:
   losses: list = dataclasses.field(default_factory=list)
   times: list = dataclasses.field(default_factory=list)
   wire: list = dataclasses.field(default_factory=list)      # stats.wire_bytes per step
-  fell_back: int = 0
+  fell_back: int = 0      # steps where some call took its uncompressed fallback
+  fallbacks: dict = dataclasses.field(default_factory=dict)  # per call: steps it fell back
 
 
 def compile_variant(label: str, jitted, state, batch) -> Variant:
@@ -166,8 +170,11 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
       v.state = state
       v.losses.append(float(local(loss)))
       leaves = _stats_leaves(stats)
-      v.wire.append(sum(int(local(s.wire_bytes)) for s in leaves))
-      v.fell_back += any(bool(local(s.fell_back)) for s in leaves)
+      v.wire.append(sum(int(local(s.wire_bytes)) for _, s in leaves))
+      fell = {name: bool(local(s.fell_back)) for name, s in leaves}
+      v.fell_back += any(fell.values())
+      for name, f in fell.items():
+        v.fallbacks[name] = v.fallbacks.get(name, 0) + f
     if log_every and (i + 1) % log_every == 0 or i + 1 == len(batches):
       say(f"  step {i + 1:>4}/{len(batches)}  " + "  ".join(
           f"{v.label} {v.losses[-1]:.4f} ({v.times[-1] * 1e3:.0f} ms)" for v in variants))
@@ -199,6 +206,7 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         p75_ms=1e3 * float(np.percentile(t, 75)), min_ms=1e3 * float(t.min()),
         compile_s=v.compile_s, sent_bytes=v.sent, sent_bytes_fallback=v.sent_fallback,
         wire_bytes_mean=float(np.mean(v.wire)), fallback_steps=v.fell_back,
+        fallbacks=v.fallbacks,
         losses=[float(x) for x in words[0, j].view(np.float32)],
         step_ms=[1e3 * float(x) for x in slowest[j]])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
@@ -236,15 +244,22 @@ def print_report(title: str, res: dict) -> None:
       f"{res['steps']} steps (timing: median over steps {res['warmup'] + 1}-{res['steps']}, "
       "the slowest process per step)")
   say(f"  {'codec':<7} {'step ms':>9} {'p25-p75 ms':>15} {'vs raw':>7} "
-      f"{'sent MiB/dev':>12} {'bytes vs raw':>12} {'fallbacks':>9} {'last loss':>10}")
+      f"{'sent MiB/dev':>12} {'bytes vs raw':>12} {'stats MiB':>9} {'fallbacks':>9} "
+      f"{'last loss':>10}")
   for label, v in vs.items():
     speed = f"{v['median_ms'] / base['median_ms']:.3f}" if base else "-"
     ratio = f"{v['sent_bytes'] / base['sent_bytes']:.3f}" if base and base["sent_bytes"] else "-"
     say(f"  {label:<7} {v['median_ms']:>9.1f} {v['p25_ms']:>7.1f}-{v['p75_ms']:<7.1f} "
-        f"{speed:>7} {_mib(v['sent_bytes']):>12} {ratio:>12} "
+        f"{speed:>7} {_mib(v['sent_bytes']):>12} {ratio:>12} {_mib(v['wire_bytes_mean']):>9} "
         f"{v['fallback_steps']:>4}/{res['steps']:<4} {v['losses'][-1]:>10.4f}")
   say("  (sent = bytes one device's collectives send per step, by zipccl_jax.hlo_wire_bytes "
-      "on the compiled step, no fallback)")
+      "on the compiled step if no call falls back; stats MiB = mean operand bytes per step "
+      "of the calls with stats, on the path taken (CollectiveStats.wire_bytes); fallbacks = "
+      "steps where some call with stats took its uncompressed path)")
+  for label, v in vs.items():
+    if v["fallback_steps"]:
+      say(f"  {label} fallbacks per call: " + ", ".join(
+          f"{k} {c}/{res['steps']}" for k, c in v["fallbacks"].items() if c))
   for k, v in res["checks"].items():
     say(f"  check {k}: {v}")
   if "lax_vs_raw_max_loss_diff" in res:
@@ -253,10 +268,17 @@ def print_report(title: str, res: dict) -> None:
   say(f"  bit-identical: {'yes' if res['ok'] else 'NO'}")
 
 
+def _plain(x):
+  """numpy scalars and arrays as JSON values."""
+  if isinstance(x, (np.generic, np.ndarray)):
+    return x.tolist()
+  raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
 def write_json(path: str | None, res: dict, **extra) -> None:
   if path and is_main():
     with open(path, "w") as f:
-      json.dump(dict(res, **extra), f, indent=1)
+      json.dump(dict(res, **extra), f, indent=1, default=_plain)
 
 
 def finish(multi: bool, ok: bool) -> int:

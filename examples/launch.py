@@ -68,7 +68,8 @@ def init_jax(default_devices: int = 8) -> bool:
 
   Under the launcher: `--local-devices` CPU devices, gloo collectives and
   `jax.distributed.initialize` from the launcher's environment. Otherwise
-  `default_devices` simulated CPU devices in this one process.
+  `default_devices` simulated CPU devices in this one process (or, when JAX's
+  backend is already running, the devices it has).
 
   Returns:
     True when this process is one of several (jax.distributed is initialised).
@@ -76,7 +77,10 @@ def init_jax(default_devices: int = 8) -> bool:
   import jax
   jax.config.update("jax_platforms", "cpu")
   if not launched():
-    jax.config.update("jax_num_cpu_devices", default_devices)
+    try:
+      jax.config.update("jax_num_cpu_devices", default_devices)
+    except RuntimeError:   # a backend is up already (e.g. under pytest): use its devices
+      pass
     return False
   jax.config.update("jax_num_cpu_devices", int(os.environ.get(ENV_LOCAL_DEVICES, "1")))
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
