@@ -58,6 +58,8 @@ def run_grid(args) -> list:
       cmd = [sys.executable, str(ROOT / "examples" / EXAMPLES[ex]), "--json", str(out),
              "--log-every", "0", "--warmup-steps", str(args.warmup)]
       cmd += ["--quick"] if args.quick else []
+      if args.codecs:
+        cmd += ["--codecs", args.codecs.replace("auto", "") if ex == "fsdp" else args.codecs]
       steps = args.steps or (None if args.quick else DEFAULT_STEPS[ex])
       cmd += ["--steps", str(steps)] if steps else []
       cmd += args.extra.get(ex, [])
@@ -101,15 +103,18 @@ def report(rows, args, stem: str) -> str:
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step, no "
            "fallback). Bit-identical = zipccl and raw losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
+  extra = [c for c in ("auto",) if any(c in r["variants"] for r in rows)]
   for nproc in args.procs:
     lines += [f"## {nproc} processes", "",
-              "| example | zipccl ms | raw ms | lax ms | zipccl / raw | lax / raw | "
-              "sent MiB/dev zipccl | raw | bytes zipccl / raw | zipccl fallbacks | "
-              "bit-identical |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| example | zipccl ms | raw ms | lax ms | " + "".join(f"{c} ms | " for c in extra)
+              + "zipccl / raw | lax / raw | " + "".join(f"{c} / raw | " for c in extra)
+              + "sent MiB/dev zipccl | raw | bytes zipccl / raw | zipccl fallbacks | "
+              "bit-identical |",
+              "|---|" + "---:|" * (9 + 2 * len(extra)) + "---|"]
     for r in (r for r in rows if r["procs"] == nproc):
       name = r.get("example", "?")
       if r.get("error"):
-        lines.append(f"| {name} | failed: see the JSON | | | | | | | | | |")
+        lines.append(f"| {name} | failed: see the JSON |" + " |" * (9 + 2 * len(extra)))
         continue
       v = r["variants"]
 
@@ -125,7 +130,9 @@ def report(rows, args, stem: str) -> str:
       fb = v.get("zipccl", {}).get("fallback_steps", "-")
       lines.append(
           f"| {name} | {ms('zipccl')} | {ms('raw')} | {ms('lax')} | "
-          f"**{_ratio(r, 'zipccl', 'raw')}** | {_ratio(r, 'lax', 'raw')} | {mib('zipccl')} | "
+          + "".join(f"{ms(c)} | " for c in extra)
+          + f"**{_ratio(r, 'zipccl', 'raw')}** | {_ratio(r, 'lax', 'raw')} | "
+          + "".join(f"{_ratio(r, c, 'raw')} | " for c in extra) + f"{mib('zipccl')} | "
           f"{mib('raw')} | {_ratio(r, 'zipccl', 'raw', 'sent_bytes')} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
@@ -137,7 +144,8 @@ def report(rows, args, stem: str) -> str:
       for r in rows if r["procs"] == args.procs[0] and not r.get("error")), ""]
   lines += [f"Reproduce: `sudo .venv/bin/python benchmarks/netns_train.py --rate {args.rate} "
             f"--procs {','.join(map(str, args.procs))}"
-            f"{' --quick' if args.quick else ''}{' --pin' if args.pin else ''}`"
+            f"{' --quick' if args.quick else ''}{' --pin' if args.pin else ''}"
+            f"{' --codecs ' + args.codecs if args.codecs else ''}`"
             f" (whole grid: {sum(r['wall_s'] for r in rows):.0f} s)", ""]
   return "\n".join(lines)
 
@@ -150,17 +158,19 @@ def plot(rows, args, path: Path) -> bool:
   except ImportError:
     print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
     return False
-  colors = {"zipccl": "#1f77b4", "raw": "#7f7f7f", "lax": "#ff7f0e"}
+  colors = {"zipccl": "#1f77b4", "raw": "#7f7f7f", "lax": "#ff7f0e", "auto": "#2ca02c"}
   fig, axes = plt.subplots(1, len(args.procs), figsize=(5.5 * len(args.procs), 4), squeeze=False)
   for ax, nproc in zip(axes[0], args.procs):
     sel = [r for r in rows if r["procs"] == nproc and r["variants"]]
     labels = [r["example"].removeprefix("train_") for r in sel]
-    for j, codec in enumerate(("zipccl", "raw", "lax")):
-      xs = [i + (j - 1) * 0.27 for i in range(len(sel))]
+    shown = [c for c in ("zipccl", "raw", "lax", "auto") if any(c in r["variants"] for r in sel)]
+    width = 0.8 / max(len(shown), 1)
+    for j, codec in enumerate(shown):
+      xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(sel))]
       med = [r["variants"].get(codec, {}).get("median_ms", 0) for r in sel]
       lo = [m - r["variants"].get(codec, {}).get("p25_ms", m) for m, r in zip(med, sel)]
       hi = [r["variants"].get(codec, {}).get("p75_ms", m) - m for m, r in zip(med, sel)]
-      ax.bar(xs, med, 0.27, yerr=[lo, hi], color=colors[codec], label=codec, capsize=2)
+      ax.bar(xs, med, width, yerr=[lo, hi], color=colors[codec], label=codec, capsize=2)
     for i, r in enumerate(sel):
       top = max(v["p75_ms"] for v in r["variants"].values())
       ax.annotate(f"{_ratio(r, 'zipccl', 'raw')}x", (i, top), ha="center", va="bottom",
@@ -186,6 +196,8 @@ def main(argv=None) -> int:
   ap.add_argument("--warmup", type=int, default=3, help="warm-up steps left out (default 3)")
   ap.add_argument("--quick", action="store_true", help="the examples' tiny configs (a smoke)")
   ap.add_argument("--pin", action="store_true", help="taskset each process to its own core")
+  ap.add_argument("--codecs", help="variants, e.g. zipccl,raw,lax,auto (default: the "
+                  "examples' zipccl,raw,lax; train_fsdp.py has no auto)")
   ap.add_argument("--deadline", type=float, default=300, help="seconds per launch (default 300)")
   ap.add_argument("--out", help="directory for the results (default benchmarks/results)")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")

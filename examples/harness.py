@@ -34,11 +34,15 @@ import numpy as np
 
 import zipccl_jax
 
-VARIANTS = {"zipccl": "zipccl", "raw": "raw", "lax": None}   # label -> codec argument
+# label -> (codec, policy) of the collectives. "auto" lets the library decide per
+# call (policy="auto": its calibration, if any, else its static rule); its bits
+# must equal raw's whichever path it takes.
+VARIANTS = {"zipccl": ("zipccl", "always"), "raw": ("raw", "always"), "lax": (None, "always"),
+            "auto": ("zipccl", "auto")}
 
 
 def parse_codecs(text: str) -> list:
-  """'zipccl,raw,lax' -> labels, validated (zipccl and raw are needed for the check)."""
+  """'zipccl,raw,lax' -> labels, validated."""
   labels = [c.strip() for c in text.split(",") if c.strip()]
   bad = [c for c in labels if c not in VARIANTS]
   if bad or not labels or len(set(labels)) != len(labels):
@@ -49,7 +53,8 @@ def parse_codecs(text: str) -> list:
 def add_common_args(ap, *, devices: int) -> None:
   """The options every training example shares."""
   ap.add_argument("--codecs", default="zipccl,raw,lax", type=parse_codecs,
-                  help="variants to train, in lockstep (default zipccl,raw,lax; lax = codec=None)")
+                  help="variants to train in lockstep, from zipccl, raw, lax (codec=None) and "
+                       "auto (codec='zipccl', policy='auto'); default zipccl,raw,lax")
   ap.add_argument("--warmup-steps", type=int, default=3, metavar="K",
                   help="leading steps left out of the step-time medians (default 3)")
   ap.add_argument("--devices", type=int, default=devices,
@@ -211,24 +216,25 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         step_ms=[1e3 * float(x) for x in slowest[j]])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
-  if "zipccl" in labels and "raw" in labels:
-    z, r = labels.index("zipccl"), labels.index("raw")
+  exact = [k for k in ("zipccl", "auto") if k in labels] if "raw" in labels else []
+  for name in exact:
+    z, r = labels.index(name), labels.index("raw")
     loss_eq = bool((words[:, z] == words[:, r]).all())
     param_eq = bool((digests[:, z] == digests[:, r]).all())
-    out["checks"]["zipccl_raw_losses_identical"] = loss_eq
-    out["checks"]["zipccl_raw_params_identical"] = param_eq
+    out["checks"][f"{name}_raw_losses_identical"] = loss_eq
+    out["checks"][f"{name}_raw_params_identical"] = param_eq
     if not loss_eq:
       bad = np.flatnonzero(words[0, z] != words[0, r])
       k = int(bad[0]) if bad.size else 0
-      out["checks"]["first_loss_difference"] = (
+      out["checks"][f"{name}_first_loss_difference"] = (
           f"step {k + 1}: 0x{int(words[0, z, k]):08x} vs 0x{int(words[0, r, k]):08x}")
   if "lax" in labels and "raw" in labels:
     a = words[0, labels.index("lax")].view(np.float32)
     b = words[0, labels.index("raw")].view(np.float32)
     out["lax_vs_raw_max_loss_diff"] = float(np.max(np.abs(a - b)))
   out["ok"] = all(same_across.values()) and all(
-      out["checks"].get(k, True) for k in ("zipccl_raw_losses_identical",
-                                           "zipccl_raw_params_identical"))
+      out["checks"][f"{name}_raw_{what}_identical"] for name in exact
+      for what in ("losses", "params"))
   return out
 
 

@@ -67,7 +67,7 @@ def init_params(fsdp, cfg) -> dict:
   return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
 
 
-def make_step(fsdp, harness, cfg, mesh, codec):
+def make_step(fsdp, harness, cfg, mesh, codec, policy="always"):
   """The jitted data-parallel step (state, batch) -> (state, mean loss, psum stats)."""
   import jax
   import jax.numpy as jnp
@@ -89,7 +89,7 @@ def make_step(fsdp, harness, cfg, mesh, codec):
     loss, grads = jax.value_and_grad(loss_fn)(harness.varying(params, AXIS))
     flat, unravel = ravel_pytree(grads)
     total, stats = zipccl_jax.compressed_psum(flat.astype(jnp.bfloat16), AXIS, codec=codec,
-                                              policy="always", stats=True)
+                                              policy=policy, stats=True)
     grads = unravel(total.astype(jnp.float32) / lax.axis_size(AXIS))
     updates, opt_state = opt.update(grads, opt_state, params)
     return ((optax.apply_updates(params, updates), opt_state), lax.pmean(loss, AXIS),
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
   variants = []
   for label in args.codecs:
     state = harness.put((params, opt_state), mesh, P())
-    step = make_step(fsdp, harness, cfg, mesh, harness.VARIANTS[label])
+    step = make_step(fsdp, harness, cfg, mesh, *harness.VARIANTS[label])
     variants.append(harness.compile_variant(label, step, state, batches[0]))
   harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
   harness.train_lockstep(variants, batches, log_every=args.log_every)

@@ -675,7 +675,9 @@ def main_distributed(argv=None) -> int:
 
   variants = []
   for label in hargs.codecs:
-    codec = harness.VARIANTS[label]
+    codec, policy = harness.VARIANTS[label]
+    if policy != "always":   # gather_unit compresses with policy="always"
+      ap.error(f"--codecs: {label!r} is not available in train_fsdp.py")
     inner = make_train_step(cfg, units, mesh, codec, unit_capacities(units, cfg), opt_state,
                             watch=False)
 

@@ -133,7 +133,7 @@ def _attention(p, x, heads: int):
   return a @ p["out"].astype(bf)
 
 
-def _moe(p, experts, x, cfg: Config, codec, n: int):
+def _moe(p, experts, x, cfg: Config, codec, policy: str, n: int):
   """Top-1 MoE MLP over this device's tokens x bf16[T, d]; returns (y, aux loss, stats)."""
   import jax
   import jax.numpy as jnp
@@ -151,7 +151,7 @@ def _moe(p, experts, x, cfg: Config, codec, n: int):
   dispatch = (onehot.astype(jnp.float32)[:, :, None]
               * jax.nn.one_hot(slot, c, dtype=jnp.float32)[:, None, :] * keep[:, None, None])
   buckets = jnp.einsum("tec,td->ecd", dispatch.astype(jnp.bfloat16), x)          # exact: one term
-  kw = dict(codec=codec, policy="always", stats=True, tiled=True)
+  kw = dict(codec=codec, policy=policy, stats=True, tiled=True)
   mine, st_in = zipccl_jax.compressed_all_to_all(buckets.reshape(n, k, c, d), AXIS, 0, 0, **kw)
   h = jax.nn.gelu(jnp.einsum("skcd,kdf->skcf", mine, experts["w_in"].astype(jnp.bfloat16)))
   out = jnp.einsum("skcf,kfd->skcd", h, experts["w_out"].astype(jnp.bfloat16))
@@ -162,7 +162,7 @@ def _moe(p, experts, x, cfg: Config, codec, n: int):
   return y, aux, {"dispatch": st_in, "combine": st_out}
 
 
-def local_loss(dense, experts, batch, cfg: Config, codec, n: int):
+def local_loss(dense, experts, batch, cfg: Config, codec, policy: str, n: int):
   """This device's loss / n (so that summing over devices gives the global mean)."""
   import jax.numpy as jnp
   import optax
@@ -174,7 +174,8 @@ def local_loss(dense, experts, batch, cfg: Config, codec, n: int):
     p = dense[f"layer{i}"]
     h = h + _attention(p, _rms(h, p["attn_norm"]), cfg.heads)
     y, a, stats[f"layer{i}"] = _moe(p, experts[f"layer{i}"],
-                                    _rms(h, p["moe_norm"]).reshape(b * s, -1), cfg, codec, n)
+                                    _rms(h, p["moe_norm"]).reshape(b * s, -1), cfg, codec,
+                                    policy, n)
     h = h + y.reshape(b, s, -1)
     aux = aux + a
   logits = jnp.einsum("bld,vd->blv", _rms(h, dense["final_norm"]),
@@ -191,7 +192,7 @@ def make_optimizer(cfg: Config):
   return optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
 
 
-def make_step(harness, cfg: Config, mesh, codec, state):
+def make_step(harness, cfg: Config, mesh, codec, policy, state):
   """The jitted expert-parallel step (state, batch) -> (state, mean loss, stats)."""
   import jax
   import jax.numpy as jnp
@@ -207,12 +208,13 @@ def make_step(harness, cfg: Config, mesh, codec, state):
     params, opt_state = state
     (loss, stats), (g_dense, g_experts) = jax.value_and_grad(
         local_loss, argnums=(0, 1), has_aux=True)(
-            harness.varying(params["dense"], AXIS), params["experts"], batch, cfg, codec, n)
+            harness.varying(params["dense"], AXIS), params["experts"], batch, cfg, codec, policy,
+            n)
     # Expert gradients are complete already (the backward all_to_all brought every
     # device's contribution); the replicated part is summed over "ep".
     flat, unravel = ravel_pytree(g_dense)
     total, stats["dense_gradients"] = zipccl_jax.compressed_psum(
-        flat.astype(jnp.bfloat16), AXIS, codec=codec, policy="always", stats=True)
+        flat.astype(jnp.bfloat16), AXIS, codec=codec, policy=policy, stats=True)
     grads = {"dense": unravel(total.astype(jnp.float32)), "experts": g_experts}
     updates, opt_state = opt.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), lax.psum(loss, AXIS), stats
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
   variants = []
   for label in args.codecs:
     state = harness.put(host_state, mesh, state_specs(host_state))
-    step = make_step(harness, cfg, mesh, harness.VARIANTS[label], state)
+    step = make_step(harness, cfg, mesh, *harness.VARIANTS[label], state)
     variants.append(harness.compile_variant(label, step, state, batches[0]))
   harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
   harness.train_lockstep(variants, batches, log_every=args.log_every)

@@ -89,7 +89,7 @@ def test_the_identity_check_sees_a_difference():
       warmup=1, params_of=lambda s: s)
   assert diff["ok"] is False
   assert diff["checks"]["zipccl_raw_losses_identical"] is False
-  assert diff["checks"]["first_loss_difference"] == "step 2: 0x3fc00000 vs 0x3fc00001"
+  assert diff["checks"]["zipccl_first_loss_difference"] == "step 2: 0x3fc00000 vs 0x3fc00001"
 
 
 def test_dead_worker_is_reported_with_its_output(tmp_path):
