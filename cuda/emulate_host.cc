@@ -441,6 +441,7 @@ void suite(std::mt19937_64& rng, bool big) {
     for (uint64_t rows : {2, 3, 5}) check_case<T>(rows == 3 ? "mixed" : "gauss", rows, n, 0, rng);
   check_case<T>("wide", 3, 3000, 0, rng);   // rows that do not fit, several at once
   check_case<T>("mixed", 5, 4000, 0, rng);  // fitting and non-fitting rows in one call
+  check_case<T>("mixed", 2, 70001, 0, rng);  // 35 tiles per row, near the escape area's limit
   check_handler_errors<T>(rng);
   if (big) {
     check_case<T>("gauss", 1, (1u << 20) + 3, 0, rng);  // 513 tiles: many 32-tile look-back windows

@@ -11,6 +11,7 @@
 // whole blocks.
 #include "codec_cpu.h"
 
+#include "env.h"
 #include "handler_common.h"
 
 #include <algorithm>
@@ -73,12 +74,7 @@ inline uint64_t cs_span(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
 
 int num_threads_for(uint64_t n) {
   if (n < kParallelMinElems) return 1;
-  static const int hw = [] {
-    const char* env = std::getenv("ZIPCCL_NUM_THREADS");
-    int v = env ? std::atoi(env) : 0;
-    if (v <= 0) v = (int)std::thread::hardware_concurrency();
-    return std::max(1, std::min(v, 256));
-  }();
+  const int hw = env::num_threads();
   uint64_t by_size = std::max<uint64_t>(1, num_blocks(n) / kMinBlocksPerThread);
   return (int)std::min<uint64_t>(hw, by_size);
 }
@@ -294,7 +290,7 @@ BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, u
                       uint8_t* esc, uint64_t esc_have, uint64_t esc_cap) {
 #if ZIPCCL_X86
   if constexpr (std::is_same<T, BF16Traits>::value) {
-    if (len == kBlock && have_avx2() && !std::getenv("ZIPCCL_DISABLE_SIMD"))
+    if (len == kBlock && have_avx2() && !env::simd_disabled())
       return encode_block_bf16_avx2(x, raw, planes, esc, esc_have, esc_cap);
   }
 #endif
@@ -535,7 +531,7 @@ bool decode_block(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc,
                   uint32_t len, typename T::bits_t* y) {
 #if ZIPCCL_X86
   if constexpr (std::is_same<T, BF16Traits>::value) {
-    if (len == kBlock && have_avx2() && !std::getenv("ZIPCCL_DISABLE_SIMD"))
+    if (len == kBlock && have_avx2() && !env::simd_disabled())
       return decode_block_bf16_avx2(raw, planes, esc, r, y);
   }
 #endif
@@ -659,8 +655,7 @@ void advise_hugepages(void* p, uint64_t nbytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uint64_t kHuge = 2ull << 20;
   if (nbytes < 4 * kHuge) return;
-  static const bool off = std::getenv("ZIPCCL_NO_HUGEPAGES") != nullptr;
-  if (off) return;
+  if (zipccl::env::no_hugepages()) return;
   const uint64_t a = ((uint64_t)p + kHuge - 1) & ~(kHuge - 1);
   const uint64_t b = ((uint64_t)p + nbytes) & ~(kHuge - 1);
   if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);

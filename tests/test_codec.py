@@ -6,75 +6,17 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax as zc
-from zipccl_jax._src import ffi as zffi
 from tests import reference_codec as ref
+from tests.reference import BF16, DTYPES, assert_bits_equal, make, uint, words  # noqa: F401
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [BF16, np.dtype(np.float16), np.dtype(np.float32)]
 CODE = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
-WORD = {2: np.uint16, 4: np.uint32}
-NATIVE = zffi.native()
-
-
-def words(x) -> np.ndarray:
-  x = np.asarray(x)
-  return x.reshape(-1).view(WORD[x.dtype.itemsize])
-
-
-def assert_bits_equal(a, b):
-  wa, wb = words(a), words(b)
-  assert wa.shape == wb.shape, (wa.shape, wb.shape)
-  bad = np.flatnonzero(wa != wb)
-  if bad.size:
-    i = bad[0]
-    raise AssertionError(f"{bad.size} words differ; first at {i}: {wa[i]:#x} != {wb[i]:#x}")
-
-
-def make(dist: str, n: int, dtype, seed: int = 0, sigma: float = 1.0) -> np.ndarray:
-  rng = np.random.default_rng(seed)
-  dtype = np.dtype(dtype)
-  if dist == "gauss":
-    x = rng.standard_normal(n) * sigma
-  elif dist == "laplace":
-    x = rng.laplace(size=n) * sigma
-  elif dist == "student_t3":
-    x = rng.standard_t(3, size=n) * sigma
-  elif dist == "relu":
-    x = np.maximum(rng.standard_normal(n), 0) * sigma
-  elif dist == "zeros":
-    x = np.zeros(n)
-  elif dist == "constant":
-    x = np.full(n, 3.25)
-  elif dist == "random_bits":
-    return rng.integers(0, 2**(8 * dtype.itemsize), n, dtype=np.uint64).astype(
-        WORD[dtype.itemsize]).view(dtype)
-  elif dist == "outlier":
-    x = rng.standard_normal(n) * sigma
-    if n:
-      x[rng.integers(n)] = 1e30 if dtype != np.float16 else 6e4
-  elif dist == "specials":
-    w = WORD[dtype.itemsize]
-    ebits, mbits = {BF16: (8, 7), np.dtype(np.float16): (5, 10), np.dtype(np.float32): (8, 23)}[dtype]
-    expo = ((1 << ebits) - 1) << mbits
-    sign = 1 << (8 * dtype.itemsize - 1)
-    pats = [0, sign, expo, expo | sign, expo | 1, expo | (1 << (mbits - 1)) | 5,
-            expo | sign | 3, 1, sign | 1, (1 << mbits) - 1, (1 << mbits) | 1]
-    base = rng.standard_normal(n).astype(dtype)
-    wv = base.view(w).copy()
-    idx = rng.integers(0, max(n, 1), size=min(n, 4 * len(pats)))
-    for k, i in enumerate(idx):
-      wv[i] = pats[k % len(pats)]
-    return wv.view(dtype)
-  else:
-    raise ValueError(dist)
-  return x.astype(dtype)
+NATIVE = zc.native()
 
 
 def roundtrip(x):
@@ -200,7 +142,7 @@ def test_nan_payloads_and_signed_zeros_bit_exact():
 def test_small_rows_with_specials_fit():
   """max_nbytes leaves >= 128 escape bytes, so a small row with a few specials fits."""
   for dtype in DTYPES:
-    w = WORD[dtype.itemsize]
+    w = uint(dtype)
     inf = {BF16: 0x7F80, np.dtype(np.float16): 0x7C00, np.dtype(np.float32): 0x7F800000}[dtype]
     x = np.array([inf], w).view(dtype)
     status, count, used = check_against_reference(x)
@@ -445,12 +387,90 @@ def test_jit_decode_of_bad_payloads_is_all_ones():
     y, status = (np.asarray(a) for a in dec(jnp.asarray(bad)))
     assert status.tolist() == [0, 1, 8]
     assert_bits_equal(y[0], x)
-    ones = np.full(3001, np.iinfo(WORD[dtype.itemsize]).max, WORD[dtype.itemsize])
+    ones = np.full(3001, np.iinfo(uint(dtype)).max, uint(dtype))
     assert (words(y[1]) == ones).all() and (words(y[2]) == ones).all()
     # A buffer shorter than the header, and one of length 0.
     for L in (0, 100):
       y, status = dec(jnp.asarray(p[None, :L]))
       assert int(status[0]) == 3 and (words(np.asarray(y)) == ones).all()
+
+
+# ---- decoder fuzz ------------------------------------------------------------------------------
+
+
+def _fuzz_cases(rng, q, used, n, code):
+  """One mutation of a valid row q (in place or a new buffer); returns the buffer."""
+  kind = int(rng.integers(6))
+  if kind == 0:    # bit flips anywhere in the used prefix: the checksum sees every one
+    for _ in range(int(rng.integers(1, 9))):
+      i = int(rng.integers(used))
+      q[i] ^= np.uint8(1 << int(rng.integers(8)))
+  elif kind == 1:  # truncation, or extension by random bytes
+    k = int(rng.integers(0, used + 1))
+    q = q[:k] if rng.integers(2) else np.concatenate([q, rng.integers(0, 256, k, np.uint8)])
+  elif kind == 2:  # a random header, sometimes keeping magic/version/codec/dtype to get past them
+    hdr = rng.integers(0, 256, 128, np.uint8)
+    keep = int(rng.integers(0, 9))
+    hdr[:keep] = q[:keep]
+    q[:128] = hdr
+    if rng.integers(2):
+      q = ref.reseal(q)
+  elif kind == 3:  # one header field set to a random or extreme value, re-sealed
+    off = [8, 16, 40, 48][int(rng.integers(4))]
+    vals = [0, 1, 127, 128, used, used + 128, 2**32, 2**63, 2**64 - 1, int(rng.integers(0, 2**63))]
+    q[off:off + 8] = np.frombuffer(vals[int(rng.integers(len(vals)))].to_bytes(8, "little"), np.uint8)
+    q = ref.reseal(q)
+  elif kind == 4:  # a random escape offset/count byte of a record (sometimes re-sealed), or a
+    nb = -(-n // 2048)  # random window byte (not re-sealed: a consistent window shift that is
+    if nb:              # re-sealed is a valid row of other values, which no checksum can see)
+      rec = 128 + 8 * int(rng.integers(nb))
+      k = int(rng.integers(8))
+      q[rec + k] = rng.integers(256)
+      if k < 6 and rng.integers(2):
+        q = ref.reseal(q)
+  else:            # random bytes in the whole used prefix (not re-sealed)
+    k = int(rng.integers(1, 32))
+    q[rng.integers(0, used, k)] = rng.integers(0, 256, k, np.uint8)
+  return q
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_decoder_fuzz(dtype):
+  """Seeded fuzzing of the decoder on valid rows of every dtype: bit flips,
+  truncations and extensions, random and extreme headers (re-sealed so that the
+  checks behind the checksum are reached), random table bytes. Every result is a
+  status in 1..9 with the row all-one bits, or status 0 with exactly the original
+  values; the FFI handler agrees with the host decoder on every buffer of the
+  row's own length."""
+  rng = np.random.default_rng(20261130 + CODE[dtype])
+  rows = []
+  for dist, n in [("gauss", 1), ("gauss", 2049), ("outlier", 5000), ("relu", 777),
+                  ("specials", 3001), ("gauss", 0), ("laplace", 4096)]:
+    x = make(dist, n, dtype, seed=n)
+    enc = zc.encode(jnp.asarray(x))
+    if int(enc.status) == 0:
+      rows.append((x, int(enc.used_nbytes), np.asarray(enc.payload)))
+  ones = np.iinfo(uint(dtype)).max
+  same_len = {}
+  for trial in range(1500):
+    x, used, p = rows[trial % len(rows)]
+    n = x.size
+    q = _fuzz_cases(rng, p.copy(), used, n, CODE[dtype])
+    status, y = _decode_status(dtype, q, n)
+    assert 0 <= status <= 9, status
+    if status == 0:
+      assert np.array_equal(words(y.view(dtype)), words(x)), f"trial {trial}: wrong values, status 0"
+    else:
+      assert (y.view(uint(dtype)) == ones).all(), f"trial {trial}: status {status}, row not all-ones"
+    if q.size == p.size:
+      same_len.setdefault(n, []).append((q, status, y))
+  # The FFI decoder (jit) on the same buffers: same statuses, same values.
+  for n, items in same_len.items():
+    qs = np.stack([q for q, _, _ in items])
+    y, status = (np.asarray(a) for a in jax.jit(lambda b, _n=n: zc.decode_rows(b, _n, dtype))(qs))
+    assert status.tolist() == [s for _, s, _ in items]
+    assert np.array_equal(words(y).reshape(len(items), -1).view(np.uint8),
+                          np.stack([yy for _, _, yy in items]).reshape(len(items), -1))
 
 
 # ---- Python API -------------------------------------------------------------------------
