@@ -49,6 +49,17 @@ constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
 constexpr uint32_t kSymsPerRefill = 5;  // 5 * 11 = 55 <= 57 bits valid after a refill
 
+// A 16-bit store the compiler cannot merge with its neighbours (GCC otherwise
+// assembles a refill's 5 stores into one 64-bit word with shifts and ORs: 4 extra
+// instructions a symbol in the hottest loop).
+inline void store16(uint16_t* p, uint32_t v) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  asm("movw %w1, %0" : "=m"(*p) : "r"(v));
+#else
+  *p = (uint16_t)v;
+#endif
+}
+
 inline uint64_t load64(const uint8_t* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
@@ -108,39 +119,29 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
-// y[j] |= the raw bits of element j, for j < len.
+// y[j] = sv[j] | the raw bits of element j, for j < len (sv may be y).
 template <DtypeCode D, uint32_t K>
-EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, uint16_t* y) {
+EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
   if (!w) {
-    for (uint32_t j = 0; j < len; ++j) y[j] |= (uint16_t)t.raw_bits(K, in[j]);
+    for (uint32_t j = 0; j < len; ++j) y[j] = (uint16_t)(sv[j] | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
-  const uint32_t full = len / 8;
-  for (uint32_t g = 0; g < full; ++g) {
+  const uint32_t groups = (len + 7) / 8;
+  for (uint32_t g = 0; g < groups; ++g) {
     uint64_t acc = 0;
     std::memcpy(&acc, packed + g * w, w);
-    for (uint32_t k = 0; k < 8; ++k) {
+    const uint32_t kend = g + 1 < groups ? 8 : len - 8 * g;
+    for (uint32_t k = 0; k < kend; ++k) {
       const uint32_t j = 8 * g + k;
       const uint32_t pv = (uint32_t)((acc >> (k * w)) & mask);
       const uint32_t r = bp ? (uint32_t)in[j] | (pv << 8) : pv;
-      y[j] |= (uint16_t)t.raw_bits(K, r);
-    }
-  }
-  if (len % 8) {
-    const uint32_t g = full;
-    uint64_t acc = 0;
-    std::memcpy(&acc, packed + g * w, w);
-    for (uint32_t k = 0; k < len % 8; ++k) {
-      const uint32_t j = 8 * g + k;
-      const uint32_t pv = (uint32_t)((acc >> (k * w)) & mask);
-      const uint32_t r = bp ? (uint32_t)in[j] | (pv << 8) : pv;
-      y[j] |= (uint16_t)t.raw_bits(K, r);
+      y[j] = (uint16_t)(sv[j] | t.raw_bits(K, r));
     }
   }
 }
@@ -152,9 +153,10 @@ EZ_INLINE void write_raw_kind(uint32_t kind, const uint16_t* x, uint32_t len, ui
 }
 
 template <DtypeCode D>
-EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, uint16_t* y) {
-  if (kind == kKindE) or_raw<D, kKindE>(in, len, y);
-  else or_raw<D, kKindJ>(in, len, y);
+EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const uint16_t* sv,
+                           uint16_t* y) {
+  if (kind == kKindE) or_raw<D, kKindE>(in, len, sv, y);
+  else or_raw<D, kKindJ>(in, len, sv, y);
 }
 
 // ---------------------------------------------------------------------------------
@@ -319,6 +321,7 @@ struct DecScratch {
   uint16_t code[kMaxAlphabet];
   uint32_t tab[kTableSize];  // sym_bits << 16 | code length
   uint8_t area[kMaxAreaBytes + 16];
+  uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
 };
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
@@ -343,7 +346,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     if (sym >= A || size != kBlockHead + rawb) return kDecBadTable;
     const uint16_t v = (uint16_t)t.sym_bits(kind, sym);
     for (uint32_t j = 0; j < len; ++j) y[j] = v;
-    or_raw_kind<D>(kind, blk + kBlockHead, len, y);
+    or_raw_kind<D>(kind, blk + kBlockHead, len, y, y);
     return kDecOk;
   }
   // HUFF.
@@ -396,7 +399,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   if (len == kBlock) {
     constexpr uint32_t rounds = kStreamLen / kSymsPerRefill;
     for (uint32_t r = 0; r < rounds; ++r) {
-      uint16_t* yr = y + r * kSymsPerRefill;
+      uint16_t* yr = s.sv + r * kSymsPerRefill;
 #pragma GCC unroll 8
       for (uint32_t st = 0; st < kStreams; ++st) {
         const uint32_t q = pos[st];
@@ -407,7 +410,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
           const uint32_t e = tab[buf >> (64 - kMaxLen)];
           buf <<= (e & 63);
           sum += e;
-          yr[st * kStreamLen + i] = (uint16_t)(e >> 16);
+          store16(yr + st * kStreamLen + i, e >> 16);
         }
         pos[st] = q + (sum & 0xFFFF);
       }
@@ -420,11 +423,11 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     for (uint32_t jj = j0 + done; jj < j1; ++jj) {
       const uint32_t e = tab[refill(q) >> (64 - kMaxLen)];
       q += e & 15;
-      y[jj] = (uint16_t)(e >> 16);
+      s.sv[jj] = (uint16_t)(e >> 16);
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
-  or_raw_kind<D>(kind, blk + area_off + ab, len, y);
+  or_raw_kind<D>(kind, blk + area_off + ab, len, s.sv, y);
   return kDecOk;
 }
 
@@ -562,25 +565,24 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
   // Directory: block offsets, sizes within [4, max], their sum, the RAW count.
   std::vector<uint64_t> off(nb + 1);
   off[0] = doff;
-  uint64_t raws = 0;
   for (uint64_t b = 0; b < nb; ++b) {
     const uint32_t sz = ld16(in + kHeaderBytes + 2 * b);
     if (sz < kBlockHead || sz > max_block_bytes(block_len(n, b))) return kDecBadTable;
     off[b + 1] = off[b] + sz;
     if (off[b + 1] > doff + data_bytes) return kDecBadTable;
-    raws += in[off[b]] == 0;
   }
-  if (off[nb] != doff + data_bytes || raws != raw_blocks) return kDecBadTable;
+  if (off[nb] != doff + data_bytes) return kDecBadTable;
 
   const int nt = n >= kParallelMinElems ? par::threads_for(nb, kMinBlocksPerThread) : 1;
   std::vector<int32_t> tstat(nt, kDecOk);
-  std::vector<uint64_t> tcs(nt, 0);
+  std::vector<uint64_t> tcs(nt, 0), traws(nt, 0);
   par::parallel_for(nt, [&](int t) {
     std::unique_ptr<DecScratch> s(new DecScratch);
     const uint64_t b0 = nb * (uint64_t)t / nt, b1 = nb * (uint64_t)(t + 1) / nt;
-    uint64_t acc = 0;
+    uint64_t acc = 0, raws = 0;
     int32_t worst = kDecOk;
     for (uint64_t b = b0; b < b1; ++b) {
+      raws += in[off[b]] == 0;
       const int32_t st = decode_block<D>(in + off[b], (uint32_t)(off[b + 1] - off[b]), L - off[b],
                                          block_len(n, b), y + b * kBlock, *s);
       if (st != kDecOk && (worst == kDecOk || st < worst)) worst = st;
@@ -591,10 +593,17 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
     }
     tstat[t] = worst;
     tcs[t] = acc;
+    traws[t] = raws;
   });
+  // The RAW count is a directory-level check (status 6), made here so that the
+  // block starts are read while decoding rather than in a separate pass.
+  uint64_t raws = 0;
   int32_t worst = kDecOk;
-  for (int t = 0; t < nt; ++t)
+  for (int t = 0; t < nt; ++t) {
+    raws += traws[t];
     if (tstat[t] != kDecOk && (worst == kDecOk || tstat[t] < worst)) worst = tstat[t];
+  }
+  if (raws != raw_blocks) return kDecBadTable;
   if (worst != kDecOk) return worst;
   uint64_t cs = 0;
   for (int t = 0; t < nt; ++t) cs += tcs[t];
