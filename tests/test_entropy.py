@@ -354,3 +354,23 @@ def test_shard_map(mesh8):
   assert not np.asarray(status).any()
   assert_bits_equal(y, x)
   assert np.asarray(used).shape == (8, 1)
+
+
+def test_registry_entry():
+  from zipccl_jax._src import registry
+  c = registry.get("entropy")
+  assert c.codec_id == 2 and c.encode_target == ent.ENCODE_TARGET
+  assert c.decode_target == ent.DECODE_TARGET
+  assert c.supports(BF16) and c.supports(F16) and not c.supports(np.float32)
+  assert c.max_nbytes(BF16, 5000) == ent.max_nbytes(BF16, 5000)
+
+
+def test_collectives_refuse_entropy_until_the_transport_moves_it(mesh8):
+  import zipccl_jax as zc
+
+  def f(x):
+    return zc.compressed_all_gather(x, "x", codec="entropy")
+
+  g = jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P())
+  with pytest.raises(NotImplementedError, match="transport does not move it yet"):
+    jax.jit(g)(jnp.zeros((8, 64), jnp.bfloat16))
