@@ -176,7 +176,8 @@ struct EncScratch {
   uint32_t c[2][kMaxAlphabet];       // [kind] counts
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
   uint16_t code[kMaxAlphabet];
-  uint32_t ctab[kMaxAlphabet];       // code << 4 | length
+  uint32_t ccode[kMaxAlphabet];      // [J symbol] code (separate arrays: no unpacking
+  uint8_t clen[kMaxAlphabet];        //  shifts in the writer's loop)
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
 };
 
@@ -273,12 +274,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   uint8_t* nib_out = out + kHuffHead;
   write_lengths(s.len[kind], sym_end[kind], nib_out);
   canonical_codes(s.len[kind], sym_end[kind], s.code);
-  // ctab is indexed by the J symbol (s.sym) for both kinds: code << 4 | length
-  // (entries of absent symbols are never read).
+  // Indexed by the J symbol (s.sym) for both kinds (entries of absent symbols are
+  // never read).
   const uint32_t jend = kind == kKindE ? 2 * sym_end[kind] : sym_end[kind];
   for (uint32_t a = 0; a < jend; ++a) {
     const uint32_t c = kind == kKindE ? a >> 1 : a;
-    s.ctab[a] = ((uint32_t)s.code[c] << 4) | s.len[kind][c];
+    s.ccode[a] = s.code[c];
+    s.clen[a] = s.len[kind][c];
   }
 
   // One MSB-first writer for the 8 streams back to back; a flush after every <= 5
@@ -291,9 +293,9 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
     uint32_t jj = j0;
     auto push = [&](uint32_t idx) {
-      const uint32_t e = s.ctab[s.sym[idx]];
-      const uint32_t l = e & 15;
-      acc = (acc << l) | (e >> 4);
+      const uint32_t a = s.sym[idx];
+      const uint32_t l = s.clen[a];
+      acc = (acc << l) | s.ccode[a];
       nacc += l;
     };
     auto flush = [&]() {
