@@ -198,6 +198,8 @@ def report(rows, speed, info, args, wall, load) -> list[str]:
                     ("window codec (XLA FFI, jax.jit)", "window"), ("ZipNN (1 thread)", "zipnn")):
     if f"{key}_encode" in speed:
       lines.append(f"| {name} | {speed[key + '_encode']:.2f} | {speed[key + '_decode']:.2f} |")
+  lines += ["", "The window codec's row is a load gauge: compare it with its numbers in the "
+            "codec_<date>.md reports measured on a quieter machine (the same CPU and dtype)."]
   if "zipnn_encode" in speed:
     lines += ["", f"Entropy codec vs ZipNN in this run: encode "
               f"{speed['entropy_encode'] / speed['zipnn_encode']:.1f}x, decode "
@@ -214,6 +216,11 @@ def main(argv=None) -> int:
   ap.add_argument("--out", default=None, help="report path (default results/entropy_ratio_<date>.md)")
   args = ap.parse_args(argv)
   info = common.machine_info()
+  try:  # zipnn has no __version__
+    from importlib import metadata
+    info["versions"].setdefault("zipnn", metadata.version("zipnn"))
+  except Exception:
+    pass
   t0, snap0 = time.perf_counter(), common.cpu_snapshot()
   rows = ratio_rows(int(args.ratio_mib * 2**20) // 2)
   speed = speed_rows(int(args.speed_mib * 2**20) // 2, args.runs)
