@@ -408,3 +408,17 @@ def test_threads_give_identical_bytes(tmp_path):
   assert one.size == out.size
   bad = np.flatnonzero(one != out)
   assert bad.size == 0, f"{bad.size} bytes differ from the 1-thread encoding; first at {bad[0]}"
+
+
+def test_short_payload_under_jit():
+  """L = 0 and L < used through XLA: status 3 (BAD_SIZE), rows all-one bits."""
+  dec = jax.jit(ent.decode_rows, static_argnums=(1, 2))
+  y, st = dec(jnp.zeros((2, 0), jnp.uint8), 5, BF16)
+  assert np.asarray(st).tolist() == [3, 3]
+  assert (words(y) == 0xFFFF).all()
+  p, s = jax.jit(ent.encode_rows)(jnp.asarray(make("gauss", 3000, F16))[None])
+  used = int(s[0, 2]) * 128
+  y, st = dec(p[:, :used - 128], 3000, F16)
+  assert int(st[0]) == 3 and (words(y) == 0xFFFF).all()
+  y, st = dec(p, 3000, BF16)  # the wrong dtype
+  assert int(st[0]) == 2 and (words(y) == 0xFFFF).all()
