@@ -101,20 +101,23 @@ def report(rows, args, stem: str) -> str:
            f"step time = median over the steps after {args.warmup} warm-up steps of the slowest "
            "process's time for that step (p25-p75 in brackets). 'sent' = bytes one device's "
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step, no "
-           "fallback). Bit-identical = zipccl and raw losses and final parameters equal bit for "
+           "fallback); 'taken / raw' = the ratio of the operand bytes the calls with stats moved "
+           "on the path they took (CollectiveStats.wire_bytes, mean over steps; train_fsdp: the "
+           "weight gathers only, its gradient reduce-scatters run inside the gathers' VJP "
+           "and have no stats); 'fallbacks' = steps where such a call fell back. Bit-identical = zipccl and raw losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
   extra = [c for c in ("auto",) if any(c in r["variants"] for r in rows)]
   for nproc in args.procs:
     lines += [f"## {nproc} processes", "",
               "| example | zipccl ms | raw ms | lax ms | " + "".join(f"{c} ms | " for c in extra)
               + "zipccl / raw | lax / raw | " + "".join(f"{c} / raw | " for c in extra)
-              + "sent MiB/dev zipccl | raw | bytes zipccl / raw | zipccl fallbacks | "
-              "bit-identical |",
-              "|---|" + "---:|" * (9 + 2 * len(extra)) + "---|"]
+              + "sent MiB/dev zipccl | raw | bytes zipccl / raw | taken / raw | "
+              "zipccl fallbacks | bit-identical |",
+              "|---|" + "---:|" * (10 + 2 * len(extra)) + "---|"]
     for r in (r for r in rows if r["procs"] == nproc):
       name = r.get("example", "?")
       if r.get("error"):
-        lines.append(f"| {name} | failed: see the JSON |" + " |" * (9 + 2 * len(extra)))
+        lines.append(f"| {name} | failed: see the JSON |" + " |" * (10 + 2 * len(extra)))
         continue
       v = r["variants"]
 
@@ -133,7 +136,8 @@ def report(rows, args, stem: str) -> str:
           + "".join(f"{ms(c)} | " for c in extra)
           + f"**{_ratio(r, 'zipccl', 'raw')}** | {_ratio(r, 'lax', 'raw')} | "
           + "".join(f"{_ratio(r, c, 'raw')} | " for c in extra) + f"{mib('zipccl')} | "
-          f"{mib('raw')} | {_ratio(r, 'zipccl', 'raw', 'sent_bytes')} | {fb}/{r['steps']} | "
+          f"{mib('raw')} | {_ratio(r, 'zipccl', 'raw', 'sent_bytes')} | "
+          f"{_ratio(r, 'zipccl', 'raw', 'wire_bytes_mean')} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
   lines += ["Configs (per example): " + "; ".join(

@@ -58,7 +58,7 @@ class Config:
   layers: int = 2
   heads: int = 4
   experts_per_device: int = 2
-  d_ff: int = 512
+  d_ff: int = 256
   batch_per_device: int = 2
   capacity_factor: float = 1.25
   lr: float = 3e-3
