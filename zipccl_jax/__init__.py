@@ -30,6 +30,13 @@ from zipccl_jax._src.collectives import (
     compressed_psum_scatter,
     hlo_wire_bytes,
 )
+from zipccl_jax._src.costmodel import (
+    Calibration,
+    calibrate,
+    decide,
+    project,
+    set_calibration,
+)
 from zipccl_jax._src.ffi import has_cuda_support
 from zipccl_jax._src.host import tune_host_allocator
 
@@ -42,21 +49,26 @@ __all__ = [
     "DEFAULT_ESCAPE_RATE",
     "FORMAT_VERSION",
     "Analysis",
+    "Calibration",
     "CollectiveStats",
     "Encoded",
     "HloWireBytes",
     "analyze",
+    "calibrate",
     "compressed_all_gather",
     "compressed_all_to_all",
     "compressed_ppermute",
     "compressed_psum",
     "compressed_psum_scatter",
     "decode",
+    "decide",
     "decode_error_message",
     "default_escape_capacity",
     "encode",
     "encoded_nbytes",
     "has_cuda_support",
+    "project",
+    "set_calibration",
     "tune_host_allocator",
     "hlo_wire_bytes",
     "workspace_nbytes",
