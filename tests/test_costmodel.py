@@ -314,6 +314,12 @@ def test_calibrate_on_8_devices(mesh8, tmp_path):
   assert fit.encode_s_per_byte > 0 and fit.decode_s_per_byte > 0
   assert cm.Calibration.load(path) == cal
   assert cm.resolve_calibration(None) == cal     # activate=True
+  # Re-measuring the links only keeps the codec numbers.
+  again = zc.calibrate(mesh8, "x", link_row_bytes=(2**10, 2**13), reps=1, save=False,
+                       activate=False, reuse_codecs=cal)
+  assert again.codecs == cal.codecs and again.reduce == cal.reduce
+  with pytest.raises(TypeError, match="calibrate: reuse_codecs"):
+    zc.calibrate(mesh8, "x", save=False, reuse_codecs={"codecs": {}})
   with pytest.raises(ValueError, match="calibrate: axis_name"):
     zc.calibrate(mesh8, "nope", save=False)
   with pytest.raises(ValueError, match="calibrate: axis_name is required"):

@@ -942,7 +942,8 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
               codec_bytes: Sequence[int] = (2**16, 2**20, 2**23),
               link_row_bytes: Sequence[int] = (2**12, 2**16, 2**20, 2**22),
               reps: int = 5, warmup: int = 1, path: str | os.PathLike | None = None,
-              save: bool = True, activate: bool = True, verbose: bool = False) -> Calibration:
+              save: bool = True, activate: bool = True, verbose: bool = False,
+              reuse_codecs: Calibration | None = None) -> Calibration:
   """Measures the codecs and the link on this machine; the basis of policy="auto".
 
   Every process of a multi-process job must call it (it runs collectives). The
@@ -969,6 +970,9 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
     save: write the file.
     activate: also `set_calibration` it for this process.
     verbose: print every measurement.
+    reuse_codecs: a previous Calibration of the same processes whose codec and
+      reduction numbers are kept (only the links are measured), e.g. to
+      re-measure after the network changed.
 
   Returns:
     The agreed Calibration.
@@ -1018,9 +1022,17 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
     links = _measure_links(meter, n_peers, link_row_bytes, log)
   else:
     links = dict(default_calibration(plat).links)
-  log("calibrate: codecs")
-  fits = {c: {d: _measure_codec(meter, c, d, codec_bytes, log) for d in dtypes} for c in codecs}
-  reduce = {d: _measure_reduce(meter, d, max(n_peers, 2), codec_bytes, log) for d in dtypes}
+  if reuse_codecs is not None:
+    if not isinstance(reuse_codecs, Calibration):
+      raise TypeError(f"{fn}: reuse_codecs must be a Calibration or None, got "
+                      f"{type(reuse_codecs).__name__}")
+    fits = {c: dict(per) for c, per in reuse_codecs.codecs.items()}
+    reduce = dict(reuse_codecs.reduce)
+  else:
+    log("calibrate: codecs")
+    fits = {c: {d: _measure_codec(meter, c, d, codec_bytes, log) for d in dtypes}
+            for c in codecs}
+    reduce = {d: _measure_reduce(meter, d, max(n_peers, 2), codec_bytes, log) for d in dtypes}
   meta = {
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
       "host": _platform.node(), "machine": _platform.machine(),
