@@ -730,9 +730,52 @@ def _median_time(f: Callable, args, reps: int, warmup: int) -> float:
 
 
 def available_codecs() -> tuple[str, ...]:
-  """Compressing codecs `zipccl_jax.encode` accepts here ("raw" excluded)."""
+  """The registered compressing codecs ("raw" and None are transport modes)."""
+  try:
+    from zipccl_jax._src import registry
+    return tuple(registry.names())
+  except ImportError:  # pragma: no cover - a package without the registry
+    import zipccl_jax as zc
+    return tuple(c for c in getattr(zc, "CODECS", ("zipccl",)) if c != "raw")
+
+
+def _codec_supports(codec: str, dtype: str) -> bool:
+  try:
+    from zipccl_jax._src import registry
+    return registry.get(codec).supports(np.dtype(dtype))
+  except (ImportError, AttributeError):  # pragma: no cover
+    return True
+
+
+def _codec_fns(codec: str):
+  """((encode(v) -> pytree, decode(pytree) -> y, pytree -> (payload, status)), meta).
+
+  meta (a dict) must hold the row's "n" and "dtype" before decode is traced.
+
+  `zipccl_jax.encode` / `decode` where they accept the codec, else the codec
+  contract's `encode_rows` / `decode_rows` of the registry (docs/format.md).
+  """
   import zipccl_jax as zc
-  return tuple(c for c in getattr(zc, "CODECS", ("zipccl",)) if c != "raw")
+  try:
+    zc.encode(np.zeros(1, np.float32), codec=codec)
+    return (lambda v: zc.encode(v, codec=codec), zc.decode,
+            lambda enc: (enc.payload, getattr(enc, "status", None))), {}
+  except (ValueError, TypeError):
+    pass
+  from zipccl_jax._src import registry
+  c = registry.get(codec)
+
+  def enc(v):
+    payload, stats = c.encode_rows(v[None])
+    return payload[0], stats[0]
+
+  def dec(e):
+    payload, _ = e
+    n = meta["n"]
+    return c.decode_rows(payload[None], n, meta["dtype"])[0][0]
+
+  meta = {}
+  return (enc, dec, lambda e: (e[0], e[1][..., 0])), meta
 
 
 def synthetic(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
@@ -828,13 +871,14 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log) -
 def _measure_codec(meter: _Meter, codec: str, dtype: str, sizes: Sequence[int], log
                    ) -> CodecFit:
   import jax
-  import zipccl_jax as zc
   jnp_dtype = np.dtype(dtype)
   xs, te, td = [], [], []
-  enc_f = meter.smap(lambda v: jax.tree.map(lambda a: a[None], zc.encode(v[0], codec=codec)))
-  dec_f = meter.smap(lambda e: zc.decode(jax.tree.map(lambda a: a[0], e))[None])
+  (encode, decode, parts), meta = _codec_fns(codec)
+  enc_f = meter.smap(lambda v: jax.tree.map(lambda a: a[None], encode(v[0])))
+  dec_f = meter.smap(lambda e: decode(jax.tree.map(lambda a: a[0], e))[None])
   for nbytes in sizes:
     n = max(nbytes // jnp_dtype.itemsize, 1)
+    meta.update(n=n, dtype=jnp_dtype)
     x = meter.array(synthetic("gaussian", n, jnp_dtype, seed=1))
     enc = enc_f(x)
     te.append(meter.time(enc_f, x))
@@ -842,20 +886,30 @@ def _measure_codec(meter: _Meter, codec: str, dtype: str, sizes: Sequence[int], 
     xs.append(n * jnp_dtype.itemsize)
     log(f"  {codec:8s} {dtype:9s} {_fmt_bytes(xs[-1]):>9s}: encode {te[-1] * 1e3:8.3f} ms "
         f"decode {td[-1] * 1e3:8.3f} ms")
-  fe, fd = fit_alpha_beta(xs, te), fit_alpha_beta(xs, td)
+  fe, fd = _codec_fit(xs, te), _codec_fit(xs, td)
   # Ratio on the largest size of each kind of data, from the first local row.
   n = max(max(sizes) // jnp_dtype.itemsize, 1)
+  meta.update(n=n, dtype=jnp_dtype)
   ratios = {}
   for kind in ("gaussian", "heavy"):
-    enc = enc_f(meter.array(synthetic(kind, n, jnp_dtype, seed=2)))
-    payload = np.asarray(enc.payload.addressable_shards[0].data).reshape(-1)
-    st = getattr(enc, "status", None)
+    payload, st = parts(enc_f(meter.array(synthetic(kind, n, jnp_dtype, seed=2))))
+    payload = np.asarray(payload.addressable_shards[0].data).reshape(-1)
     status = np.zeros(1) if st is None else np.asarray(st.addressable_shards[0].data)
     # A row that does not fit is sent raw: ratio 1.
     ratios[kind] = 1.0 if np.any(status != 0) else n * jnp_dtype.itemsize / used_nbytes(payload)
   ratio = 2.0 / (1.0 / ratios["gaussian"] + 1.0 / ratios["heavy"])
   return CodecFit(fe.alpha_s, fe.beta_s_per_byte, fd.alpha_s, fd.beta_s_per_byte,
                   ratio, ratios["gaussian"], ratios["heavy"])
+
+
+def _codec_fit(xs, ts) -> LinkFit:
+  """fit_alpha_beta, but a codec is never free per byte: when noise flattens the
+  fit (beta 0), the largest size's time / bytes is used (an upper bound)."""
+  f = fit_alpha_beta(xs, ts)
+  if f.beta_s_per_byte <= 0:
+    i = int(np.argmax(xs))
+    return LinkFit(0.0, ts[i] / xs[i])
+  return f
 
 
 def _measure_reduce(meter: _Meter, dtype: str, n_rows: int, sizes: Sequence[int], log
@@ -1030,8 +1084,8 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
     reduce = dict(reuse_codecs.reduce)
   else:
     log("calibrate: codecs")
-    fits = {c: {d: _measure_codec(meter, c, d, codec_bytes, log) for d in dtypes}
-            for c in codecs}
+    fits = {c: {d: _measure_codec(meter, c, d, codec_bytes, log) for d in dtypes
+                if _codec_supports(c, d)} for c in codecs}
     reduce = {d: _measure_reduce(meter, d, max(n_peers, 2), codec_bytes, log) for d in dtypes}
   meta = {
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
