@@ -21,8 +21,10 @@ order), each call starts after a barrier, its time is the slowest process's, and
 the table reports medians over rounds. Run time is bounded by --budget: every
 cell runs at least one round; further rounds stop when the cell has used its
 share of the budget (by a transfer-time estimate, see --dry-run) or the setting
-its deadline; a last-resort hard limit (1.5 x budget + 2 min) kills workers. EVERY result is compared with a numpy
-reference that each process computes from all processes' inputs: bit-exact for
+its deadline; a last-resort hard limit (1.5 x budget + 2 min) kills workers.
+
+EVERY result is compared with a numpy reference that each process computes
+from all processes' inputs: bit-exact for
 gathers, permutes and zipccl/raw reductions (rank-ordered float32 sums), within
 one bf16 rounding for jax.lax reductions (whose order XLA picks). Mismatches are
 reported as events (plain lax.psum_scatter over gloo has been seen returning
@@ -328,7 +330,7 @@ def _worker(cfg, pid, rundir, out):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   import zipccl_jax as zc
-  from zipccl_jax._src import costmodel as cm
+  from zipccl_jax import costmodel as cm
 
   t_start = time.monotonic()
 
@@ -589,7 +591,8 @@ def run_setting(args, net: Net, setting: dict, codecs, scale: float, bar: _Bar, 
       codes = [p.poll() for p in procs]
       if any(c not in (None, 0) for c in codes):
         i = next(i for i, c in enumerate(codes) if c not in (None, 0))
-        failure = f"worker {i} exited with {codes[i]}:\n" + (rundir / f"log.{i}").read_text()[-3000:]
+        failure = (f"worker {i} exited with {codes[i]}:\n" +
+                   (rundir / f"log.{i}").read_text()[-3000:])
         break
       if all(c == 0 for c in codes):
         break
@@ -694,7 +697,7 @@ def launch(args) -> int:
 
 def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
   """Medians over rounds of the slowest process per call; ratios; auto's picks."""
-  from zipccl_jax._src import costmodel as cm
+  from zipccl_jax import costmodel as cm
   cells = {}
   for r in results:
     for s in r["samples"]:
@@ -846,7 +849,8 @@ def write_report(args, doc) -> None:
         r["time_ratio"].get(c, 9) < 0.9 for c in comp)]
     lines += ["## policy='auto' with calibration", "",
               f"{len(autos)} cells: auto within 5% of the best in "
-              f"{sum(r['auto_over_best'] <= 1.05 for r in autos)}; worst {worst['auto_over_best']:.2f}x "
+              f"{sum(r['auto_over_best'] <= 1.05 for r in autos)}; "
+              f"worst {worst['auto_over_best']:.2f}x "
               f"({worst['collective']} {worst['mib']:g} MiB {worst['data']}, "
               f"{_link_name(worst['link'])}, P={worst['procs']}); cells where compression wins "
               f"by > 10% but auto keeps raw: {len(missed)}.", ""]
@@ -912,7 +916,8 @@ def plot(path: Path, doc) -> bool:
   rows = [r for r in doc["rows"] if r["data"] == "gaussian"]
   if not rows:
     return False
-  settings = sorted({(r["procs"], r["link"]) for r in rows}, key=lambda k: (k[0], _link_order(k[1])))
+  settings = sorted({(r["procs"], r["link"]) for r in rows},
+                    key=lambda k: (k[0], _link_order(k[1])))
   colls = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
   fig, axes = plt.subplots(len(colls), len(settings), figsize=(3.2 * len(settings),
                                                                 2.6 * len(colls)),

@@ -23,7 +23,7 @@ def main(argv) -> int:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc,
                              process_id=pid, initialization_timeout=60)
-  from zipccl_jax._src import costmodel as cm
+  from zipccl_jax import costmodel as cm
 
   mesh = jax.make_mesh((nproc,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
   cal = cm.calibrate(mesh, "x", dtypes=("bfloat16",), codec_bytes=(2**12, 2**14),

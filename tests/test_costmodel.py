@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import zipccl_jax as zc
-from zipccl_jax._src import costmodel as cm
+from zipccl_jax import costmodel as cm
 
 GBIT = 1e9 / 8   # bytes per second of 1 Gbit/s
 
@@ -122,7 +122,7 @@ def test_identical_inputs_identical_decisions_also_in_another_process(tmp_path):
   assert [cm.decide(c, d, m, n, again) for c, d, m, n in grid] == mine
   assert any(a for a, _ in mine) and not all(a for a, _ in mine)   # the grid is not trivial
   path = cal.save(tmp_path / "cal.json")
-  code = ("import json, sys\nfrom zipccl_jax._src import costmodel as cm\n"
+  code = ("import json, sys\nfrom zipccl_jax import costmodel as cm\n"
           "grid = json.loads(sys.argv[2])\ncal = cm.Calibration.load(sys.argv[1])\n"
           "print(json.dumps([list(cm.decide(c, d, m, n, cal)) for c, d, m, n in grid]))\n")
   out = subprocess.run([sys.executable, "-c", code, str(path), json.dumps(grid)],
