@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -22,6 +23,7 @@ import zipccl_jax as zc
 from zipccl_jax import costmodel as cm
 
 GBIT = 1e9 / 8   # bytes per second of 1 Gbit/s
+BF16_NP = np.dtype(ml_dtypes.bfloat16)
 
 
 def _cal(link_gbit=1.0, enc_GBps=3.0, dec_GBps=3.5, ratio=1.40, alpha=50e-6, n_peers=2,
@@ -314,6 +316,19 @@ def test_calibrate_on_8_devices(mesh8, tmp_path):
   assert fit.encode_s_per_byte > 0 and fit.decode_s_per_byte > 0
   assert cm.Calibration.load(path) == cal
   assert cm.resolve_calibration(None) == cal     # activate=True
+  # The user's own tensors set the assumed ratio: Gaussian alone compresses better
+  # than the synthetic mix; a row of all-distinct exponents does not fit (ratio 1).
+  gauss = cm.synthetic("gaussian", 2**15, BF16_NP, seed=3)
+  with_samples = zc.calibrate(mesh8, "x", dtypes=("bfloat16",), codec_bytes=(2**12, 2**15),
+                              link_row_bytes=(2**10, 2**13), reps=1, save=False,
+                              activate=False, samples=[gauss])
+  assert with_samples.codecs["zipccl"]["bfloat16"].ratio == pytest.approx(
+      cm.sample_ratio("zipccl", [gauss]))
+  assert cm.sample_ratio("zipccl", [gauss]) > fit.ratio
+  wild = (np.arange(2**15, dtype=np.uint32).astype(np.uint16) * np.uint16(40503)).view(BF16_NP)
+  assert cm.sample_ratio("zipccl", [wild]) == 1.0
+  with pytest.raises(TypeError, match=r"calibrate: samples\[0\]"):
+    zc.calibrate(mesh8, "x", save=False, samples=[np.zeros(4, np.int8)])
   # Re-measuring the links only keeps the codec numbers.
   again = zc.calibrate(mesh8, "x", link_row_bytes=(2**10, 2**13), reps=1, save=False,
                        activate=False, reuse_codecs=cal)

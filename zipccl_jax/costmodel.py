@@ -32,6 +32,7 @@ from zipccl_jax._src.costmodel import (
     project,
     projected_calibration,
     resolve_calibration,
+    sample_ratio,
     set_calibration,
     synthetic,
     used_nbytes,
@@ -43,5 +44,5 @@ __all__ = [
     "available_codecs", "calibrate", "check_agreement", "compressed_row_bytes", "decide",
     "default_calibration", "default_path", "fit_alpha_beta", "format_projection",
     "load_calibration", "model_time", "project", "projected_calibration",
-    "resolve_calibration", "set_calibration", "synthetic", "used_nbytes",
+    "resolve_calibration", "sample_ratio", "set_calibration", "synthetic", "used_nbytes",
 ]

@@ -868,8 +868,28 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log) -
   return fits
 
 
-def _measure_codec(meter: _Meter, codec: str, dtype: str, sizes: Sequence[int], log
-                   ) -> CodecFit:
+def sample_ratio(codec: str, samples: Sequence) -> float:
+  """raw bytes / used bytes of `codec` over the given arrays (one row each), on the
+  first local device. A row that does not fit counts as raw (the raw rung)."""
+  import jax
+  (encode, _, parts), _ = _codec_fns(codec)
+  raw = used = 0
+  for x in samples:
+    x = np.asarray(x).reshape(-1)
+    if x.size == 0:
+      continue
+    payload, st = parts(jax.jit(encode)(x))
+    payload = np.asarray(payload).reshape(-1)
+    fits = st is None or not np.any(np.asarray(st) != 0)
+    raw += x.nbytes
+    used += used_nbytes(payload) if fits else x.nbytes
+  if raw == 0:
+    raise ValueError("samples: no elements to measure")
+  return raw / used
+
+
+def _measure_codec(meter: _Meter, codec: str, dtype: str, sizes: Sequence[int], log,
+                   samples: Sequence = ()) -> CodecFit:
   import jax
   jnp_dtype = np.dtype(dtype)
   xs, te, td = [], [], []
@@ -897,7 +917,11 @@ def _measure_codec(meter: _Meter, codec: str, dtype: str, sizes: Sequence[int], 
     status = np.zeros(1) if st is None else np.asarray(st.addressable_shards[0].data)
     # A row that does not fit is sent raw: ratio 1.
     ratios[kind] = 1.0 if np.any(status != 0) else n * jnp_dtype.itemsize / used_nbytes(payload)
-  ratio = 2.0 / (1.0 / ratios["gaussian"] + 1.0 / ratios["heavy"])
+  if samples:   # the user's own tensors replace the synthetic mix
+    ratio = sample_ratio(codec, samples)
+    log(f"  {codec:8s} {dtype:9s} ratio on {len(samples)} sample(s): {ratio:.3f}")
+  else:
+    ratio = 2.0 / (1.0 / ratios["gaussian"] + 1.0 / ratios["heavy"])
   return CodecFit(fe.alpha_s, fe.beta_s_per_byte, fd.alpha_s, fd.beta_s_per_byte,
                   ratio, ratios["gaussian"], ratios["heavy"])
 
@@ -997,7 +1021,8 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
               link_row_bytes: Sequence[int] = (2**12, 2**16, 2**20, 2**22),
               reps: int = 5, warmup: int = 1, path: str | os.PathLike | None = None,
               save: bool = True, activate: bool = True, verbose: bool = False,
-              reuse_codecs: Calibration | None = None) -> Calibration:
+              reuse_codecs: Calibration | None = None,
+              samples: Sequence | None = None) -> Calibration:
   """Measures the codecs and the link on this machine; the basis of policy="auto".
 
   Every process of a multi-process job must call it (it runs collectives). The
@@ -1027,6 +1052,10 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
     reuse_codecs: a previous Calibration of the same processes whose codec and
       reduction numbers are kept (only the links are measured), e.g. to
       re-measure after the network changed.
+    samples: arrays of your own traffic (weights, gradients; each one row). The
+      ratio the model assumes for their dtypes is then their measured ratio,
+      instead of the mix of synthetic Gaussian and heavy-tailed data. Process
+      0's samples decide (its numbers are broadcast).
 
   Returns:
     The agreed Calibration.
@@ -1048,6 +1077,13 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
     if len(vals) < 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
                             for v in vals):
       raise ValueError(f"{fn}: {arg} must hold >= 2 positive ints, got {vals!r}")
+  by_dtype: dict = {}
+  for i, a in enumerate(samples or ()):
+    dt = _dtype_name(f"{fn}: samples[{i}]", getattr(a, "dtype", None))
+    by_dtype.setdefault(dt, []).append(a)
+  if reuse_codecs is not None and not isinstance(reuse_codecs, Calibration):
+    raise TypeError(f"{fn}: reuse_codecs must be a Calibration or None, got "
+                    f"{type(reuse_codecs).__name__}")
   if mesh is None:
     mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:1]), ("_zc_cal",))
     axes = ("_zc_cal",)
@@ -1077,15 +1113,12 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
   else:
     links = dict(default_calibration(plat).links)
   if reuse_codecs is not None:
-    if not isinstance(reuse_codecs, Calibration):
-      raise TypeError(f"{fn}: reuse_codecs must be a Calibration or None, got "
-                      f"{type(reuse_codecs).__name__}")
     fits = {c: dict(per) for c, per in reuse_codecs.codecs.items()}
     reduce = dict(reuse_codecs.reduce)
   else:
     log("calibrate: codecs")
-    fits = {c: {d: _measure_codec(meter, c, d, codec_bytes, log) for d in dtypes
-                if _codec_supports(c, d)} for c in codecs}
+    fits = {c: {d: _measure_codec(meter, c, d, codec_bytes, log, by_dtype.get(d, ()))
+                for d in dtypes if _codec_supports(c, d)} for c in codecs}
     reduce = {d: _measure_reduce(meter, d, max(n_peers, 2), codec_bytes, log) for d in dtypes}
   meta = {
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -1096,6 +1129,7 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
       "link_row_bytes": [int(v) for v in link_row_bytes], "reps": reps,
       "seconds": round(time.perf_counter() - t0, 1),
       "threads": os.environ.get("ZIPCCL_NUM_THREADS", ""),
+      "samples": {d: len(v) for d, v in by_dtype.items()},
   }
   cal = Calibration(platform=plat, n_peers=n_peers, links=links, codecs=fits, reduce=reduce,
                     source="measured" if n_peers >= 2 else "measured-codecs", meta=meta)
