@@ -26,7 +26,7 @@ its deadline; a last-resort hard limit (1.5 x budget + 2 min) kills workers.
 EVERY result is compared with a numpy reference that each process computes
 from all processes' inputs: bit-exact for
 gathers, permutes and zipccl/raw reductions (rank-ordered float32 sums), within
-one bf16 rounding for jax.lax reductions (whose order XLA picks). Mismatches are
+one bf16 ulp for jax.lax reductions (whose order XLA picks). Mismatches are
 reported as events (plain lax.psum_scatter over gloo has been seen returning
 wrong values intermittently); nothing is retried or hidden.
 
@@ -147,6 +147,9 @@ def _gradients(owner: int, n: int):
 
     _GRAD_STATE["chunk"] = chunk
     _GRAD_STATE["batch"] = batch
+  cached = _GRAD_STATE.setdefault("made", {}).get(owner)
+  if cached is not None and cached.size >= n:   # a prefix of what was made before
+    return cached[:n]
   chunk, batch = _GRAD_STATE["chunk"], _GRAD_STATE["batch"]
   parts, have = [], 0
   r = np.random.default_rng([1000, owner])
@@ -154,7 +157,9 @@ def _gradients(owner: int, n: int):
     g = np.asarray(chunk(*batch(r, (_GRAD_CHUNK, 4))))
     parts.append(g)
     have += g.size
-  return np.concatenate(parts)[:n]
+  out = np.concatenate(parts)
+  _GRAD_STATE["made"][owner] = out
+  return out[:n]
 
 
 def shared_inputs(kind: str, n: int, n_proc: int, pid: int, cache: Path, timeout: float = 900):
@@ -212,10 +217,11 @@ def reference(collective: str, inputs: list, pid: int):
 
 def tolerance(ref, inputs, sl):
   """Allowed |error| of a jax.lax reduction (summed in an order XLA picks): one
-  bf16 rounding plus float32 reassociation, 2^-8 |ref| + 2^-16 sum_i |x_i|."""
+  bf16 ulp (a sum near a rounding midpoint may round the other way) plus float32
+  reassociation, 2^-7 |ref| + 2^-16 sum_i |x_i|."""
   import numpy as np
   mag = sum(np.abs(x[sl].astype(np.float32)) for x in inputs)
-  return np.abs(ref.astype(np.float32)) * np.float32(2.0**-8) + mag * np.float32(2.0**-16)
+  return np.abs(ref.astype(np.float32)) * np.float32(2.0**-7) + mag * np.float32(2.0**-16)
 
 
 def check(y, ref, tol=None):
@@ -277,11 +283,16 @@ def plan(args, codecs) -> list[dict]:
   return out
 
 
-def allowances(settings, rounds: int, budget_s: float) -> float:
-  """Scale so that the estimated total (rounds of every cell, plus a fixed
-  per-setting start-up and compile estimate) fits the budget; returns the
-  per-round time scale (1 = no cut)."""
-  fixed = sum(25 + 6 * len(s["mibs"]) * 1.0 for s in settings)
+def fixed_s(setting: dict, n_links: int) -> float:
+  """Estimated time of a setting outside the timed calls: start-up, calibration
+  (codecs once, the link on every link) and, per size, data + 15 compilations."""
+  return 10 + 8 + 5 * n_links + 15 * len(setting["mibs"])
+
+
+def allowances(settings, rounds: int, budget_s: float, n_links: int) -> float:
+  """Scale so that the estimated total (rounds of every cell, plus `fixed_s`)
+  fits the budget; returns the per-round time scale (1 = no cut)."""
+  fixed = sum(fixed_s(s, n_links) for s in settings)
   work = sum(sum(s["round_s"].values()) * rounds for s in settings)
   return min(1.0, max(budget_s - fixed, 1.0) / max(work, 1e-9))
 
@@ -639,17 +650,18 @@ def run_setting(args, net: Net, setting: dict, codecs, scale: float, bar: _Bar, 
 
 
 def launch(args) -> int:
-  import zipccl_jax as zc
-  codecs = [None, "raw", "zipccl"] + (["entropy"] if "entropy" in getattr(zc, "CODECS", ())
-                                      else [])
+  from zipccl_jax import costmodel as cm
+  codecs = [None, "raw"] + list(cm.available_codecs())   # "entropy" once it is registered
   if args.codecs:
     codecs = [None if c == "None" else c for c in args.codecs.split(",")]
   settings = plan(args, codecs)
-  scale = allowances(settings, args.rounds, args.budget)
+  scale = allowances(settings, args.rounds, args.budget, len(args.links))
   est = sum(sum(s["round_s"].values()) * args.rounds for s in settings)
+  fixed = sum(fixed_s(s, len(args.links)) for s in settings)
   _log(f"netns_bench: {len(settings)} settings, links {list(args.links)}, codecs "
        f"{[str(c) for c in codecs]}, data {list(args.data)}, {args.rounds} rounds; estimated "
-       f"transfer time {est:.0f}s, budget {args.budget:.0f}s (round scale {scale:.2f})")
+       f"transfer time {est:.0f}s + {fixed:.0f}s set-up, budget {args.budget:.0f}s (round scale "
+       f"{scale:.2f})")
   if args.dry_run:
     for s in settings:
       _log(f"  P={s['procs']}: MiB {s['mibs']}: "
@@ -670,7 +682,8 @@ def launch(args) -> int:
   cache = Path(tempfile.mkdtemp(prefix="netns_bench_data_"))
   # Each setting may run until its share of the budget (by estimate) is used up,
   # counted from the start: time left over by one setting goes to the next.
-  weights = [sum(s["round_s"].values()) * args.rounds + 25 + 6 * len(s["mibs"]) for s in settings]
+  weights = [sum(s["round_s"].values()) * args.rounds + fixed_s(s, len(args.links))
+             for s in settings]
   t_wall = time.time()
   try:
     for i, s in enumerate(settings):
