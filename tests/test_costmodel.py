@@ -89,8 +89,10 @@ def test_defaults_do_not_compress():
         for n in (2, 8, 64):
           for m in (2**10, 2**16, 2**20, 2**26):
             assert cm.decide(coll, dt, m, n, cal) == (False, None), (plat, coll, dt, n, m)
-  # resolve_calibration falls back to them when nothing else is set.
+  # resolve_calibration falls back to them when nothing else is set (and "auto"
+  # then keeps its static rule: active_calibration is None).
   assert cm.resolve_calibration(None).source == "defaults"
+  assert cm.active_calibration() is None
 
 
 def test_picks_the_faster_codec_and_ties_identically():
@@ -143,7 +145,7 @@ def test_calibration_file_round_trip_and_lookup_order(tmp_path, monkeypatch):
   # The env var names the file resolve_calibration reads...
   monkeypatch.setenv(cm.ENV_VAR, str(p))
   assert cm.default_path() == p
-  assert cm.resolve_calibration(None) == cal
+  assert cm.resolve_calibration(None) == cal == cm.active_calibration()
   # ...a path argument is read directly, and set_calibration wins over the file.
   assert cm.resolve_calibration(str(p)) == cal
   other = _cal(link_gbit=7)

@@ -17,6 +17,7 @@ from zipccl_jax._src.costmodel import (
     CodecFit,
     LinkFit,
     ProjectionRow,
+    active_calibration,
     agree_across_processes,
     available_codecs,
     calibrate,
@@ -40,7 +41,8 @@ from zipccl_jax._src.costmodel import (
 
 __all__ = [
     "ALGORITHMS", "COLLECTIVES", "DEFAULT_MARGIN", "DTYPES", "ENV_VAR", "SCHEMA_VERSION",
-    "Calibration", "CodecFit", "LinkFit", "ProjectionRow", "agree_across_processes",
+    "Calibration", "CodecFit", "LinkFit", "ProjectionRow", "active_calibration",
+    "agree_across_processes",
     "available_codecs", "calibrate", "check_agreement", "compressed_row_bytes", "decide",
     "default_calibration", "default_path", "fit_alpha_beta", "format_projection",
     "load_calibration", "model_time", "project", "projected_calibration",

@@ -206,8 +206,9 @@ _OPTIONS_DOC = """
       default: escape_capacity. Gradients often escape more than weights (heavier
       tails, mixed scales in flat FSDP buffers), so they may need more room.
     policy: "always" compress; "never" (same as codec="raw"); "auto" compress
-      when the calibrated cost model says it is faster (`zipccl_jax.calibrate`;
-      without a calibration, conservative defaults that do not compress).
+      when a row holds at least AUTO_MIN_ROW_BYTES (64 KiB) raw and encodes
+      smaller; with a calibration (`zipccl_jax.calibrate`), when the cost model
+      says compressing is faster.
     stats: also return a `CollectiveStats` (per leaf of x) with the fallback
       flag, escape count and bytes moved. Costs nothing extra on the wire except
       the fallback flag of psum_scatter/psum/all_to_all/ppermute growing from 4

@@ -32,12 +32,14 @@ processes (`jax.experimental.multihost_utils.broadcast_one_to_all`) and every
 process writes those same bytes to its cache file. `Calibration.fingerprint`
 identifies the content; `check_agreement` verifies it across processes.
 
-Where the Calibration comes from (`resolve_calibration`): an object passed by the
-user; else the one set with `set_calibration`; else the file named by the
+Where the Calibration comes from (`active_calibration`): the one set with
+`set_calibration` (or activated by `calibrate`); else the file named by the
 ZIPCCL_CALIBRATION environment variable, or ~/.cache/zipccl_jax/calibration.json
-(XDG_CACHE_HOME is honoured); else `default_calibration()`: documented
-conservative numbers (a fast link, a modest codec) under which nothing is
-compressed.
+(XDG_CACHE_HOME is honoured). policy="auto" uses the cost model only when one of
+these exists, and otherwise keeps its static rule (options.auto_compress).
+`decide`, `model_time` and `project` also take an explicit Calibration or path,
+and without any fall back to `default_calibration()`: documented conservative
+numbers (a fast link, a modest codec) under which nothing is compressed.
 """
 from __future__ import annotations
 
@@ -335,6 +337,15 @@ def load_calibration(path: str | os.PathLike | None = None) -> Calibration | Non
   return cal
 
 
+def active_calibration() -> Calibration | None:
+  """The calibration in force without an argument: the one set with
+  `set_calibration` (or activated by `calibrate`), else the file `default_path()`
+  ($ZIPCCL_CALIBRATION or the cache directory) when it exists, else None."""
+  if _ACTIVE is not None:
+    return _ACTIVE
+  return load_calibration()
+
+
 def resolve_calibration(calibration: Calibration | str | os.PathLike | None = None
                         ) -> Calibration:
   """The calibration a decision uses: argument, `set_calibration`, file, defaults.
@@ -351,9 +362,7 @@ def resolve_calibration(calibration: Calibration | str | os.PathLike | None = No
   if calibration is not None:
     raise TypeError(f"calibration must be a Calibration, a path or None, "
                     f"got {type(calibration).__name__}")
-  if _ACTIVE is not None:
-    return _ACTIVE
-  cal = load_calibration()
+  cal = active_calibration()
   return cal if cal is not None else default_calibration()
 
 

@@ -26,10 +26,12 @@ def collective_codecs() -> tuple:
   return registry.names() + ("raw", None)
 
 
-# The static rule "auto" used before the cost model, kept for callers of `plan`
-# that do not name their collective and peer count: compress rows of at least this
-# many raw bytes (the static ratio of a bf16 row is 1.33 at 8 KiB, 1.39 at 32 KiB
-# and 1.40 at 64 KiB; small messages are latency-bound anyway).
+# policy="auto" without a calibration: compress a collective when each row (the
+# message for one peer) holds at least this many raw bytes. Below it the fixed
+# per-row overhead (128-byte header, 128-byte aligned sections) eats the gain: the
+# static ratio of a bf16 row is 1.33 at 8 KiB, 1.39 at 32 KiB and 1.40 at 64 KiB
+# (1.11 fp16, 1.16 fp32), and small messages are latency-bound anyway. With a
+# calibration the cost model decides instead (costmodel.py).
 AUTO_MIN_ROW_BYTES = 64 * 1024
 
 
@@ -153,22 +155,22 @@ def auto_compress(*, codec: str, dtype, m: int, nbytes: int, collective: str | N
   """policy="auto": compress rows of m elements of `dtype` (nbytes encoded) or not.
 
   The one place the decision is made. Rows whose encoding is not smaller than
-  raw never are. Otherwise `costmodel.decide` compares the modelled times of
-  the raw and the compressed transport of `collective` over `n_peers` with the
-  calibration `costmodel.resolve_calibration()` finds: the one given to
-  `zipccl_jax.set_calibration` (or activated by `zipccl_jax.calibrate`), else
-  the file $ZIPCCL_CALIBRATION or ~/.cache/zipccl_jax/calibration.json, else
-  conservative defaults (a fast link) under which nothing is compressed. The
-  decision is static and, for the same calibration, identical on every
-  participant. Callers that name no collective get the old static rule (rows of
-  at least AUTO_MIN_ROW_BYTES).
+  raw never are. With a calibration in force (`costmodel.active_calibration`:
+  `zipccl_jax.set_calibration` / `calibrate`, or the file $ZIPCCL_CALIBRATION or
+  ~/.cache/zipccl_jax/calibration.json), `costmodel.decide` compares the modelled
+  times of the raw and the compressed transport of `collective` over `n_peers`.
+  Without one (or for callers that name no collective) the static rule holds:
+  rows of at least AUTO_MIN_ROW_BYTES raw bytes are compressed, so the default
+  is fewer bytes on the wire. Static either way, and identical on every
+  participant that holds the same calibration.
   """
   raw_row = m * np.dtype(dtype).itemsize
   if nbytes >= raw_row:
     return False
-  if collective is None or n_peers is None:
+  cal = costmodel.active_calibration() if collective is not None and n_peers else None
+  if cal is None:
     return raw_row >= AUTO_MIN_ROW_BYTES
-  compress, _ = costmodel.decide(collective, dtype, m, n_peers, None, codecs=(codec,))
+  compress, _ = costmodel.decide(collective, dtype, m, n_peers, cal, codecs=(codec,))
   return compress
 
 
