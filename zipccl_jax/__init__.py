@@ -23,6 +23,8 @@ from zipccl_jax._src.codec import (
     encode,
     encode_rows,
     encoded_nbytes,
+    max_nbytes,
+    min_nbytes,
     workspace_nbytes,
 )
 from zipccl_jax._src.collectives import (
@@ -75,6 +77,8 @@ __all__ = [
     "encoded_nbytes",
     "has_cuda_support",
     "hlo_wire_bytes",
+    "max_nbytes",
+    "min_nbytes",
     "native",
     "project",
     "set_calibration",
