@@ -649,9 +649,29 @@ def run_setting(args, net: Net, setting: dict, codecs, scale: float, bar: _Bar, 
   return results, failure
 
 
-def launch(args) -> int:
+def collective_codecs() -> list:
+  """Registered codecs the collectives accept (probed by tracing one on 1 device)."""
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  import zipccl_jax as zc
   from zipccl_jax import costmodel as cm
-  codecs = [None, "raw"] + list(cm.available_codecs())   # "entropy" once it is registered
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("p",))
+  ok = []
+  for c in cm.available_codecs():
+    f = jax.shard_map(lambda v, c=c: zc.compressed_all_gather(v, "p", codec=c, policy="always"),
+                      mesh=mesh, in_specs=P("p"), out_specs=P("p"))
+    try:
+      jax.eval_shape(f, jax.ShapeDtypeStruct((4096,), jax.numpy.bfloat16))
+      ok.append(c)
+    except NotImplementedError as e:
+      _log(f"netns_bench: codec {c!r} skipped: {e}")
+  return ok
+
+
+def launch(args) -> int:
+  codecs = [None, "raw"] + collective_codecs()   # "entropy" once the transport moves it
   if args.codecs:
     codecs = [None if c == "None" else c for c in args.codecs.split(",")]
   settings = plan(args, codecs)
