@@ -58,6 +58,8 @@ def run_grid(args) -> list:
       cmd = [sys.executable, str(ROOT / "examples" / EXAMPLES[ex]), "--json", str(out),
              "--log-every", "0", "--warmup-steps", str(args.warmup)]
       cmd += ["--quick"] if args.quick else []
+      if args.calibrate and ex != "fsdp":
+        cmd += ["--calibrate"]
       if args.codecs:
         cmd += ["--codecs", args.codecs.replace("auto", "") if ex == "fsdp" else args.codecs]
       steps = args.steps or (None if args.quick else DEFAULT_STEPS[ex])
@@ -149,7 +151,8 @@ def report(rows, args, stem: str) -> str:
   lines += [f"Reproduce: `sudo .venv/bin/python benchmarks/netns_train.py --rate {args.rate} "
             f"--procs {','.join(map(str, args.procs))}"
             f"{' --quick' if args.quick else ''}{' --pin' if args.pin else ''}"
-            f"{' --codecs ' + args.codecs if args.codecs else ''}`"
+            f"{' --codecs ' + args.codecs if args.codecs else ''}"
+            f"{' --calibrate' if args.calibrate else ''}`"
             f" (whole grid: {sum(r['wall_s'] for r in rows):.0f} s)", ""]
   return "\n".join(lines)
 
@@ -200,6 +203,8 @@ def main(argv=None) -> int:
   ap.add_argument("--warmup", type=int, default=3, help="warm-up steps left out (default 3)")
   ap.add_argument("--quick", action="store_true", help="the examples' tiny configs (a smoke)")
   ap.add_argument("--pin", action="store_true", help="taskset each process to its own core")
+  ap.add_argument("--calibrate", action="store_true",
+                  help="train_dp/train_moe calibrate on the shaped link first (for 'auto')")
   ap.add_argument("--codecs", help="variants, e.g. zipccl,raw,lax,auto (default: the "
                   "examples' zipccl,raw,lax; train_fsdp.py has no auto)")
   ap.add_argument("--deadline", type=float, default=300, help="seconds per launch (default 300)")

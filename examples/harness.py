@@ -63,6 +63,23 @@ def add_common_args(ap, *, devices: int) -> None:
   ap.add_argument("--log-every", type=int, default=10, metavar="K",
                   help="print the losses every K steps (0: only the last)")
   ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+  ap.add_argument("--calibrate", action="store_true",
+                  help="first run zipccl_jax.calibrate on this mesh axis (bfloat16; not saved, "
+                       "active for this run), so the 'auto' variant decides with numbers "
+                       "measured on this link")
+
+
+def maybe_calibrate(args, mesh, axis: str) -> None:
+  """`--calibrate`: zipccl_jax.calibrate(mesh, axis) before any step is traced.
+
+  policy="auto" decides when a step is traced, so the calibration must be active
+  before the variants are compiled; every process calls this (it runs collectives).
+  """
+  if not getattr(args, "calibrate", False):
+    return
+  t0 = time.perf_counter()
+  cal = zipccl_jax.calibrate(mesh, axis, dtypes=("bfloat16",), save=False, activate=True)
+  say(f"calibrated on axis {axis!r} in {time.perf_counter() - t0:.1f} s:\n{cal.summary()}")
 
 
 def varying(tree, axis: str):

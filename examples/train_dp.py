@@ -133,6 +133,7 @@ def main(argv=None) -> int:
               f"{n} devices in {jax.process_count()} process(es), {cfg.batch_per_device} x "
               f"{cfg.seq_len} tokens per device and step")
 
+  harness.maybe_calibrate(args, mesh, AXIS)
   variants = []
   for label in args.codecs:
     state = harness.put((params, opt_state), mesh, P())

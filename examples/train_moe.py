@@ -268,6 +268,7 @@ def main(argv=None) -> int:
       f"{cfg.experts_per_device}, {c}, {cfg.d_model}] per device "
       f"({2 * n * cfg.experts_per_device * c * cfg.d_model / 2**10:.0f} KiB)")
 
+  harness.maybe_calibrate(args, mesh, AXIS)
   variants = []
   for label in args.codecs:
     state = harness.put(host_state, mesh, state_specs(host_state))
