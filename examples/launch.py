@@ -248,7 +248,7 @@ def launch(cmd: list, nproc: int, *, local_devices: int = 1, netns: str | None =
                              daemon=True)
         t.start()
         threads.append(t)
-      failure = _wait(procs, logs, start + deadline_s, deadline_s)
+      failure = _wait(procs, start + deadline_s)
     finally:
       for p in procs:
         if p.poll() is None:
@@ -260,8 +260,15 @@ def launch(cmd: list, nproc: int, *, local_devices: int = 1, netns: str | None =
           pass
       for t in threads:
         t.join(timeout=10)
-  if failure:
-    raise LaunchError(failure[0] + f"\n(all worker logs: {logdir})", failure[1])
+  if failure:   # built once the output threads are done: the logs are complete
+    i, code = failure
+    if code is None:
+      running = [j for j, p in enumerate(procs) if p.returncode is None or p.returncode < 0]
+      raise LaunchError(f"deadline of {deadline_s:g} s passed; workers {running} still "
+                        f"running. Output of worker {i}:\n{_tail(logs[i])}"
+                        f"\n(all worker logs: {logdir})", 124)
+    raise LaunchError(f"worker {i} of {nproc} exited with code {code}; its output:\n"
+                      f"{_tail(logs[i])}\n(all worker logs: {logdir})", code if code > 0 else 1)
   return Result(logs, [p.read_text(errors="replace") for p in logs], time.monotonic() - start)
 
 
@@ -273,23 +280,18 @@ class _Nothing:
     return False
 
 
-def _wait(procs, logs, deadline: float, deadline_s: float):
-  """Polls the workers; (message, exit code) on the first failure, None when all exit 0."""
-  nproc = len(procs)
+def _wait(procs, deadline: float):
+  """Polls the workers until all exit 0 (None), one fails ((index, exit code)) or the
+  deadline passes ((index of the first one still running, None))."""
   while True:
     codes = [p.poll() for p in procs]
     dead = [i for i, c in enumerate(codes) if c not in (None, 0)]
     if dead:
-      i = dead[0]
-      time.sleep(0.5)   # let its output reach the log
-      return (f"worker {i} of {nproc} exited with code {codes[i]}; its output:\n"
-              f"{_tail(logs[i])}", codes[i] if codes[i] > 0 else 1)
+      return dead[0], codes[dead[0]]
     if all(c == 0 for c in codes):
       return None
     if time.monotonic() > deadline:
-      running = [i for i, c in enumerate(codes) if c is None]
-      return (f"deadline of {deadline_s:g} s passed; workers {running} still running. "
-              f"Output of worker {running[0]}:\n{_tail(logs[running[0]])}", 124)
+      return next(i for i, c in enumerate(codes) if c is None), None
     time.sleep(0.1)
 
 
