@@ -312,13 +312,12 @@ def main(argv=None) -> int:
                   help="kill everything and fail after S seconds (default 900)")
   ap.add_argument("--logdir", help="directory for worker<i>.log (default: a temporary one)")
   ap.add_argument("--quiet", action="store_true", help="do not echo worker 0's output")
-  ap.add_argument("script", help="a Python script (or `-m module`)")
+  ap.add_argument("script", help="the Python script every worker runs")
   ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
   a = ap.parse_args(argv)
   if a.nproc < 1 or a.local_devices < 1:
     ap.error("-n and --local-devices must be >= 1")
-  cmd = [sys.executable] + (["-m"] + a.args[:1] + a.args[1:] if a.script == "-m"
-                            else [a.script] + a.args)
+  cmd = [sys.executable, a.script] + a.args
   # A SIGTERM must still remove the namespace and the workers (the finally blocks).
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
   try:
