@@ -278,6 +278,26 @@ def test_api_errors_name_the_argument():
     zc.decode(np.zeros(4))
 
 
+@pytest.mark.parametrize("cap", [2**31, 2**33, 2**63 - 1, 10**12, 2**64 + 5, 1025])
+def test_escape_capacity_above_what_a_row_can_need_is_rejected(cap):
+  """A row of n elements has at most n escapes: larger capacities only allocate
+  (2^31 slots = 2 GiB) or overflow the size arithmetic. Clear error naming the argument."""
+  x = jnp.zeros(1000, jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"encode: escape_capacity=\d+ is larger than any row"):
+    zc.encode(x, escape_capacity=cap)
+  with pytest.raises(ValueError, match="escape_capacity"):
+    zc.encode(x, escape_capacity=np.uint64(min(cap, 2**64 - 1)))
+
+
+def test_escape_capacity_up_to_the_aligned_row_is_accepted():
+  x = make("gauss", 1000, BF16, seed=3)
+  check_against_reference(x, 1024)  # align128(1000): the section costs the same as 1000
+  assert zc.encoded_nbytes(BF16, 1000, 1024) == zc.encoded_nbytes(BF16, 1000, 1000)
+  assert int(zc.encode(jnp.zeros(0, jnp.bfloat16), escape_capacity=128).status) == 0
+  with pytest.raises(ValueError, match="at most 128 slots"):
+    zc.encode(jnp.zeros(0, jnp.bfloat16), escape_capacity=129)
+
+
 def test_raw_codec_is_identity_bytes():
   x = make("gauss", 1001, BF16)
   enc = zc.encode(jnp.asarray(x), codec="raw")

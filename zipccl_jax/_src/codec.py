@@ -64,6 +64,40 @@ def _check_count(value, name: str) -> int:
   return int(value)
 
 
+# A row holds fewer than 2^31 elements (int32 shapes and counts in the FFI handlers),
+# and an escape slot holds one element's exponent: no row can use more slots than this.
+MAX_ESCAPE_CAPACITY = 2**31 - 1
+
+
+def row_capacity_limit(n: int) -> int:
+  """The most escape slots worth reserving for n elements: align128(n), at least one
+  128-slot section (the section is 128-byte aligned anyway), below 2^31."""
+  return min(max(_align(n), _ALIGN), MAX_ESCAPE_CAPACITY)
+
+def check_escape_capacity(value, name: str = "escape_capacity", n: int | None = None) -> int:
+  """THE validation of a user's escape capacity (encode and the collectives).
+
+  A static non-negative int that a row can use: a row of n elements has at most n
+  escapes, so with n given the bound is `row_capacity_limit(n)` = align128(n) (the
+  section is 128-byte aligned, so it costs no more than n; at least 128); without
+  n, the bound is MAX_ESCAPE_CAPACITY (no row has 2^31 elements). Larger values
+  would only allocate memory (2^31 slots = 2 GiB per row) or overflow the size
+  arithmetic. `encoded_nbytes` itself stays the pure size function of the format
+  (any 64-bit capacity, as its C++ mirror).
+
+  Raises:
+    TypeError: a traced value.
+    ValueError: not a non-negative int, or above the bound; the message names `name`.
+  """
+  cap = _check_count(value, name)
+  limit = MAX_ESCAPE_CAPACITY if n is None else row_capacity_limit(n)
+  if cap > limit:
+    what = (f"a row of {n} elements has at most {n} escapes, so at most {limit} slots"
+            if n is not None else f"no row has 2^31 elements, so at most {limit} slots")
+    raise ValueError(f"{name}={cap} is larger than any row can need ({what})")
+  return cap
+
+
 def encoded_nbytes(dtype, n: int, escape_capacity: int | None = None) -> int:
   """Bytes of one encoded row: a pure function of (dtype, n, escape_capacity).
 
@@ -141,7 +175,7 @@ def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
   """A result type that keeps shard_map's varying-ness of `like`.
 
   Plain ShapeDtypeStructs inside shard_map are typed replicated, and then a wrong
-  out_specs=P() is silently accepted (../shared/jax-notes.md, trap 1).
+  out_specs=P() is silently accepted (docs/jax-notes.md, trap 1).
   """
   aval = jax.typeof(like)
   mat = getattr(aval, "mat", None)
@@ -244,8 +278,8 @@ def encode(x, *, codec: str = "zipccl", escape_capacity: int | None = None) -> E
   n = x.size
   if n >= 2**31:
     raise ValueError(f"encode: x must have fewer than 2^31 elements, got {n}")
-  cap = default_escape_capacity(n) if escape_capacity is None else _check_count(
-      escape_capacity, "encode: escape_capacity")
+  cap = default_escape_capacity(n) if escape_capacity is None else check_escape_capacity(
+      escape_capacity, "encode: escape_capacity", n)
   if codec == "raw":
     payload = jax.lax.bitcast_convert_type(x.reshape(n), jnp.uint8).reshape(-1)
     zero = jnp.zeros((), jnp.int32)
