@@ -44,29 +44,29 @@ def assert_bytes_equal(got, want, what=""):
                          f"got {g[bad[0]]:#04x}, want {w[bad[0]]:#04x}")
 
 
-def five(ag, rs, ps, a2a, pp):
-  """One shard_map body running the five collectives (one compile per variant).
-
-  The body takes the names of the collectives to run (a static tuple) after x.
-  """
-  calls = {"all_gather": lambda v: ag(v, "x", axis=1, tiled=True),
-           "psum_scatter": lambda v: rs(v, "x", scatter_dimension=1, tiled=True),
-           "psum": lambda v: ps(v, "x"),
-           "all_to_all": lambda v: a2a(v, "x", 1, 0, tiled=True),
-           "ppermute": lambda v: pp(v, "x", RING)}
-  return lambda names: lambda v: tuple(calls[k](v) for k in names)
+def calls(ag, rs, ps, a2a, pp):
+  """The five collectives with lax's signatures, as name -> f(v) (one compile per body)."""
+  return {"all_gather": lambda v: ag(v, "x", axis=1, tiled=True),
+          "psum_scatter": lambda v: rs(v, "x", scatter_dimension=1, tiled=True),
+          "psum": lambda v: ps(v, "x"),
+          "all_to_all": lambda v: a2a(v, "x", 1, 0, tiled=True),
+          "ppermute": lambda v: pp(v, "x", RING)}
 
 
-LAX = five(lax.all_gather, lax.psum_scatter, lax.psum, lax.all_to_all, lax.ppermute)
-NAMES = ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute")
+def body(fns, names):
+  return lambda v: tuple(fns[k](v) for k in names)
 
 
-def zc_five(**opts):
-  return five(lambda v, a, **k: zc.compressed_all_gather(v, a, **k, **opts),
-              lambda v, a, **k: zc.compressed_psum_scatter(v, a, **k, **opts),
-              lambda v, a: zc.compressed_psum(v, a, **opts),
-              lambda v, a, s, c, **k: zc.compressed_all_to_all(v, a, s, c, **k, **opts),
-              lambda v, a, p: zc.compressed_ppermute(v, a, p, **opts))
+LAX = calls(lax.all_gather, lax.psum_scatter, lax.psum, lax.all_to_all, lax.ppermute)
+NAMES = tuple(LAX)
+
+
+def zc_calls(**opts):
+  return calls(lambda v, a, **k: zc.compressed_all_gather(v, a, **k, **opts),
+               lambda v, a, **k: zc.compressed_psum_scatter(v, a, **k, **opts),
+               lambda v, a: zc.compressed_psum(v, a, **opts),
+               lambda v, a, s, c, **k: zc.compressed_all_to_all(v, a, s, c, **k, **opts),
+               lambda v, a, p: zc.compressed_ppermute(v, a, p, **opts))
 
 
 # ---- dtypes no codec takes: the plain lax collective ----------------------------------------
@@ -90,12 +90,12 @@ def test_other_dtypes_take_the_lax_collective(mesh8, dtype):
   names = NAMES
   if dtype == np.bool_:  # lax.psum_scatter refuses bool ("add does not accept dtype bool"): so do we
     names = tuple(k for k in NAMES if k != "psum_scatter")
-    for body in (LAX, zc_five(**ALWAYS)):
+    for fns in (LAX, zc_calls(**ALWAYS)):
       with pytest.raises(TypeError, match="bool"):
-        smap(mesh8, body(("psum_scatter",)), out_specs=(P("x"),))(x)
+        smap(mesh8, body(fns, ("psum_scatter",)), out_specs=(P("x"),))(x)
   specs = tuple(P() if k == "psum" else P("x") for k in names)
-  want = smap(mesh8, LAX(names), out_specs=specs)(x)
-  got = smap(mesh8, zc_five(**ALWAYS)(names), out_specs=specs)(x)
+  want = smap(mesh8, body(LAX, names), out_specs=specs)(x)
+  got = smap(mesh8, body(zc_calls(**ALWAYS), names), out_specs=specs)(x)
   for name, g, w in zip(names, got, want):
     assert_bytes_equal(g, w, f"{name} {dtype.name}")
 
@@ -143,25 +143,14 @@ def test_python_scalar_outside_jit_is_lax_too(mesh8):
 
 # ---- forward-mode autodiff ------------------------------------------------------------------
 
-def _tangent_cases(**opts):
-  return {
-      "all_gather": lambda u: zc.compressed_all_gather(u, "x", tiled=True, **opts),
-      "psum_scatter": lambda u: zc.compressed_psum_scatter(u, "x", scatter_dimension=1,
-                                                            tiled=True, **opts),
-      "psum": lambda u: zc.compressed_psum(u, "x", **opts),
-      "all_to_all": lambda u: zc.compressed_all_to_all(u, "x", 1, 0, tiled=True, **opts),
-      "ppermute": lambda u: zc.compressed_ppermute(u, "x", RING, **opts),
-  }
-
-
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=lambda d: d.name)
 def test_jvp_is_the_collective_of_the_tangent(mesh8, dtype):
   """jax.jvp: the primal and the tangent are the compressed collective of x and of t."""
   x = jnp.asarray(gaussian((N * 4, 512), dtype, seed=3))
   t = jnp.asarray(gaussian((N * 4, 512), dtype, seed=4, scale=1e-3))
-  fns = _tangent_cases(**ALWAYS)
+  fns = zc_calls(**ALWAYS)
 
-  def body(v, w):
+  def jvps(v, w):
     out = {}
     for name, f in fns.items():
       y, ty = jax.jvp(f, (v,), (w,))
@@ -169,7 +158,7 @@ def test_jvp_is_the_collective_of_the_tangent(mesh8, dtype):
     return out
 
   specs = {k: (P() if k == "psum" else P("x"),) * 4 for k in fns}
-  got = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=(P("x"), P("x")),
+  got = jax.jit(jax.shard_map(jvps, mesh=mesh8, in_specs=(P("x"), P("x")),
                               out_specs=specs))(x, t)
   for name, (y, ty, fy, ft) in got.items():
     assert_bits_equal(y, fy, f"{name} primal")
@@ -204,12 +193,12 @@ def test_reverse_mode_still_compressed_and_hvp(mesh8):
     return lambda u: jnp.sum(jnp.sin(zc.compressed_all_gather(u, "x", tiled=True, codec=codec,
                                                               **ALWAYS)))
 
-  def body(v, w):
+  def grads(v, w):
     return (jax.grad(loss("zipccl"))(v), jax.grad(loss("raw"))(v),
             jax.jvp(jax.grad(loss("zipccl")), (v,), (w,))[1],
             jax.jvp(jax.grad(loss("raw")), (v,), (w,))[1])
 
-  f = jax.jit(jax.shard_map(body, mesh=mesh8, in_specs=(P("x"), P("x")),
+  f = jax.jit(jax.shard_map(grads, mesh=mesh8, in_specs=(P("x"), P("x")),
                             out_specs=(P("x"),) * 4))
   g, g_raw, hvp, hvp_raw = f(x, t)
   assert_bits_equal(g, g_raw, "grad")
@@ -235,22 +224,16 @@ def test_nan_payloads_are_kept(mesh8):
   """
   words = np.array([0x7fc1, 0x7f81, 0xffc3, 0x7fff, 0xffa5, 0x7fc0, 0x3f80, 0x8000], np.uint16)
   x = jnp.asarray(np.resize(words, (N * 2, 64)).view(BF16))
-  ops = {
-      "all_gather": lambda v, **k: (zc.compressed_all_gather(v, "x", tiled=True, **k) if k
-                                    else lax.all_gather(v, "x", tiled=True)),
-      "all_to_all": lambda v, **k: (zc.compressed_all_to_all(v, "x", 1, 0, tiled=True, **k) if k
-                                    else lax.all_to_all(v, "x", 1, 0, tiled=True)),
-      "ppermute": lambda v, **k: (zc.compressed_ppermute(v, "x", RING, **k) if k
-                                  else lax.ppermute(v, "x", RING)),
-  }
+  ops = ("all_gather", "all_to_all", "ppermute")
+  zipccl = zc_calls(**ALWAYS)
 
-  def body(v):
+  def run(v):
     u = lax.bitcast_convert_type(v, jnp.uint16)
-    return {k: (f(v, **ALWAYS), f(u), f(v)) for k, f in ops.items()}
+    return {k: (zipccl[k](v), LAX[k](u), LAX[k](v)) for k in ops}
 
-  got = smap(mesh8, body, out_specs={k: (P("x"),) * 3 for k in ops})(x)
-  for name, (zipccl, bits, plain) in got.items():
-    assert_bits_equal(zipccl, np.asarray(bits).view(BF16), f"{name}: payloads kept")
+  got = smap(mesh8, run, out_specs={k: (P("x"),) * 3 for k in ops})(x)
+  for name, (kept, bits, plain) in got.items():
+    assert_bits_equal(kept, np.asarray(bits).view(BF16), f"{name}: payloads kept")
     lax_nans = {w for w in np.asarray(plain).view(np.uint16).reshape(-1).tolist()
                 if w & 0x7f80 == 0x7f80 and w & 0x7f}
     if jax.default_backend() == "cpu":   # documents lax's behaviour on XLA:CPU
