@@ -207,7 +207,7 @@ ZC_HD void store_row_stats(int32_t* st, uint8_t status, uint64_t escapes, uint64
 //   N = count of those, Z = count of elements with e == 0 (zeros, subnormals).
 // The mean biased exponent S/N estimates log2(sigma) - 1.42 for a Gaussian
 // block, and the coverage-optimal 7-exponent window starts at
-// log2(sigma) - 5.35 (paper-notes.md), so base = round(S/N - 3.75) =
+// log2(sigma) - 5.35 (docs/jax-notes.md, "The method"), so base = round(S/N - 3.75) =
 // floor((4S - 13N) / 4N). Unlike the paper's RMS, the mean exponent is not
 // dragged by a single huge outlier (one 1e30 in a block of N(0,1) moves RMS by
 // 2^94 but S/N by 0.06); benchmarks/results/window_calibration.md has the

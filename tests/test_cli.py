@@ -98,6 +98,47 @@ def test_subsample_is_blockwise_and_bounded():
   assert tio.subsample(a, 1000).size == 1000
 
 
+@pytest.mark.parametrize("n, budget", [(200_000, 1000), (200_000, 50_000), (10_000, 4095),
+                                       (1_000_000, 100_000), (5000, 17)])
+def test_subsample_spreads_over_the_whole_tensor(n, budget):
+  """Every budget below the size samples all of the tensor, not its first N elements:
+  at least 16 evenly spaced runs (fewer only when the budget has fewer elements)."""
+  idx = tio.subsample(np.arange(n, dtype=np.int64), budget)
+  assert 0 < idx.size <= budget and idx.size >= budget * 0.9
+  assert len(np.unique(idx)) == idx.size            # no element twice
+  runs = np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1)
+  assert len(runs) >= min(16, budget)
+  assert idx[0] == 0 and idx[-1] >= n - n // 16     # first and last sixteenth both sampled
+  gaps = np.diff([r[0] for r in runs])
+  assert gaps.max() - gaps.min() <= 2048 + 1        # evenly spaced (block-aligned starts)
+
+
+@pytest.mark.parametrize("budget", [1000, 4000, 50_000])
+def test_max_elements_reports_the_whole_tensor_ratio(tmp_path, capsys, budget):
+  """A sample's ratio is the estimate for the whole tensor: the fixed per-row overhead
+  is counted once for all of it (a 1000-element sample alone would report ~0.95x
+  for fp32 data that gets ~1.17x), escapes scaled from the sample's rate."""
+  p = tmp_path / "big.npy"
+  np.save(p, _gauss(200_000, np.float32, 9))
+  assert cli.main(["analyze", str(p), "--json"]) == 0
+  (whole,) = json.loads(capsys.readouterr().out)["files"][0]["tensors"]
+  assert cli.main(["analyze", str(p), "--max-elements", str(budget), "--json"]) == 0
+  doc = json.loads(capsys.readouterr().out)
+  (r,) = doc["files"][0]["tensors"]
+  assert r["elements"] == 200_000 and 0 < r["analyzed_elements"] <= budget
+  assert r["estimated"] and not whole["estimated"] and doc["total"]["estimated"]
+  assert r["raw_nbytes"] == whole["raw_nbytes"] == 800_000
+  assert r["static_ratio"] == whole["static_ratio"]     # depends on the size only
+  assert abs(r["ratio"] / whole["ratio"] - 1) < 0.01, (r["ratio"], whole["ratio"])
+  rate, m = whole["escape_rate"], r["analyzed_elements"]
+  tol = 3 * (rate * (1 - rate) / m) ** 0.5 * 200_000   # 3 sigma of the sample's binomial noise
+  assert abs(r["escape_count"] - whole["escape_count"]) <= tol, (r["escape_count"], tol)
+  assert doc["total"]["elements"] == 200_000 and doc["total"]["ratio"] == r["ratio"]
+  assert cli.main(["analyze", str(p), "--max-elements", str(budget), "--no-progress"]) == 0
+  out = capsys.readouterr().out
+  assert f"(sampled {r['analyzed_elements']:,})" in out and "estimates for the WHOLE" in out
+
+
 def test_main_table(files, capsys):
   npy, npz, st = files
   rc = cli.main(["analyze", str(npy), str(npz), str(st), "--no-progress"])
@@ -155,12 +196,25 @@ def test_progress_bar_for_many_tensors(tmp_path, capsys):
     (lambda d: (d / "x.bin").write_bytes(b"1234") and d / "x.bin", "unknown file kind"),
     (lambda d: (d / "bad.safetensors").write_bytes(b"\xff" * 16) and d / "bad.safetensors",
      "not a safetensors file"),
-    (lambda d: (d / "bad.npy").write_bytes(b"not numpy") and d / "bad.npy", "not a readable"),
+    (lambda d: (d / "bad.npy").write_bytes(b"not numpy") and d / "bad.npy", "not a .npy file"),
+    (lambda d: (d / "bad.npz").write_bytes(b"not numpy") and d / "bad.npz", "not an .npz file"),
+    (lambda d: (d / "hdr.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{garbage header}\n")
+     and d / "hdr.npy", "malformed .npy header"),
+    (lambda d: np.save(d / "obj.npy", np.array([1, "a", None], object), allow_pickle=True)
+     or d / "obj.npy", "holds Python objects (dtype object)"),
+    (lambda d: np.savez(d / "obj.npz", a=np.array([1, None], object)) or d / "obj.npz",
+     "member 'a' is not readable (it holds Python objects"),
+    (lambda d: np.save(d / "t.npy", np.zeros(1000, np.float32)) or (d / "t.npy").write_bytes(
+        (d / "t.npy").read_bytes()[:-100]) and d / "t.npy",
+     "truncated .npy file: its header describes float32 [1000] (4000 bytes of data), the file "
+     "holds 3900"),
 ])
 def test_bad_files(tmp_path, capsys, make, msg):
   path = make(tmp_path)
   assert cli.main(["analyze", str(path)]) == 2
-  assert msg in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert msg in err
+  assert "allow_pickle" not in err and "pickle.load" not in err   # never numpy's advice
 
 
 def test_bad_safetensors_offsets(tmp_path, capsys):

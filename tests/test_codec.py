@@ -502,6 +502,18 @@ def test_escape_capacity_is_deprecated_and_ignored():
     assert_bits_equal(zc.decode_rows(payload, 3000, BF16, 7)[0][0], x)
 
 
+@pytest.mark.parametrize("cap", [2**31, 2**33, 2**63 - 1, 10**12, 2**64 + 5])
+def test_absurd_escape_capacity_allocates_nothing(cap):
+  """Issue 9 item 4: 2^31 on a 1000-element array allocated 2 GiB, 2^33 ran out of
+  memory, 2^63-1 and 10^12 failed with unrelated errors. The deprecated argument is
+  now ignored (a warning): the payload is max_nbytes whatever the value."""
+  x = jnp.asarray(make("gauss", 1000, BF16, seed=3))
+  with pytest.warns(DeprecationWarning, match="sized automatically"):
+    enc = zc.encode(x, escape_capacity=cap)
+  assert enc.payload.shape == (zc.max_nbytes(BF16, 1000),)
+  assert_bits_equal(zc.decode(enc), x)
+
+
 def test_raw_codec_is_identity_bytes():
   x = make("gauss", 1001, BF16)
   enc = zc.encode(jnp.asarray(x), codec="raw")

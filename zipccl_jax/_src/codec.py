@@ -85,6 +85,37 @@ def _check_n(n, where: str) -> int:
   return n
 
 
+# A row holds fewer than 2^31 elements (int32 shapes and counts in the FFI handlers),
+# and an escape slot holds one element's exponent: no row can use more slots than this.
+MAX_ESCAPE_CAPACITY = 2**31 - 1
+
+
+def row_capacity_limit(n: int) -> int:
+  """The most escape slots worth reserving for n elements: align128(n), at least one
+  128-slot section (the section is 128-byte aligned anyway), below 2^31."""
+  return min(max(_align(n), _ALIGN), MAX_ESCAPE_CAPACITY)
+
+
+def check_escape_capacity(value, name: str = "escape_capacity") -> int:
+  """THE validation of a user's escape capacity (the collectives' options).
+
+  A static int in [0, MAX_ESCAPE_CAPACITY]: no row has 2^31 elements, so no row
+  can use more slots. Larger values only allocated memory (2^31 slots = 2 GiB per
+  row) or overflowed the size arithmetic. Per row, `row_capacity_limit(m)` is all
+  a row of m elements can use (the collectives clamp to it). `encode` ignores the
+  deprecated argument (a warning), so it needs no bound there.
+
+  Raises:
+    TypeError: a traced value.
+    ValueError: not a non-negative int, or above the bound; the message names `name`.
+  """
+  cap = _check_count(value, name)
+  if cap > MAX_ESCAPE_CAPACITY:
+    raise ValueError(f"{name}={cap} is larger than any row can need (no row has 2^31 "
+                     f"elements, so at most {MAX_ESCAPE_CAPACITY} slots)")
+  return cap
+
+
 def min_nbytes(dtype, n: int) -> int:
   """The fixed part of a row (header, block table, raw bytes, planes), in bytes.
 
@@ -204,7 +235,7 @@ def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
   """A result type that keeps shard_map's varying-ness of `like`.
 
   Plain ShapeDtypeStructs inside shard_map are typed replicated, and then a wrong
-  out_specs=P() would be silently accepted.
+  out_specs=P() would be silently accepted (docs/jax-notes.md, trap 1).
   """
   aval = jax.typeof(like)
   mat = getattr(aval, "mat", None)

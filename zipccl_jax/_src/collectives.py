@@ -8,7 +8,11 @@ custom VJPs and the public wrappers; options.py validates and plans, stats.py
 holds `CollectiveStats`, hlo.py measures the wire in compiled HLO.
 
 Exactness (docs/design.md):
-  * all_gather, all_to_all, ppermute return the lax op's bits for every input.
+  * all_gather, all_to_all, ppermute return the input's bits for every input:
+    lax's result, except that lax on XLA:CPU canonicalises bf16 NaN payloads
+    and these keep them.
+  * Leaves that are not bf16/fp16/fp32 (ints, bool, fp8, Python scalars) take
+    the plain lax collective (`_takes_lax`).
   * psum_scatter / psum sum the exactly-transported chunks in rank order
     (0, 1, ..., N-1 of the linearised axis_name) in float32, rounding once to the
     input dtype: deterministic, identical for codec="zipccl" and codec="raw".
@@ -26,9 +30,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from zipccl_jax._src import compat
+from zipccl_jax._src import dtypes
 from zipccl_jax._src import options
 from zipccl_jax._src import stats as stats_lib
 from zipccl_jax._src import transport
@@ -129,9 +135,38 @@ def _pp_impl(x, cfg: _Cfg):
 # ppermute with the inverted permutation, psum as JAX's shard_map rule.
 
 
+def _float0_zeros(a):
+  """The tangent of an integer/bool output (the stats): float0 zeros, as JAX wants."""
+  return np.zeros(np.shape(a), jax.dtypes.float0)
+
+
 def _with_vjp(impl, bwd):
-  f = jax.custom_vjp(impl, nondiff_argnums=(1,))
-  f.defvjp(lambda x, cfg: (impl(x, cfg), None), lambda cfg, _, ct: (bwd(cfg, ct[0]),))
+  """impl(x, cfg) -> (y, stats) made differentiable in both modes.
+
+  Reverse mode (jax.grad, jax.vjp): a custom_vjp whose backward pass `bwd` is the
+  transposed *compressed* collective. Forward mode (jax.jvp, jax.jacfwd): JAX
+  cannot run a custom_vjp forward, so a custom_jvp wraps it. Each collective is
+  linear in x, so its tangent is the same collective applied to the tangent. In
+  reverse mode JAX linearizes that custom_jvp rule and transposes the tangent
+  map, which a custom_vjp call cannot be; there the rule differentiates the
+  custom_vjp instead, which JAX records as a linear op with our `bwd` as its
+  transpose. `compat.is_linearizing` tells the two modes apart. The custom_vjp's
+  forward calls the custom_jvp function, so a jvp of a grad (Hessian-vector
+  products) is forward mode through `bwd`'s collectives: it works too.
+  """
+  vjp_fn = jax.custom_vjp(impl, nondiff_argnums=(1,))
+  f = jax.custom_jvp(vjp_fn, nondiff_argnums=(1,))
+  vjp_fn.defvjp(lambda x, cfg: (f(x, cfg), None), lambda cfg, _, ct: (bwd(cfg, ct[0]),))
+
+  @f.defjvp
+  def _jvp(cfg, primals, tangents):
+    (x,), (t,) = primals, tangents
+    if compat.is_linearizing(t):
+      return jax.jvp(lambda u: vjp_fn(u, cfg), (x,), (t,))
+    y, st = vjp_fn(x, cfg)
+    ty, _ = vjp_fn(t, cfg._replace(stats=False))
+    return (y, st), (ty, jax.tree_util.tree_map(_float0_zeros, st))
+
   return f
 
 
@@ -189,7 +224,30 @@ def _map_leaves(one, x, stats: bool):
 
 def _lax_stats(name, x):
   """codec=None: the lax op's operand is x itself (XLA:CPU may widen bf16 further)."""
+  x = jnp.asarray(x)
   return stats_lib.make_stats(name, None, [stats_lib.plain_part(x.size * x.dtype.itemsize)])
+
+
+def _takes_lax(fn, leaf) -> bool:
+  """True when `leaf` goes through the plain `jax.lax` collective, uncompressed.
+
+  Whatever the options (codec=None included), every leaf no codec takes:
+  Python scalars (`compressed_psum(1, axis)` is the axis size, as in lax; a
+  constant moves nothing), and arrays of any dtype other than bf16/fp16/fp32
+  (integers, bool, fp8, float64, complex: a step counter inside a pytree of
+  gradients, say). Those get lax's result, gradient and errors exactly, so the
+  compressed_* functions are drop-in replacements for every input lax takes.
+  """
+  if isinstance(leaf, (bool, int, float, complex)):
+    return True
+  dtype = getattr(leaf, "dtype", None)
+  if dtype is None:
+    try:
+      dtype = jnp.asarray(leaf).dtype
+    except TypeError as e:
+      raise TypeError(f"{fn}: x must be an array (or a pytree of arrays), got "
+                      f"{type(leaf).__name__} ({e})") from None
+  return not dtypes.is_supported(dtype)
 
 
 # ---- public API ----------------------------------------------------------------------------
@@ -201,6 +259,8 @@ _OPTIONS_DOC = """
     escape_capacity: escape slots per row (one row = the message for one peer);
       default `default_escape_capacity(m)` (3.75% + 64). A row that needs more
       makes the whole call fall back to the uncompressed path (still exact).
+      Values above 2^31 - 1 are an error; a row of m elements uses at most
+      align128(m) slots, so a larger value is clamped to that.
     grad_escape_capacity: escape slots per row of the collective that jax.grad
       runs for this one (e.g. the reduce-scatter of an all_gather's cotangent);
       default: escape_capacity. Gradients often escape more than weights (heavier
@@ -233,7 +293,8 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
   collective), everyone gathers the raw uint16/uint32 bits instead.
 
   Args:
-    x: bf16/fp16/fp32 array (or pytree of them), inside `jax.shard_map`.
+    x: array (or pytree), inside `jax.shard_map`; bf16/fp16/fp32 leaves are
+      compressed, other leaves take the plain lax collective.
     axis_name: mesh axis name or tuple of names.
     axis: where the gathered axis goes (as lax).
     tiled: concatenate along `axis` instead of stacking (as lax).
@@ -252,15 +313,20 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, tiled)
 
+  def plain(leaf, a):
+    y = (compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled) if to == "invarying"
+         else lax.all_gather(leaf, axes, axis=a, tiled=tiled))
+    return y, (_lax_stats("all_gather", leaf) if stats else None)
+
   def one(leaf):
+    if _takes_lax(fn, leaf):
+      return plain(leaf, axis)
     leaf = options.check_x(fn, leaf)
     if tiled and leaf.ndim == 0:
       raise ValueError(f"{fn}: tiled=True needs x with at least one dimension, got a scalar")
     a = options.check_dim(fn, "axis", axis, leaf.ndim + (0 if tiled else 1))
     if opts.codec is None:
-      y = (compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled) if to == "invarying"
-           else lax.all_gather(leaf, axes, axis=a, tiled=tiled))
-      return y, (_lax_stats("all_gather", leaf) if stats else None)
+      return plain(leaf, a)
     cfg = _Cfg(axes, n_peers, opts, stats, fn, dim=a, tiled=tiled, to=to)
     return _ag(compat.pvary(leaf, axes), cfg)
 
@@ -281,7 +347,8 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
   close to (not bit-equal with) lax.psum_scatter, whose order XLA picks.
 
   Args:
-    x: bf16/fp16/fp32 array (or pytree), inside `jax.shard_map`.
+    x: array (or pytree), inside `jax.shard_map`; bf16/fp16/fp32 leaves are
+      compressed, other leaves take the plain lax collective.
     axis_name: mesh axis name or tuple of names.
     scatter_dimension: the dimension split among peers (as lax).
     tiled: as lax (False: that dimension must equal the axis size and vanishes).
@@ -297,12 +364,17 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, tiled)
 
+  def plain(leaf, d):
+    y = lax.psum_scatter(leaf, axes, scatter_dimension=d, tiled=tiled)
+    return y, (_lax_stats("psum_scatter", leaf) if stats else None)
+
   def one(leaf):
+    if _takes_lax(fn, leaf):
+      return plain(leaf, scatter_dimension)
     leaf, d = options.check_split_x(fn, leaf, "scatter_dimension", scatter_dimension, n_peers,
                                     tiled, axis_name)
     if opts.codec is None:
-      y = lax.psum_scatter(leaf, axes, scatter_dimension=d, tiled=tiled)
-      return y, (_lax_stats("psum_scatter", leaf) if stats else None)
+      return plain(leaf, d)
     cfg = _Cfg(axes, n_peers, opts, stats, fn, dim=d, tiled=tiled)
     return _rs(compat.pvary(leaf, axes), cfg)
 
@@ -322,7 +394,9 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
   returns the same bits. Deterministic run to run and identical to codec="raw".
 
   Args:
-    x: bf16/fp16/fp32 array (or pytree, e.g. gradients), inside `jax.shard_map`.
+    x: array (or pytree, e.g. gradients and a step counter), inside
+      `jax.shard_map`; bf16/fp16/fp32 leaves are compressed, other leaves (and
+      Python scalars: `compressed_psum(1, axis)` is the axis size) take lax.psum.
     axis_name: mesh axis name or tuple of names.
 {options}
 
@@ -338,9 +412,11 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
                                       grad_escape_capacity, policy, stats)
 
   def one(leaf):
-    leaf = options.check_x(fn, leaf)
-    if opts.codec is None:
+    plain = _takes_lax(fn, leaf)
+    if plain or opts.codec is None:
+      leaf = leaf if plain else options.check_x(fn, leaf)
       return lax.psum(leaf, axes), (_lax_stats("psum", leaf) if stats else None)
+    leaf = options.check_x(fn, leaf)
     cfg = _Cfg(axes, n_peers, opts, stats, fn)
     return _psum(compat.pvary(leaf, axes), cfg)
 
@@ -356,7 +432,8 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
   """`jax.lax.all_to_all` with compressed per-destination chunks; bit-identical.
 
   Args:
-    x: bf16/fp16/fp32 array (or pytree), inside `jax.shard_map`.
+    x: array (or pytree), inside `jax.shard_map`; bf16/fp16/fp32 leaves are
+      compressed, other leaves take the plain lax collective.
     axis_name: mesh axis name or tuple of names.
     split_axis: dimension of x split among peers (as lax).
     concat_axis: dimension of the result that collects the peers' chunks (as lax).
@@ -373,12 +450,17 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, tiled)
 
+  def plain(leaf, s, c):
+    y = lax.all_to_all(leaf, axes, s, c, tiled=tiled)
+    return y, (_lax_stats("all_to_all", leaf) if stats else None)
+
   def one(leaf):
+    if _takes_lax(fn, leaf):
+      return plain(leaf, split_axis, concat_axis)
     leaf, s, c = options.check_split_x(fn, leaf, "split_axis", split_axis, n_peers, tiled,
                                        axis_name, also=(("concat_axis", concat_axis),))
     if opts.codec is None:
-      y = lax.all_to_all(leaf, axes, s, c, tiled=tiled)
-      return y, (_lax_stats("all_to_all", leaf) if stats else None)
+      return plain(leaf, s, c)
     cfg = _Cfg(axes, n_peers, opts, stats, fn, dim=s, dim2=c, tiled=tiled)
     return _a2a(compat.pvary(leaf, axes), cfg)
 
@@ -394,7 +476,8 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
   no one sends, as lax).
 
   Args:
-    x: bf16/fp16/fp32 array (or pytree), inside `jax.shard_map`.
+    x: array (or pytree), inside `jax.shard_map`; bf16/fp16/fp32 leaves are
+      compressed, other leaves take the plain lax collective.
     axis_name: mesh axis name or tuple of names.
     perm: (source, destination) pairs of indices along axis_name; no source and
       no destination may repeat.
@@ -412,10 +495,11 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
   perm = options.check_perm(fn, perm, n_peers)
 
   def one(leaf):
+    plain = _takes_lax(fn, leaf)
+    if plain or opts.codec is None:
+      leaf = leaf if plain else options.check_x(fn, leaf)
+      return lax.ppermute(leaf, axes, perm), (_lax_stats("ppermute", leaf) if stats else None)
     leaf = options.check_x(fn, leaf)
-    if opts.codec is None:
-      y = lax.ppermute(leaf, axes, perm)
-      return y, (_lax_stats("ppermute", leaf) if stats else None)
     cfg = _Cfg(axes, n_peers, opts, stats, fn, perm=perm)
     return _pp(compat.pvary(leaf, axes), cfg)
 

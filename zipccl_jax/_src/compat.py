@@ -24,6 +24,22 @@ def check_vma_enabled() -> bool:
     return True
 
 
+def is_linearizing(tangent) -> bool:
+  """True when a custom_jvp rule runs for reverse mode rather than for jax.jvp.
+
+  jax.grad/jax.vjp (and jax.linearize) call a custom_jvp rule with tangents that
+  are unknown values of a partial-evaluation trace: the tangent map is then
+  recorded and transposed, so it must consist of transposable ops. jax.jvp calls
+  it with ordinary values. A future JAX without this class answers True: reverse
+  mode stays exact and forward mode gets JAX's own error.
+  """
+  try:
+    from jax._src.interpreters import partial_eval as _pe  # pylint: disable=g-import-not-at-top
+    return isinstance(tangent, _pe.JaxprTracer)
+  except (ImportError, AttributeError):  # pragma: no cover - future JAX
+    return True
+
+
 def varying_axes(x) -> frozenset:
   """The manual mesh axes over which x is typed varying (empty outside shard_map)."""
   aval = jax.typeof(x)
@@ -56,7 +72,7 @@ def all_gather_invariant(x, axes: tuple, *, axis: int = 0, tiled: bool = False):
 
   Every participant then holds the same bytes *and* the type says so, which lets
   a `lax.cond` predicate computed from them be used with collectives (trap 2 of
-  ../shared/jax-notes.md) and keeps stats invariant.
+  docs/jax-notes.md) and keeps stats invariant.
   """
   if not check_vma_enabled():
     return lax.all_gather(x, axes, axis=axis, tiled=tiled)

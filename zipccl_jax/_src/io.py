@@ -81,19 +81,71 @@ def _from_numpy(name: str, a: np.ndarray, void2: str) -> Tensor:
                 skip=f"dtype {a.dtype} (the codec takes {dtypes.NAMES})")
 
 
+_NPY_MAGIC = b"\x93NUMPY"            # every .npy file starts with these 6 bytes
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")   # a zip member / an empty zip archive
+
+
+def _why(e: Exception) -> str:
+  """numpy's reason in our words: never its advice to load pickles (we never do)."""
+  text = str(e)
+  if "pickle" in text:
+    return "it holds Python objects (pickled data), not numbers; only numeric arrays are read"
+  return text
+
+
+def _npy_header(path: str, f) -> tuple[np.dtype, tuple, int]:
+  """Checks a .npy header: (dtype, shape, data offset), or TensorFileError in our words.
+
+  np.load on a file that is not .npy falls back to unpickling and then suggests
+  allow_pickle=True: never that. The magic bytes, the header, the dtype (no Python
+  objects) and the data size against the file size are all checked first.
+  """
+  head = f.read(len(_NPY_MAGIC))
+  if head != _NPY_MAGIC:
+    raise TensorFileError(f"{path}: not a .npy file (it does not start with the .npy magic "
+                          f"bytes \\x93NUMPY; first bytes {head!r})")
+  f.seek(0)
+  try:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+      shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version in ((2, 0), (3, 0)):
+      shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+      raise ValueError(f"unsupported .npy format version {version}")
+  except (ValueError, OSError, EOFError, SyntaxError, UnicodeDecodeError) as e:
+    raise TensorFileError(f"{path}: malformed .npy header ({_why(e)})") from e
+  if dtype.hasobject:
+    raise TensorFileError(f"{path}: holds Python objects (dtype {dtype}), not numbers; "
+                          "only numeric arrays are read")
+  offset = f.tell()
+  need = math.prod(shape) * dtype.itemsize
+  have = os.path.getsize(path) - offset
+  if have < need:
+    raise TensorFileError(f"{path}: truncated .npy file: its header describes {dtype} "
+                          f"{list(shape)} ({need} bytes of data), the file holds {have}")
+  return dtype, shape, offset
+
+
 def _load_npy(path: str, void2: str) -> Iterator[Tensor]:
+  with open(path, "rb") as f:
+    _npy_header(path, f)
   try:
     a = np.load(path, mmap_mode="r", allow_pickle=False)
   except (ValueError, OSError, EOFError) as e:
-    raise TensorFileError(f"{path}: not a readable .npy file ({e})") from e
+    raise TensorFileError(f"{path}: not a readable .npy file ({_why(e)})") from e
   yield _from_numpy(os.path.splitext(os.path.basename(path))[0], a, void2)
 
 
 def _load_npz(path: str, void2: str) -> Iterator[Tensor]:
+  with open(path, "rb") as f:
+    head = f.read(4)
+  if head not in _ZIP_MAGICS:
+    raise TensorFileError(f"{path}: not an .npz file (not a zip archive; first bytes {head!r})")
   try:
     z = np.load(path, allow_pickle=False)
   except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-    raise TensorFileError(f"{path}: not a readable .npz file ({e})") from e
+    raise TensorFileError(f"{path}: not a readable .npz file ({_why(e)})") from e
   if not isinstance(z, np.lib.npyio.NpzFile):
     raise TensorFileError(f"{path}: not an .npz archive (it holds a single array)")
   with z:
@@ -101,7 +153,7 @@ def _load_npz(path: str, void2: str) -> Iterator[Tensor]:
       try:
         a = z[key]
       except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise TensorFileError(f"{path}: member {key!r} is not readable ({e})") from e
+        raise TensorFileError(f"{path}: member {key!r} is not readable ({_why(e)})") from e
       yield _from_numpy(key, a, void2)
 
 
@@ -210,19 +262,31 @@ def check_path(path: str) -> str | None:
 
 
 def subsample(a: np.ndarray, max_elements: int, chunk: int = 65536) -> np.ndarray:
-  """At most `max_elements` elements of `a` (flattened), as evenly spaced contiguous chunks.
+  """At most `max_elements` elements of `a` (flattened), spread evenly over all of it.
 
-  Contiguous chunks (multiples of the codec's 2048-element block) keep the local
-  structure the per-block window sees; spreading them over the whole tensor keeps
-  its layers/rows represented. Returns `a.reshape(-1)` itself when small enough.
+  The sample is `k` contiguous runs at evenly spaced offsets, from the first
+  element to the last run ending at or before the end: at least 16 runs where the
+  budget allows, each at most `chunk` elements. Runs of whole 2048-element blocks,
+  starting on a block boundary, keep the local structure the per-block window sees;
+  budgets under 16 blocks use shorter runs (the first N elements alone would
+  describe only the start of the tensor). Returns `a.reshape(-1)` itself when
+  small enough.
   """
   flat = a.reshape(-1)
   n = flat.size
   if max_elements <= 0 or n <= max_elements:
     return flat
-  if max_elements < 2 * 2048:
-    return np.asarray(flat[:max_elements])
-  chunk = min(chunk, max_elements) // 2048 * 2048
-  k = max(1, max_elements // chunk)
-  starts = np.linspace(0, n - chunk, k).astype(np.int64) // 2048 * 2048
-  return np.concatenate([np.asarray(flat[s:s + chunk]) for s in starts])
+  block = 2048
+  runs = 16
+  if max_elements >= runs * block:
+    c = min(chunk, max_elements // runs) // block * block
+    k = max_elements // c
+    sizes = [c] * k
+  else:
+    k = min(runs, max_elements)
+    sizes = np.diff(np.linspace(0, max_elements, k + 1).astype(np.int64)).tolist()
+    c = max(sizes)
+  starts = np.linspace(0, n - c, k).astype(np.int64)
+  if c % block == 0:
+    starts = starts // block * block   # runs stay >= c apart: spacing >= c, c a multiple
+  return np.concatenate([np.asarray(flat[s:s + m]) for s, m in zip(starts, sizes)])

@@ -65,8 +65,12 @@ class Plan(NamedTuple):
 
 
 def check_capacity(fn, name, value):
-  """None (the default capacity) or a static non-negative int, as `encode` checks it."""
-  return None if value is None else _codec._check_count(value, f"{fn}: {name}")
+  """None (the default capacity) or a static int in [0, 2^31), as `encode` checks it.
+
+  The bound per row (align128(m) for rows of m elements) is applied in `plan`, by
+  clamping: one capacity serves every leaf of a pytree, small leaves included.
+  """
+  return None if value is None else _codec.check_escape_capacity(value, f"{fn}: {name}")
 
 
 def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None) -> Opts:
@@ -146,8 +150,9 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
                      f"got {m}")
+  # A row of m elements never uses more than m slots: clamp (checked < 2^31 already).
   cap = (_codec.default_escape_capacity(m) if opts.escape_capacity is None
-         else opts.escape_capacity)
+         else min(opts.escape_capacity, _codec.row_capacity_limit(m)))
   nbytes = _codec.encoded_nbytes(dtype, m, cap)
   if opts.codec in (None, "raw") or opts.policy == "never" or m == 0:
     compress = False

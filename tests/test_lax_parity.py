@@ -1,0 +1,240 @@
+"""Drop-in parity of the compressed collectives with jax.lax, on 8 simulated CPU devices.
+
+* Leaves no codec takes (integers, bool, fp8, Python scalars) go through the plain
+  lax collective: the same bytes, dtype and shape as lax, for all five collectives,
+  alone or inside a pytree next to compressed leaves.
+* Forward-mode autodiff (jax.jvp, jax.jacfwd, jvp of grad) works: the tangent of a
+  collective is the same compressed collective applied to the tangent; reverse mode
+  still runs the compressed transposed collective.
+* NaN payloads: the compressed gathers keep every NaN's bits, while lax on XLA:CPU
+  canonicalises bf16 NaNs (docs/design.md, "Semantics").
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import zipccl_jax as zc
+
+from tests.reference import BF16, F32, assert_bits_equal, gaussian
+
+N = 8
+ALWAYS = dict(policy="always")
+RING = [(i, (i + 1) % N) for i in range(N)]
+
+
+def smap(mesh, f, in_specs=P("x"), out_specs=P("x")):
+  return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def assert_bytes_equal(got, want, what=""):
+  """Same dtype, shape and bytes (any dtype: bool, ints, fp8 included)."""
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+  assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+  g, w = got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)
+  bad = np.flatnonzero(g != w)
+  if bad.size:
+    raise AssertionError(f"{what}: {bad.size} bytes differ; first at byte {bad[0]}: "
+                         f"got {g[bad[0]]:#04x}, want {w[bad[0]]:#04x}")
+
+
+def calls(ag, rs, ps, a2a, pp):
+  """The five collectives with lax's signatures, as name -> f(v) (one compile per body)."""
+  return {"all_gather": lambda v: ag(v, "x", axis=1, tiled=True),
+          "psum_scatter": lambda v: rs(v, "x", scatter_dimension=1, tiled=True),
+          "psum": lambda v: ps(v, "x"),
+          "all_to_all": lambda v: a2a(v, "x", 1, 0, tiled=True),
+          "ppermute": lambda v: pp(v, "x", RING)}
+
+
+def body(fns, names):
+  return lambda v: tuple(fns[k](v) for k in names)
+
+
+LAX = calls(lax.all_gather, lax.psum_scatter, lax.psum, lax.all_to_all, lax.ppermute)
+NAMES = tuple(LAX)
+
+
+def zc_calls(**opts):
+  return calls(lambda v, a, **k: zc.compressed_all_gather(v, a, **k, **opts),
+               lambda v, a, **k: zc.compressed_psum_scatter(v, a, **k, **opts),
+               lambda v, a: zc.compressed_psum(v, a, **opts),
+               lambda v, a, s, c, **k: zc.compressed_all_to_all(v, a, s, c, **k, **opts),
+               lambda v, a, p: zc.compressed_ppermute(v, a, p, **opts))
+
+
+# ---- dtypes no codec takes: the plain lax collective ----------------------------------------
+
+PASS_THROUGH = [np.dtype(np.int32), np.dtype(np.uint8), np.dtype(np.bool_),
+                np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
+
+
+def _values(dtype, shape, seed=0):
+  rng = np.random.default_rng(seed)
+  if dtype == np.bool_:
+    return rng.random(shape) < 0.3
+  if dtype.kind in "iu":
+    return rng.integers(0, 50, shape).astype(dtype)
+  return rng.normal(size=shape).astype(dtype)   # fp8: small normal values, no overflow
+
+
+@pytest.mark.parametrize("dtype", PASS_THROUGH, ids=lambda d: d.name)
+def test_other_dtypes_take_the_lax_collective(mesh8, dtype):
+  x = jnp.asarray(_values(dtype, (N * 2, N * 4)))
+  names = NAMES
+  if dtype == np.bool_:  # lax.psum_scatter refuses bool ("add does not accept dtype bool"): so do we
+    names = tuple(k for k in NAMES if k != "psum_scatter")
+    for fns in (LAX, zc_calls(**ALWAYS)):
+      with pytest.raises(TypeError, match="bool"):
+        smap(mesh8, body(fns, ("psum_scatter",)), out_specs=(P("x"),))(x)
+  specs = tuple(P() if k == "psum" else P("x") for k in names)
+  want = smap(mesh8, body(LAX, names), out_specs=specs)(x)
+  got = smap(mesh8, body(zc_calls(**ALWAYS), names), out_specs=specs)(x)
+  for name, g, w in zip(names, got, want):
+    assert_bytes_equal(g, w, f"{name} {dtype.name}")
+
+
+def test_pytree_with_a_step_counter(mesh8):
+  """An int32 step counter next to bf16 gradients: counter as lax, gradients compressed."""
+  g = jnp.asarray(gaussian((N * 4, 512), BF16, seed=2))
+  step = jnp.arange(N, dtype=jnp.int32)
+
+  def f(grads, steps):
+    tree = {"g": grads, "step": steps[0], "done": steps[0] > 3}
+    out, st = zc.compressed_psum(tree, "x", stats=True, **ALWAYS)
+    ref = {"g": zc.compressed_psum(grads, "x", codec="raw"), "step": lax.psum(steps[0], "x"),
+           "done": lax.psum(steps[0] > 3, "x")}
+    return out, ref, st
+
+  run = jax.shard_map(f, mesh=mesh8, in_specs=(P("x"), P("x")), out_specs=(P(), P(), P()))
+  out, ref, st = jax.jit(run)(g, step)
+  assert_bits_equal(out["g"], ref["g"], "gradients")
+  assert_bytes_equal(out["step"], ref["step"], "step")
+  assert_bytes_equal(out["done"], ref["done"], "done (bool: lax.psum counts, as int32)")
+  assert int(out["step"]) == sum(range(N))
+  # stats: the gradient leaf was compressed, the counter went through lax (codec None)
+  assert (st["g"].compressed, st["g"].codec) == (True, "zipccl")
+  assert (st["step"].compressed, st["step"].codec, st["done"].codec) == (False, None, None)
+
+
+@pytest.mark.parametrize("scalar", [1, 2.5, True], ids=["int", "float", "bool"])
+def test_python_scalar_psum_is_the_axis_size_idiom(mesh8, scalar):
+  """compressed_psum(1, "x") is the axis size, as lax.psum(1, "x")."""
+  x = jnp.zeros((N, 4), jnp.float32)
+  got = smap(mesh8, lambda v: zc.compressed_psum(scalar, "x"), out_specs=P())(x)
+  want = smap(mesh8, lambda v: lax.psum(scalar, "x"), out_specs=P())(x)
+  assert_bytes_equal(got, want, f"psum({scalar!r})")
+  assert got == N * scalar
+
+
+def test_python_scalar_outside_jit_is_lax_too(mesh8):
+  """Eager shard_map (no jit): lax folds psum of a constant to size * x."""
+  f = jax.shard_map(lambda v: (zc.compressed_psum(1, "x"), lax.psum(1, "x")), mesh=mesh8,
+                    in_specs=P("x"), out_specs=(P(), P()))
+  a, b = f(jnp.zeros((N,), jnp.float32))
+  assert int(a) == int(b) == N
+
+
+# ---- forward-mode autodiff ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=lambda d: d.name)
+def test_jvp_is_the_collective_of_the_tangent(mesh8, dtype):
+  """jax.jvp: the primal and the tangent are the compressed collective of x and of t."""
+  x = jnp.asarray(gaussian((N * 4, 512), dtype, seed=3))
+  t = jnp.asarray(gaussian((N * 4, 512), dtype, seed=4, scale=1e-3))
+  fns = zc_calls(**ALWAYS)
+
+  def jvps(v, w):
+    out = {}
+    for name, f in fns.items():
+      y, ty = jax.jvp(f, (v,), (w,))
+      out[name] = (y, ty, f(v), f(w))
+    return out
+
+  specs = {k: (P() if k == "psum" else P("x"),) * 4 for k in fns}
+  got = jax.jit(jax.shard_map(jvps, mesh=mesh8, in_specs=(P("x"), P("x")),
+                              out_specs=specs))(x, t)
+  for name, (y, ty, fy, ft) in got.items():
+    assert_bits_equal(y, fy, f"{name} primal")
+    assert_bits_equal(ty, ft, f"{name} tangent")
+
+
+def test_jvp_outside_jit_and_jacfwd(mesh8):
+  """jax.jvp / jax.jacfwd applied to the jitted shard_map (the usual way to call them)."""
+  x = jnp.asarray(gaussian((N * 2, 256), F32, seed=5))
+  t = jnp.asarray(gaussian((N * 2, 256), F32, seed=6))
+  f = smap(mesh8, lambda v: zc.compressed_all_gather(v, "x", tiled=True, **ALWAYS))
+  g = smap(mesh8, lambda v: lax.all_gather(v, "x", tiled=True))
+  y, ty = jax.jvp(f, (x,), (t,))
+  y2, ty2 = jax.jvp(g, (x,), (t,))
+  assert_bits_equal(y, y2, "primal")
+  assert_bits_equal(ty, ty2, "tangent")
+  small = jnp.asarray(gaussian((N, 2), F32, seed=7))
+  h = smap(mesh8, lambda v: zc.compressed_psum(v, "x"), out_specs=P())
+  jac = jax.jacfwd(h)(small)                 # d psum / dx: ones where the columns match
+  jac_lax = jax.jacfwd(smap(mesh8, lambda v: lax.psum(v, "x"), out_specs=P()))(small)
+  assert_bits_equal(jac, jac_lax, "jacfwd of psum")
+  assert float(jnp.sum(jac)) == 2 * N
+
+
+def test_reverse_mode_still_compressed_and_hvp(mesh8):
+  """grad keeps the compressed transposed collective (bit-equal to codec="raw", and an
+  all-to-all of uint8 rows in the HLO); jvp of grad (Hessian-vector product) works."""
+  x = jnp.asarray(gaussian((N * 4, 512), F32, seed=8))
+  t = jnp.asarray(gaussian((N * 4, 512), F32, seed=9))
+
+  def loss(codec):
+    return lambda u: jnp.sum(jnp.sin(zc.compressed_all_gather(u, "x", tiled=True, codec=codec,
+                                                              **ALWAYS)))
+
+  def grads(v, w):
+    return (jax.grad(loss("zipccl"))(v), jax.grad(loss("raw"))(v),
+            jax.jvp(jax.grad(loss("zipccl")), (v,), (w,))[1],
+            jax.jvp(jax.grad(loss("raw")), (v,), (w,))[1])
+
+  f = jax.jit(jax.shard_map(grads, mesh=mesh8, in_specs=(P("x"), P("x")),
+                            out_specs=(P("x"),) * 4))
+  g, g_raw, hvp, hvp_raw = f(x, t)
+  assert_bits_equal(g, g_raw, "grad")
+  assert_bits_equal(hvp, hvp_raw, "hvp")
+  grad_only = jax.jit(jax.shard_map(lambda v: jax.grad(loss("zipccl"))(v), mesh=mesh8,
+                                    in_specs=P("x"), out_specs=P("x")))
+  ops = zc.hlo_wire_bytes(grad_only.lower(x).compile().as_text()).ops
+  raw = N * 4 * 512 * 4   # the cotangent block of one device, as uint32 words
+  assert any(o.opcode == "all-to-all" and o.path != "fallback" and o.operand_bytes < raw
+             for o in ops), [(o.opcode, o.path, o.operand_bytes) for o in ops]
+
+
+# ---- NaN payloads: kept, where lax on CPU canonicalises -------------------------------------
+
+
+def test_nan_payloads_are_kept(mesh8):
+  """The compressed gathers return every NaN's exact bits; lax on XLA:CPU does not for bf16.
+
+  XLA:CPU moves a bf16 collective as f32 and converts back, which turns every bf16 NaN
+  into the canonical quiet NaN of its sign (0x7fc1, 0x7f81 -> 0x7fc0; 0xffc3 -> 0xffc0).
+  The library moves bits and keeps them (docs/design.md, "Semantics"): its result is
+  the lax op applied to the uint16 words.
+  """
+  words = np.array([0x7fc1, 0x7f81, 0xffc3, 0x7fff, 0xffa5, 0x7fc0, 0x3f80, 0x8000], np.uint16)
+  x = jnp.asarray(np.resize(words, (N * 2, 64)).view(BF16))
+  ops = ("all_gather", "all_to_all", "ppermute")
+  zipccl = zc_calls(**ALWAYS)
+
+  def run(v):
+    u = lax.bitcast_convert_type(v, jnp.uint16)
+    return {k: (zipccl[k](v), LAX[k](u), LAX[k](v)) for k in ops}
+
+  got = smap(mesh8, run, out_specs={k: (P("x"),) * 3 for k in ops})(x)
+  for name, (kept, bits, plain) in got.items():
+    assert_bits_equal(kept, np.asarray(bits).view(BF16), f"{name}: payloads kept")
+    lax_nans = {w for w in np.asarray(plain).view(np.uint16).reshape(-1).tolist()
+                if w & 0x7f80 == 0x7f80 and w & 0x7f}
+    if jax.default_backend() == "cpu":   # documents lax's behaviour on XLA:CPU
+      assert lax_nans == {0x7fc0, 0xffc0}, f"{name}: lax gave {sorted(map(hex, lax_nans))}"
