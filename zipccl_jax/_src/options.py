@@ -6,6 +6,7 @@ and the argument) and asks `plan` how to move rows of m elements. The policy
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -15,19 +16,14 @@ from zipccl_jax._src import codec as _codec
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import registry
+from zipccl_jax._src import transport
 
 POLICIES = ("always", "never", "auto")
 
 
-# Registered codecs the transport can move. It still calls the window codec
-# directly, so a codec registered before the transport is codec-generic (issue 8)
-# must be refused here rather than silently replaced by the window codec.
-TRANSPORT_CODECS = ("zipccl",)
-
-
 def collective_codecs() -> tuple:
-  """What `codec=` accepts: the registered codecs the transport runs, "raw" and None."""
-  return tuple(c for c in registry.names() if c in TRANSPORT_CODECS) + ("raw", None)
+  """What `codec=` accepts: the registered codecs, "raw" and None."""
+  return registry.names() + ("raw", None)
 
 
 # policy="auto" compresses a collective when each row (the message for one peer)
@@ -35,53 +31,59 @@ def collective_codecs() -> tuple:
 # header, 128-byte aligned sections) eats the gain: the static ratio of a bf16 row
 # is 1.33 at 8 KiB, 1.39 at 32 KiB and 1.40 at 64 KiB (1.11 fp16, 1.16 fp32), and
 # small messages are latency-bound anyway (the paper's switcher keeps them native).
-# A calibrated cost model replaces this later.
+# A calibrated cost model replaces this later (see auto_compress).
 AUTO_MIN_ROW_BYTES = 64 * 1024
 
 
 class Opts(NamedTuple):
   """Validated options of one public call (static)."""
   codec: str | None
-  escape_capacity: int | None
   policy: str
-  grad_escape_capacity: int | None = None   # for the collective the VJP runs
-
-  def for_grad(self) -> "Opts":
-    """Options of the transposed collective: the gradient's own capacity if given."""
-    if self.grad_escape_capacity is None:
-      return self
-    return self._replace(escape_capacity=self.grad_escape_capacity)
+  check_decode: bool = False
 
 
 class Plan(NamedTuple):
-  """Static transport decision for rows of m elements."""
+  """Static transport decision for rows of m elements (sizes: Python ints, exact)."""
   compress: bool
   m: int
   dtype: Any
-  cap: int
-  nbytes: int       # encoded row bytes (when compress)
+  raw_row: int                 # raw bytes of one row: m * itemsize
+  codec: Any = None            # registry.Codec when compress
+  rungs: tuple = ()            # compressed slot sizes (bytes per row); the raw rung is implicit
+
+
+_DEPRECATED = ("{fn}: {name} is deprecated and ignored: each call now sizes its wire "
+               "from the data (the slot ladder, docs/design.md), so there is no escape "
+               "capacity to tune; drop the argument")
 
 
 def check_capacity(fn, name, value):
-  """None (the default capacity) or a static non-negative int, as `encode` checks it."""
-  return None if value is None else _codec._check_count(value, f"{fn}: {name}")
+  """A deprecated capacity argument: still validated (a static non-negative int), then
+  ignored with a DeprecationWarning."""
+  if value is None:
+    return None
+  _codec._check_count(value, f"{fn}: {name}")
+  warnings.warn(_DEPRECATED.format(fn=fn, name=name), DeprecationWarning, stacklevel=5)
+  return None
 
 
-def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None) -> Opts:
+def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None,
+               check_decode=None) -> Opts:
   allowed = collective_codecs()
-  if isinstance(codec, str) and codec in registry.names() and codec not in allowed:
-    raise NotImplementedError(f"{fn}: codec {codec!r} is registered (encode_rows/decode_rows "
-                              "work) but the collectives' transport does not move it yet")
   if codec not in allowed:
     names = ", ".join(repr(c) for c in allowed)
     raise ValueError(f"{fn}: codec must be one of {names}, got {codec!r}")
   if policy not in POLICIES:
     raise ValueError(f"{fn}: policy must be one of {POLICIES}, got {policy!r}")
-  escape_capacity = check_capacity(fn, "escape_capacity", escape_capacity)
-  grad_escape_capacity = check_capacity(fn, "grad_escape_capacity", grad_escape_capacity)
+  check_capacity(fn, "escape_capacity", escape_capacity)
+  check_capacity(fn, "grad_escape_capacity", grad_escape_capacity)
   if not isinstance(stats, bool):
     raise TypeError(f"{fn}: stats must be a bool, got {stats!r}")
-  return Opts(codec, escape_capacity, policy, grad_escape_capacity)
+  if check_decode is None:
+    check_decode = transport.check_decode_default()
+  if not isinstance(check_decode, bool):
+    raise TypeError(f"{fn}: check_decode must be a bool or None, got {check_decode!r}")
+  return Opts(codec, policy, check_decode)
 
 
 def check_axes(fn, axis_name) -> tuple:
@@ -109,9 +111,10 @@ def axis_size(fn, axes, axis_name) -> int:
 
 
 def setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity, policy, stats,
-          tiled=False):
+          tiled=False, check_decode=None):
   """Validation shared by the five public collectives: (options, axes, peer count)."""
-  opts = check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
+  opts = check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity,
+                    check_decode)
   axes = check_axes(fn, axis_name)
   if not isinstance(tiled, bool):
     raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
@@ -136,32 +139,41 @@ def check_dim(fn, arg, value, ndim) -> int:
   return int(value) % ndim
 
 
-def plan(fn, dtype, m: int, opts: Opts) -> Plan:
+def plan(fn, dtype, m: int, opts: Opts, *, collective: str = "", n_peers: int = 1) -> Plan:
+  """How rows of m elements of dtype move: the codec and its slot ladder, or raw."""
   dtype = np.dtype(dtype)
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
                      f"got {m}")
-  cap = (_codec.default_escape_capacity(m) if opts.escape_capacity is None
-         else opts.escape_capacity)
-  nbytes = _codec.encoded_nbytes(dtype, m, cap)
+  raw_row = m * dtype.itemsize
   if opts.codec in (None, "raw") or opts.policy == "never" or m == 0:
-    compress = False
-  elif opts.policy == "auto":
-    compress = auto_compress(codec=opts.codec, dtype=dtype, m=m, nbytes=nbytes)
-  else:
-    compress = True
-  return Plan(compress, m, dtype, cap, nbytes)
+    return Plan(False, m, dtype, raw_row)
+  codec = registry.get(opts.codec)
+  if not codec.supports(dtype):
+    return Plan(False, m, dtype, raw_row)
+  min_nbytes = codec.min_nbytes(dtype, m)
+  rungs = transport.ladder(min_nbytes, raw_row)
+  if not rungs:   # even the smallest encoding is not smaller than raw
+    return Plan(False, m, dtype, raw_row)
+  if opts.policy == "auto" and not auto_compress(
+      collective=collective, codec=opts.codec, dtype=dtype, m=m, n_peers=n_peers,
+      min_nbytes=min_nbytes):
+    return Plan(False, m, dtype, raw_row)
+  return Plan(True, m, dtype, raw_row, codec, rungs)
 
 
-def auto_compress(*, codec: str, dtype, m: int, nbytes: int) -> bool:
-  """policy="auto": compress rows of m elements of `dtype` (nbytes encoded) or not.
+def auto_compress(*, collective: str, codec: str, dtype, m: int, n_peers: int,
+                  min_nbytes: int) -> bool:
+  """policy="auto": compress rows of m elements of `dtype` or move them raw.
 
   The one place the decision is made (a calibrated cost model replaces this rule):
-  rows of at least AUTO_MIN_ROW_BYTES raw bytes whose encoding is smaller than raw.
+  rows of at least AUTO_MIN_ROW_BYTES raw bytes whose smallest encoding (the
+  codec's min_nbytes) is smaller than raw. The ladder's raw rung bounds the cost of
+  a wrong guess to the 4-byte agreement.
   """
-  del codec  # the rule is the same for every codec
+  del collective, codec, n_peers  # the rule is the same for all of them
   raw_row = m * np.dtype(dtype).itemsize
-  return raw_row >= AUTO_MIN_ROW_BYTES and nbytes < raw_row
+  return raw_row >= AUTO_MIN_ROW_BYTES and min_nbytes < raw_row
 
 
 def check_split(fn, arg, size, n_peers, tiled, axis_name):
