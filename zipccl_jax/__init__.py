@@ -34,6 +34,13 @@ from zipccl_jax._src.collectives import (
     compressed_psum,
     compressed_psum_scatter,
 )
+from zipccl_jax._src.costmodel import (
+    Calibration,
+    calibrate,
+    decide,
+    project,
+    set_calibration,
+)
 from zipccl_jax._src.ffi import has_cuda_support, native
 from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
@@ -54,17 +61,20 @@ __all__ = [
     "FORMAT_VERSION",
     "Analysis",
     "Codec",
+    "Calibration",
     "CollectiveStats",
     "Encoded",
     "HloWireBytes",
     "analyze",
     "codec_names",
+    "calibrate",
     "compressed_all_gather",
     "compressed_all_to_all",
     "compressed_ppermute",
     "compressed_psum",
     "compressed_psum_scatter",
     "decode",
+    "decide",
     "decode_error_message",
     "decode_rows",
     "default_escape_capacity",
@@ -79,6 +89,8 @@ __all__ = [
     "native",
     "register_codec",
     "slot_ladder",
+    "project",
+    "set_calibration",
     "tune_host_allocator",
     "unregister_codec",
     "workspace_nbytes",

@@ -204,7 +204,9 @@ _OPTIONS_DOC = """
     grad_escape_capacity: deprecated and ignored, as escape_capacity.
     policy: "always" compress; "never" (same as codec="raw"); "auto" compress
       when a row (the message for one peer) holds at least AUTO_MIN_ROW_BYTES
-      (64 KiB) raw and its smallest encoding is smaller than that.
+      (64 KiB) raw and its smallest encoding is smaller than that; with a
+      calibration (`zipccl_jax.calibrate`), when the cost model says compressing
+      is faster.
     stats: also return a `CollectiveStats` (per leaf of x): the rung each
       transport took, used vs slot bytes, whether the raw rung was taken, the
       codec's count, decode errors. Costs one 4-byte psum per transport and turns

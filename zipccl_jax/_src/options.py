@@ -2,7 +2,8 @@
 
 Every public collective validates its arguments here (errors name the function
 and the argument) and asks `plan` how to move rows of m elements. The policy
-"auto" is decided by ONE function, `auto_compress`: the place a cost model plugs in.
+"auto" is decided by ONE function, `auto_compress`, which asks the calibrated
+cost model (costmodel.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from zipccl_jax._src import codec as _codec
 from zipccl_jax._src import compat
+from zipccl_jax._src import costmodel
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import registry
 from zipccl_jax._src import transport
@@ -26,12 +28,12 @@ def collective_codecs() -> tuple:
   return registry.names() + ("raw", None)
 
 
-# policy="auto" compresses a collective when each row (the message for one peer)
-# holds at least this many raw bytes. Below it the fixed per-row overhead (128-byte
-# header, 128-byte aligned sections) eats the gain: the static ratio of a bf16 row
-# is 1.33 at 8 KiB, 1.39 at 32 KiB and 1.40 at 64 KiB (1.11 fp16, 1.16 fp32), and
-# small messages are latency-bound anyway (the paper's switcher keeps them native).
-# A calibrated cost model replaces this later (see auto_compress).
+# policy="auto" without a calibration: compress a collective when each row (the
+# message for one peer) holds at least this many raw bytes. Below it the fixed
+# per-row overhead (128-byte header, 128-byte aligned sections) eats the gain: the
+# static ratio of a bf16 row is 1.33 at 8 KiB, 1.39 at 32 KiB and 1.40 at 64 KiB
+# (1.11 fp16, 1.16 fp32), and small messages are latency-bound anyway. With a
+# calibration the cost model decides instead (costmodel.py).
 AUTO_MIN_ROW_BYTES = 64 * 1024
 
 
@@ -139,8 +141,12 @@ def check_dim(fn, arg, value, ndim) -> int:
   return int(value) % ndim
 
 
-def plan(fn, dtype, m: int, opts: Opts, *, collective: str = "", n_peers: int = 1) -> Plan:
-  """How rows of m elements of dtype move: the codec and its slot ladder, or raw."""
+def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
+         n_peers: int | None = None) -> Plan:
+  """How rows of m elements of dtype move: the codec and its slot ladder, or raw.
+
+  `collective` ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute")
+  and `n_peers` feed policy="auto"."""
   dtype = np.dtype(dtype)
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
@@ -162,18 +168,29 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str = "", n_peers: int = 
   return Plan(True, m, dtype, raw_row, codec, rungs)
 
 
-def auto_compress(*, collective: str, codec: str, dtype, m: int, n_peers: int,
-                  min_nbytes: int) -> bool:
+def auto_compress(*, codec: str, dtype, m: int, min_nbytes: int,
+                  collective: str | None = None, n_peers: int | None = None) -> bool:
   """policy="auto": compress rows of m elements of `dtype` or move them raw.
 
-  The one place the decision is made (a calibrated cost model replaces this rule):
-  rows of at least AUTO_MIN_ROW_BYTES raw bytes whose smallest encoding (the
-  codec's min_nbytes) is smaller than raw. The ladder's raw rung bounds the cost of
-  a wrong guess to the 4-byte agreement.
+  The one place the decision is made. Rows whose smallest encoding (the codec's
+  min_nbytes) is not smaller than raw never are. With a calibration in force
+  (`costmodel.active_calibration`: `zipccl_jax.set_calibration` / `calibrate`, or
+  the file $ZIPCCL_CALIBRATION or ~/.cache/zipccl_jax/calibration.json),
+  `costmodel.decide` compares the modelled times of the raw and the compressed
+  transport of `collective` over `n_peers`. Without one (or for callers that name
+  no collective) the static rule holds: rows of at least AUTO_MIN_ROW_BYTES raw
+  bytes are compressed, so the default is fewer bytes on the wire. Static either
+  way, and identical on every participant that holds the same calibration. The
+  ladder's raw rung bounds the cost of a wrong guess to the 4-byte agreement.
   """
-  del collective, codec, n_peers  # the rule is the same for all of them
   raw_row = m * np.dtype(dtype).itemsize
-  return raw_row >= AUTO_MIN_ROW_BYTES and min_nbytes < raw_row
+  if min_nbytes >= raw_row:
+    return False
+  cal = costmodel.active_calibration() if collective is not None and n_peers else None
+  if cal is None:
+    return raw_row >= AUTO_MIN_ROW_BYTES
+  compress, _ = costmodel.decide(collective, dtype, m, n_peers, cal, codecs=(codec,))
+  return compress
 
 
 def check_split(fn, arg, size, n_peers, tiled, axis_name):
