@@ -12,3 +12,4 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python 
 "$PY" benchmarks/window.py "$@"
 "$PY" benchmarks/capacity.py
 "$PY" benchmarks/codec.py "$@"
+"$PY" benchmarks/ladder.py

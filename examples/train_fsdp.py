@@ -80,14 +80,8 @@ class Config:
   warmup: int = 20
   weight_decay: float = 0.01
   seed: int = 0
-  # Escape slots per row as a fraction of the row (+ 64). Weights (the gathers):
-  # the library default (3.75%) fits them (~2% escapes). Gradients (the
-  # reduce-scatters the gather's VJP runs, sized by grad_escape_capacity) escape
-  # ~7% on average and up to ~36% on the worst row: with the default they would
-  # all fall back to raw words. 12.5% gave the fewest bytes of the rates tried
-  # (0.10 to 0.15 are within 1% of each other).
-  escape_rate: float | None = None
-  grad_escape_rate: float | None = 0.125
+  # No capacity to tune: every collective sizes its wire from the data (the slot
+  # ladder: the participants agree on the largest used size, one 4-byte pmax).
 
   @property
   def d_head(self) -> int:
@@ -217,61 +211,67 @@ def init_model(cfg: Config, num_devices: int):
   return tuple(units), buffers
 
 
-def _capacity(rate: float | None, row: int) -> int:
-  """ceil(rate x row) + 64 escape slots, or the library default when rate is None."""
-  if rate is None:
-    return zipccl_jax.default_escape_capacity(row)
-  return min(row, math.ceil(rate * row) + 64)
+def unit_capacities(units, cfg=None) -> dict:
+  """{unit: (slot ladder of its gather rows, of its gradient reduce-scatter rows)}.
 
-
-def unit_capacities(units, cfg) -> dict:
-  """{unit: (capacity of its gather rows, capacity of its gradient reduce-scatter rows)}."""
-  return {u.name: (_capacity(cfg.escape_rate, u.shard), _capacity(cfg.grad_escape_rate, u.shard))
-          for u in units}
+  Kept under its old name for callers (the capacities of the fixed-slot transport
+  are gone): each ladder lists the row sizes the library can send, the raw size
+  last (zipccl_jax.slot_ladder from the codec's min_nbytes to the raw row).
+  """
+  del cfg
+  out = {}
+  for u in units:
+    raw = 2 * u.shard
+    ladder = zipccl_jax.slot_ladder(zipccl_jax.min_nbytes(COMPUTE, u.shard), raw) + (raw,)
+    out[u.name] = (ladder, ladder)   # gather rows and gradient rows: shard elements each
+  return out
 
 
 # ---- the gather, and a probe of its backward pass ---------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _watch(full, probe, capacity):
+@jax.custom_vjp
+def _watch(full, probe):
   """Identity on `full`. Its VJP reports what the backward reduce-scatter encodes.
 
   The gather's VJP reduce-scatters the cotangent of `full`, one row per
-  destination, and has no stats output. This probe encodes the same rows (with
-  room for every escape) and returns, as the gradient of `probe` float32[3]:
-  (escapes in all rows, escapes of the worst row, rows over `capacity`). A row
-  over capacity makes that reduce-scatter fall back to raw words (exactly).
+  destination, and has no stats output. This probe encodes the same rows and
+  returns, as the gradient of `probe` float32[3]: (escapes in all rows, escapes
+  of the worst row, the largest used size of a row in units of 128 bytes). The
+  reduce-scatter sends the ladder rung that holds the largest used size of all
+  devices.
   """
-  del probe, capacity
+  del probe
   return full
 
 
-def _watch_fwd(full, probe, capacity):
-  del probe, capacity
+def _watch_fwd(full, probe):
+  del probe
   return full, None
 
 
-def _watch_bwd(capacity, _, ct):
+def _watch_bwd(_, ct):
   rows = ct.reshape(lax.axis_size(AXIS), -1)
-  esc = jax.vmap(lambda r: zipccl_jax.encode(r).escape_count)(rows)
-  return ct, jnp.stack([esc.sum(), esc.max(), (esc > capacity).sum()]).astype(jnp.float32)
+  _, st = zipccl_jax.encode_rows(rows)
+  esc = st[:, 1]
+  return ct, jnp.stack([esc.sum(), esc.max(), st[:, 2].max()]).astype(jnp.float32)
 
 
 _watch.defvjp(_watch_fwd, _watch_bwd)
 
 
-def gather_unit(shard, probe, *, codec: str, capacities: tuple):
+def gather_unit(shard, probe, *, codec: str, capacities: tuple = ()):
   """All-gathers one unit's shard as bfloat16; returns (whole unit, CollectiveStats).
 
   policy="always": "auto" only compresses rows of at least AUTO_MIN_ROW_BYTES
-  (64 KiB), and these rows are smaller.
+  (64 KiB), and these rows are smaller. No capacity argument: the library sizes
+  every call from the data (`capacities` is accepted and unused).
   """
+  del capacities
   full, stats = zipccl_jax.compressed_all_gather(
-      shard.astype(COMPUTE), AXIS, tiled=True, codec=codec, policy="always",
-      escape_capacity=capacities[0], grad_escape_capacity=capacities[1], stats=True)
+      shard.astype(COMPUTE), AXIS, tiled=True, codec=codec, policy="always", stats=True)
   if probe is not None:
-    full = _watch(full, probe, capacities[1])
+    full = _watch(full, probe)
   return full, stats
 
 
@@ -327,43 +327,47 @@ def make_train_step(cfg: Config, units, mesh, codec: str, capacities: dict, opt_
 
 
 def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
-  """Bytes one step sends, summed over the n devices, per unit, collective and path.
+  """Bytes one step sends, summed over the n devices, per unit, collective and rung.
 
   Unit u's all-gather moves one row of shard_u elements per device; its
   reduce-scatter moves n rows per device (one per destination) over an
-  all-to-all. Sent bytes per device use the model of zipccl_jax.hlo_wire_bytes:
+  all-to-all. With codec="zipccl" each is a switch over the slot ladder
+  (`capacities`, from unit_capacities): rung k moves rows of ladder[k] bytes, the
+  last rung the raw words. Agreement: the forward gather (stats=True) all-gathers
+  int32[2] and psums its decode-error count; the backward reduce-scatter pmaxes
+  one int32. Sent bytes per device use the model of zipccl_jax.hlo_wire_bytes:
   all-gather (n-1) x operand, all-to-all (n-1)/n x operand, all-reduce
   2(n-1)/n x operand. `check_against_hlo` compares the totals with the HLO.
 
   Returns:
-    {unit: {"gather": (bytes, bytes if it falls back), "scatter": (...)},
+    {unit: {"gather": (bytes per rung...), "scatter": (bytes per rung...)},
      "other": bytes of the loss all-reduce}.
   """
   out = {}
+  reduce4 = 2 * (n - 1) / n * 4                              # an all-reduce of one int32
   for u in units:
     raw = 2 * u.shard                                        # bf16 bytes of one row
     if codec == "zipccl":
-      enc, enc_g = (zipccl_jax.encoded_nbytes(COMPUTE, u.shard, c) for c in capacities[u.name])
-      flag = 2 * (n - 1) / n * 4                             # pmax of the int32 fallback flag
-      gather = ((n - 1) * enc, (n - 1) * (enc + raw))        # a fallback gathers raw on top
-      scatter = ((n - 1) * enc_g + flag, (n - 1) * raw + flag)  # ... sends raw instead
+      gather_l, scatter_l = capacities[u.name]
+      gather = tuple((n - 1) * slot + (n - 1) * 8 + reduce4 for slot in gather_l)
+      scatter = tuple((n - 1) * slot + reduce4 for slot in scatter_l)
     else:
-      gather = scatter = ((n - 1) * raw,) * 2
+      gather = scatter = ((n - 1) * raw,)
     out[u.name] = {"gather": tuple(n * b for b in gather), "scatter": tuple(n * b for b in scatter)}
-  out["other"] = n * 2 * (n - 1) / n * 4                     # psum of the float32 loss
+  out["other"] = n * reduce4                                 # psum of the float32 loss
   return out
 
 
 def check_against_hlo(model: dict, hlo, n: int):
-  """Raises unless the model's totals equal the compiled HLO's (both paths)."""
+  """Raises unless the model's totals equal the compiled HLO's (smallest and raw rungs)."""
   units = [v for k, v in model.items() if k != "other"]
   common = sum(v["gather"][0] + v["scatter"][0] for v in units) + model["other"]
-  worst = sum(v["gather"][1] + v["scatter"][1] for v in units) + model["other"]
+  worst = sum(v["gather"][-1] + v["scatter"][-1] for v in units) + model["other"]
   if abs(common - n * hlo.common_sent) > 1 or abs(worst - n * hlo.fallback_sent) > 1:
     raise AssertionError(
         f"the wire model disagrees with the compiled HLO: {common:.0f} vs "
-        f"{n * hlo.common_sent:.0f} bytes (no fallback), {worst:.0f} vs "
-        f"{n * hlo.fallback_sent:.0f} (all fall back)")
+        f"{n * hlo.common_sent:.0f} bytes (smallest rungs), {worst:.0f} vs "
+        f"{n * hlo.fallback_sent:.0f} (raw rungs)")
   return common, worst
 
 
@@ -402,18 +406,19 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
     loss, stats, probe_grads = jax.device_get((loss, stats, probe_grads))
     for u in units:
       st = stats[u.name]
-      fell = {"gather": bool(st.fell_back), "scatter": False}
+      rung = {"gather": int(np.asarray(st.rung).reshape(-1)[0]), "scatter": 0}
       escapes["gather"][0] += int(st.escape_count)
       escapes["gather"][1] += st.elements
       if watch:
         pg = probe_grads[u.name].reshape(n, 3)
-        fell["scatter"] = bool(pg[:, 2].sum() > 0)            # some row of some device
+        used = 128 * int(pg[:, 2].max())                       # agreed over all devices
+        rung["scatter"] = sum(1 for slot in capacities[u.name][1][:-1] if used > slot)
         escapes["scatter"][0] += int(pg[:, 0].sum())
         escapes["scatter"][1] += n * n * u.shard
         worst_row = max(worst_row, float(pg[:, 1].max()) / u.shard)
-      for k in fell:
-        fallbacks[k] += fell[k]
-        sent[k].append(model[u.name][k][fell[k]])
+      for k in rung:
+        fallbacks[k] += rung[k] == len(model[u.name][k]) - 1 and codec == "zipccl"
+        sent[k].append(model[u.name][k][rung[k]])
     losses.append(float(loss))
     bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     bar.update(1)
@@ -503,12 +508,6 @@ def parse_args(argv):
   ap.add_argument("--heads", type=int, help=f"attention heads (default {Config.heads})")
   ap.add_argument("--batch-per-device", type=int,
                   help=f"sequences per device and step (default {Config.batch_per_device})")
-  ap.add_argument("--escape-rate", type=float, metavar="R",
-                  help="escape slots per weight row as a fraction of the row, + 64 (default: "
-                       "the library's, 3.75%% + 64); 0 or less: the library's default")
-  ap.add_argument("--grad-escape-rate", type=float, metavar="R",
-                  help=f"the same for the gradient reduce-scatter rows (default "
-                       f"{Config.grad_escape_rate}); 0 or less: the library's default")
   ap.add_argument("--quick", action="store_true",
                   help="a tiny config (2 layers, width 64, 20 steps) that trains in seconds")
   ap.add_argument("--no-analyze", action="store_true", help="skip the codec analysis table")
@@ -516,13 +515,9 @@ def parse_args(argv):
   ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
   args = ap.parse_args(argv)
   overrides = dict(QUICK) if args.quick else {}
-  for k in ("steps", "seq_len", "d_model", "layers", "heads", "batch_per_device", "escape_rate",
-            "grad_escape_rate"):
+  for k in ("steps", "seq_len", "d_model", "layers", "heads", "batch_per_device"):
     if getattr(args, k) is not None:
       overrides[k] = getattr(args, k)
-  for k in ("escape_rate", "grad_escape_rate"):
-    if overrides.get(k, 1) is not None and overrides.get(k, 1) <= 0:
-      overrides[k] = None
   cfg = Config(**overrides)
   if cfg.d_model % cfg.heads:
     ap.error(f"--d-model ({cfg.d_model}) must be a multiple of --heads ({cfg.heads})")
@@ -579,22 +574,20 @@ def _run(cfg: Config, args, devices) -> int:
     zl, rl = z["losses"][a:b].mean(), r["losses"][a:b].mean()
     print(f"  steps {a + 1:>4}-{b:<4} {zl:.4f} | {rl:.4f}")
 
-  print(f"\nbytes sent per step, summed over the {mesh.size} devices (static sizes, equal to "
-        "the compiled HLO's collectives):")
+  print(f"\nbytes sent per step, summed over the {mesh.size} devices (the slot ladders' "
+        "sizes equal the compiled HLO's collectives):")
   print(f"  {'':<38} {'zipccl':>10} {'raw':>10} {'ratio':>6}")
-  table = [("if no call falls back", z["bytes_common"], r["bytes_common"]),
-           ("if every call falls back", z["bytes_worst"], r["bytes_worst"]),
+  table = [("if every call took its smallest rung", z["bytes_common"], r["bytes_common"]),
+           ("if every call took the raw rung", z["bytes_worst"], r["bytes_worst"]),
            ("measured: weight all-gathers", z["bytes"]["gather"], r["bytes"]["gather"]),
            ("measured: gradient reduce-scatters", z["bytes"]["scatter"], r["bytes"]["scatter"]),
            ("measured: total", z["bytes_per_step"], r["bytes_per_step"])]
   for name, bz, br in table:
     print(f"  {name:<38} {_mib(bz):>10} {_mib(br):>10} {br / bz:>6.3f}")
-  rate = lambda r: "library default, 3.75% + 64" if r is None else f"{100 * r:g}% + 64"
-  capacity = f"weights {rate(cfg.escape_rate)}, gradients {rate(cfg.grad_escape_rate)}"
   print(f"  escape rate: weights {100 * z['escape_rate']['gather']:.2f}%, gradient rows "
         f"{100 * z['escape_rate']['scatter']:.2f}% (worst row "
-        f"{100 * z['worst_gradient_row']:.1f}%); capacity {capacity} per row")
-  print(f"  exact fallbacks to raw words: all-gathers {z['fallbacks']['gather']}/{z['calls']}, "
+        f"{100 * z['worst_gradient_row']:.1f}%); no capacity to tune (library defaults)")
+  print(f"  calls on the raw rung (exact): all-gathers {z['fallbacks']['gather']}/{z['calls']}, "
         f"reduce-scatters {z['fallbacks']['scatter']}/{z['calls']}")
 
   ratio = r["bytes_per_step"] / z["bytes_per_step"]

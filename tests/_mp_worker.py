@@ -59,7 +59,7 @@ def _run(jax, result):
   devices = jax.devices()
   n = len(devices)
   mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
-  rows, cols = 8, 512
+  rows, cols = 8, 2048   # all_to_all rows of >= 2048 elements: each has a slot ladder
   kw = dict(policy="always")
   ring = [(i, (i + 1) % n) for i in range(n)]
 
@@ -86,9 +86,16 @@ def _run(jax, result):
   outl = gauss.copy()
   e = rng.integers(1, 255, size=(rows, cols)).astype(np.uint16)
   outl[(n - 1) * rows:] = ((gauss[:rows].view(np.uint16) & 0x807F) | (e << 7)).view(bf16)
+  # size classes: device d has d% of its columns with spread exponents, so every
+  # device encodes to a different size; all agree on the largest (a compressed rung)
+  sizes = gauss.copy()
+  for d in range(n):
+    k = d * cols // 100
+    blk = sizes[d * rows:(d + 1) * rows]
+    blk[:, :k] = ((blk[:, :k].view(np.uint16) & 0x807F) | (e[:, :k] << 7)).view(bf16)
 
   for case, x, expect in (("gaussian", gauss, False), ("random_bits", rand, True),
-                          ("outliers", outl, True)):
+                          ("outliers", outl, True), ("size_classes", sizes, False)):
     blocks = np.split(x, n)
     col_chunks = [np.split(b, n, axis=1) for b in blocks]
     want = (

@@ -256,7 +256,7 @@ def all_five_fn(mesh8):
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=lambda d: d.name)
 @pytest.mark.parametrize("kind", ["random_bits", "outliers", "zeros", None])
 def test_overflow_on_one_device_is_exact(all_five_fn, dtype, kind):
-  rows, cols = 16, 256
+  rows, cols = 16, 2048   # all_to_all rows of 4096 elements: large enough for a ladder
   x = gaussian((N * rows, cols), dtype, seed=11)
   if kind is not None:
     x[5 * rows:6 * rows] = bad_block((rows, cols), dtype, kind)
@@ -285,12 +285,16 @@ def test_stats_fields(mesh8):
   n = 64 * 512
   assert s.collective == "all_gather" and s.compressed and s.raw_bytes == 2 * n
   assert s.elements == N * n
-  assert not bool(s.fell_back)
-  assert int(s.wire_bytes) == zc.encoded_nbytes(BF16, n)
+  assert not bool(s.fell_back) and not bool(s.raw_rung)
+  # the slot is the ladder's first rung >= the largest used size of the 8 blocks
+  used = max(int(zc.encode(jnp.asarray(b)).used_units) * 128 for b in _blocks(x))
+  assert np.asarray(s.used_bytes).tolist() == [used]
+  slot = int(np.asarray(s.slot_bytes)[0])
+  assert used <= slot <= max(used * 1.02, used + 128)
+  assert int(s.wire_bytes) == slot + s.agree_bytes
   assert 1.38 < float(s.ratio) < 1.45
   assert 0.01 < float(s.escape_rate) < 0.035
-  # all_gather reads escape counts from the gathered headers (docs/format.md offsets):
-  # they must equal what the encoder reported for each block.
+  # the escape counts summed over the participants equal what the encoder reports
   want = sum(int(zc.encode(jnp.asarray(b)).escape_count) for b in _blocks(x))
   assert int(s.escape_count) == want
   assert "ratio=" in s.summary()
@@ -305,7 +309,7 @@ PERM_AB = [(i, (i + 3) % 8) for i in range(5)]
 def test_2d_mesh_one_axis_compressed(mesh4x2):
   """x varies over both axes; collectives run over "a" only (groups of 4), and over
   the tuple ("a", "b"). A bad block on one device makes only its "a" group fall back."""
-  rows, cols = 8, 256
+  rows, cols = 8, 1024   # psum_scatter rows of 2048 elements: large enough for a ladder
   x = gaussian((8 * rows, cols), BF16, seed=13)
   bad = 5                                          # device (a=2, b=1)
   x[bad * rows:(bad + 1) * rows] = bad_block((rows, cols), BF16, "random_bits")
@@ -418,9 +422,13 @@ def test_gradient_runs_compressed_collectives(mesh8):
   assert opcodes == ["all-gather", "all-reduce", "all-to-all"], opcodes
   raw = 2 * 64 * 512
   # forward: all-gather of one row; backward: the cotangent (8 blocks) goes out as
-  # 8 rows over one all-to-all, plus the 4-byte fallback flag.
-  row = zc.encoded_nbytes(BF16, 64 * 512)
-  assert wb.common == row + N * row + 4
+  # 8 rows over one all-to-all; each a switch over the slot ladder (uint8 rows, the
+  # raw words last) after a 4-byte pmax.
+  rungs = zc.slot_ladder(zc.min_nbytes(BF16, 64 * 512), raw)
+  by_op = {c.opcodes: c.branch_bytes for c in wb.conditionals}
+  assert by_op[("all-gather",)] == rungs + (raw,)
+  assert by_op[("all-to-all",)] == tuple(N * r for r in rungs) + (N * raw,)
+  assert wb.common == rungs[0] + N * rungs[0] + 4 + 4
   assert wb.common < (raw + N * raw) / 1.38
 
 
@@ -512,7 +520,9 @@ def test_policy_auto_threshold(mesh8):
   big = jax.ShapeDtypeStruct((N * 32, 1024), jnp.bfloat16)      # 64 KiB rows
   s, b = _auto_wire(mesh8, small), _auto_wire(mesh8, big)
   assert s.common == s.total == 8 * 1024 * 2
-  assert b.common == zc.encoded_nbytes(BF16, 32 * 1024) < 32 * 1024 * 2
+  # compressed: the smallest rung of the ladder plus the 4-byte agreement
+  assert b.common == zc.slot_ladder(zc.min_nbytes(BF16, 32 * 1024), 65536)[0] + 4
+  assert b.common < 32 * 1024 * 2 and b.fallback == 32 * 1024 * 2 + 4
   assert zc.AUTO_MIN_ROW_BYTES == 64 * 1024
 
 
@@ -536,7 +546,8 @@ def test_policy_auto_with_a_calibration_asks_the_cost_model(mesh8):
     assert _auto_wire(mesh8, big).common == _auto_wire(mesh8, big).total == raw_big
     zc.set_calibration(slow)
     assert _auto_wire(mesh8, small).common == 8 * 16 * 2
-    assert _auto_wire(mesh8, big).common == zc.encoded_nbytes(BF16, 32 * 1024) < raw_big
+    first_rung = zc.slot_ladder(zc.min_nbytes(BF16, 32 * 1024), raw_big)[0]
+    assert _auto_wire(mesh8, big).common == first_rung + 4 < raw_big   # + the agreement
   finally:
     zc.set_calibration(None)
 
@@ -550,7 +561,10 @@ def test_stats_wire_bytes_match_hlo(mesh8):
   jf = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=(P(), P())))
   wb = zc.hlo_wire_bytes(jf.lower(x).compile().as_text())
   _, s = jf(x)
-  assert int(s.wire_bytes) == wb.common
+  # the two switches (reduce-scatter's all-to-all, all-gather), on the rungs taken
+  order = [{("all-to-all",): 0, ("all-gather",): 1}[c.opcodes] for c in wb.conditionals]
+  rungs = np.asarray(s.rung)
+  assert int(s.wire_bytes) == wb.taken([int(rungs[i]) for i in order])
   assert not bool(s.fell_back)
 
 
@@ -558,63 +572,61 @@ def test_stats_wire_bytes_match_hlo(mesh8):
 
 
 def test_edge_shapes_and_forced_fallback(mesh8):
-  """Odd sizes (psum pads to N rows), scalars, empty arrays, and escape_capacity=0,
-  which makes every Gaussian row overflow: the fallback must still be exact."""
+  """Odd sizes (psum pads to N rows), scalars, empty arrays, and random bits on
+  every device, which send every row on the raw rung: still exact."""
   odd = gaussian((N * 7, 3), BF16, seed=41)
-  x = gaussian((N * 4, 96), F16, seed=42)
+  x = gaussian((N * 16, 1024), F16, seed=42)
+  xr = bad_block((N * 16, 1024), F16, "random_bits", seed=43)
 
-  def body(odd, x):
+  def body(odd, x, xr):
     b = lambda v: lax.bitcast_convert_type(v, jnp.uint16)
     ps_odd = zc.compressed_psum(odd, "x", **ALWAYS)
     ag_scalar = zc.compressed_all_gather(odd[0, 0], "x", to="invarying", **ALWAYS)
     empty = zc.compressed_ppermute(x[:0], "x", PERM, **ALWAYS)
-    ag0, s_ag0 = zc.compressed_all_gather(x, "x", tiled=True, to="invarying", escape_capacity=0,
-                                          stats=True, **ALWAYS)
-    rs0, s_rs0 = zc.compressed_psum_scatter(x, "x", scatter_dimension=1, tiled=True,
-                                            escape_capacity=0, stats=True, **ALWAYS)
-    rs_raw = zc.compressed_psum_scatter(x, "x", scatter_dimension=1, tiled=True, codec="raw")
+    ag0, s_ag0 = zc.compressed_all_gather(xr, "x", tiled=True, to="invarying", stats=True,
+                                          **ALWAYS)
+    rs0, s_rs0 = zc.compressed_psum_scatter(xr, "x", scatter_dimension=1, tiled=True,
+                                            stats=True, **ALWAYS)
+    rs_raw = zc.compressed_psum_scatter(xr, "x", scatter_dimension=1, tiled=True, codec="raw")
     g_inv = jax.grad(lambda v: jnp.sum(zc.compressed_all_gather(
         v, "x", tiled=True, to="invarying", **ALWAYS).astype(jnp.float32) ** 2))(x)
     g_lax = jax.grad(lambda v: jnp.sum(lax.all_gather(
         v, "x", tiled=True, to="invarying").astype(jnp.float32) ** 2))(x)
-    return (ps_odd, ag_scalar, empty, ag0, b(lax.all_gather(x, "x", tiled=True, to="invarying")),
+    return (ps_odd, ag_scalar, empty, ag0, b(lax.all_gather(xr, "x", tiled=True, to="invarying")),
             rs0, rs_raw, g_inv, g_lax, jnp.stack([s_ag0.fell_back, s_rs0.fell_back]))
 
   outs = (P(), P(), P("x"), P(), P(), P("x"), P("x"), P("x"), P("x"), P())
   (ps_odd, ag_scalar, empty, ag0, ag_lax, rs0, rs_raw, g_inv, g_lax, flags) = smap(
-      mesh8, (P("x"), P("x")), outs)(body)(odd, x)
+      mesh8, (P("x"), P("x"), P("x")), outs)(body)(odd, x, xr)
   assert ps_odd.shape == (7, 3)
   assert_bits_equal(np.asarray(ps_odd), ordered_sum(_blocks(odd), BF16), "psum of 7x3")
   assert_bits_equal(np.asarray(ag_scalar), odd[::7, 0], "all_gather of a scalar")
-  assert empty.shape == (0, 96)
-  assert np.asarray(flags).tolist() == [True, True], "capacity 0 must force the fallback"
-  assert_bits_equal(np.asarray(ag0), np.asarray(ag_lax).view(F16), "all_gather fallback")
-  assert_bits_equal(np.asarray(rs0), np.asarray(rs_raw), "psum_scatter fallback vs raw")
+  assert empty.shape == (0, 1024)
+  assert np.asarray(flags).tolist() == [True, True], "random bits must take the raw rung"
+  assert_bits_equal(np.asarray(ag0), np.asarray(ag_lax).view(F16), "all_gather raw rung")
+  assert_bits_equal(np.asarray(rs0), np.asarray(rs_raw), "psum_scatter raw rung vs raw")
   assert_bits_equal(np.asarray(g_inv), np.asarray(g_lax), "grad of all_gather to=invarying")
 
 
-def test_grad_escape_capacity_sizes_the_backward_rows(mesh8):
-  """grad_escape_capacity sets the capacity of the collective the VJP runs."""
+def test_grad_escape_capacity_is_deprecated_and_backward_rows_have_their_ladder(mesh8):
+  """The collective the VJP runs sizes its rows from the data too: its all-to-all
+  switch has the ladder of the cotangent's rows; capacity arguments only warn."""
   x = jax.ShapeDtypeStruct((N * 64, 512), jnp.bfloat16)
   m = 64 * 512  # elements of one device's block = one row, forward and backward
 
-  def rows_in_hlo(grad_cap):
-    def f(v):
-      return jax.grad(lambda u: jnp.sum(zc.compressed_all_gather(
-          u, "x", tiled=True, escape_capacity=128, grad_escape_capacity=grad_cap,
-          **ALWAYS).astype(jnp.float32) ** 2))(v)
+  def f(v):
+    return jax.grad(lambda u: jnp.sum(zc.compressed_all_gather(
+        u, "x", tiled=True, escape_capacity=128, grad_escape_capacity=4096,
+        **ALWAYS).astype(jnp.float32) ** 2))(v)
+
+  with pytest.warns(DeprecationWarning, match="grad_escape_capacity is deprecated"):
     text = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))) \
         .lower(x).compile().as_text()
-    common = [o for o in zc.hlo_wire_bytes(text).ops if o.path != "fallback"]
-    assert sorted(o.opcode for o in common) == ["all-gather", "all-reduce", "all-to-all"]
-    return {o.opcode: o for o in common}
-
-  for cap in (None, 4096):
-    ops = rows_in_hlo(cap)
-    assert ops["all-gather"].operand_bytes == zc.encoded_nbytes(BF16, m, 128)
-    # backward: the cotangent of the gathered array goes out as N rows of m elements
-    a2a = zc.encoded_nbytes(BF16, m, 128 if cap is None else cap) * N
-    assert ops["all-to-all"].operand_bytes == a2a, (cap, ops["all-to-all"].operand_bytes, a2a)
+  rungs = zc.slot_ladder(zc.min_nbytes(BF16, m), 2 * m)
+  by_op = {c.opcodes: c.branch_bytes for c in zc.hlo_wire_bytes(text).conditionals}
+  assert by_op[("all-gather",)] == rungs + (2 * m,)
+  # backward: the cotangent of the gathered array goes out as N rows of m elements
+  assert by_op[("all-to-all",)] == tuple(N * r for r in rungs) + (2 * m * N,)
   with pytest.raises(ValueError, match="grad_escape_capacity"):
     smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_all_gather(
         v, "x", grad_escape_capacity=-1))(gaussian((N * 4, 8), BF16, seed=1))

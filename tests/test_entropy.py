@@ -358,23 +358,33 @@ def test_shard_map(mesh8):
 
 
 def test_registry_entry():
-  from zipccl_jax._src import registry
-  c = registry.get("entropy")
+  import zipccl_jax as zc
+  c = zc.get_codec("entropy")
   assert c.codec_id == 2 and c.encode_target == ent.ENCODE_TARGET
   assert c.decode_target == ent.DECODE_TARGET
   assert c.supports(BF16) and c.supports(F16) and not c.supports(np.float32)
   assert c.max_nbytes(BF16, 5000) == ent.max_nbytes(BF16, 5000)
 
 
-def test_collectives_refuse_entropy_until_the_transport_moves_it(mesh8):
+def test_collectives_move_entropy_rows_on_the_ladder(mesh8):
+  """codec="entropy" through the slot ladder: bit-identical gathers, a compressed rung
+  for bf16; fp32 (not an entropy dtype) moves raw words."""
   import zipccl_jax as zc
 
   def f(x):
-    return zc.compressed_all_gather(x, "x", codec="entropy")
+    return zc.compressed_all_gather(x, "x", tiled=True, to="invarying", codec="entropy",
+                                    policy="always", stats=True)
 
-  g = jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P())
-  with pytest.raises(NotImplementedError, match="transport does not move it yet"):
-    jax.jit(g)(jnp.zeros((8, 64), jnp.bfloat16))
+  g = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=(P(), P())))
+  x = make("gauss", 8 * 8192, BF16, seed=5).reshape(64, 1024)
+  y, s = g(jnp.asarray(x))
+  assert_bits_equal(np.asarray(y), x)
+  assert s.codec == "entropy" and s.compressed and not bool(s.raw_rung)
+  assert int(s.wire_bytes) < 2 * 8192
+  x32 = make("gauss", 8 * 4096, np.float32, seed=6).reshape(64, 512)
+  y32, s32 = g(jnp.asarray(x32))
+  assert_bits_equal(np.asarray(y32), x32)
+  assert not s32.compressed
 
 
 def test_threads_give_identical_bytes(tmp_path):

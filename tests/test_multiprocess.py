@@ -54,7 +54,8 @@ def test_collectives_across_processes(tmp_path, nproc, local):
     assert r["flags"] == first["flags"], f"process {pid} fallback flags differ"
   assert first["flags"]["gaussian"] == [False] * 5
   assert first["flags"]["random_bits"] == [True] * 5
-  assert len(first["digests"]) == 6
+  assert first["flags"]["size_classes"] == [False] * 5
+  assert len(first["digests"]) == 8
 
 
 def test_dead_worker_fails_fast_with_its_output(tmp_path):

@@ -45,7 +45,11 @@ from zipccl_jax._src.ffi import has_cuda_support, native
 from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
 from zipccl_jax._src.options import AUTO_MIN_ROW_BYTES
+from zipccl_jax._src.registry import Codec, get as get_codec, names as codec_names
+from zipccl_jax._src.registry import register as register_codec
+from zipccl_jax._src.registry import unregister as unregister_codec
 from zipccl_jax._src.stats import CollectiveStats
+from zipccl_jax._src.transport import ladder as slot_ladder
 
 __version__ = "0.1.0"
 
@@ -56,11 +60,13 @@ __all__ = [
     "DEFAULT_ESCAPE_RATE",
     "FORMAT_VERSION",
     "Analysis",
+    "Codec",
     "Calibration",
     "CollectiveStats",
     "Encoded",
     "HloWireBytes",
     "analyze",
+    "codec_names",
     "calibrate",
     "compressed_all_gather",
     "compressed_all_to_all",
@@ -75,13 +81,17 @@ __all__ = [
     "encode",
     "encode_rows",
     "encoded_nbytes",
+    "get_codec",
     "has_cuda_support",
     "hlo_wire_bytes",
     "max_nbytes",
     "min_nbytes",
     "native",
+    "register_codec",
+    "slot_ladder",
     "project",
     "set_calibration",
     "tune_host_allocator",
+    "unregister_codec",
     "workspace_nbytes",
 ]

@@ -16,13 +16,11 @@ Exactness (docs/design.md):
   * psum_scatter / psum sum the exactly-transported chunks in rank order
     (0, 1, ..., N-1 of the linearised axis_name) in float32, rounding once to the
     input dtype: deterministic, identical for codec="zipccl" and codec="raw".
-  * A row that does not fit its escape capacity is never decoded: all
-    participants agree (all_gather from the gathered headers; the others with one
-    4-byte pmax) and the call takes the uncompressed path inside a `lax.cond`
-    whose predicate is identical on every participant.
-
-The uncompressed path moves same-width unsigned bitcasts (uint16/uint32): XLA:CPU
-would widen a bf16 collective to f32 on the wire.
+  * Every call moves the slot of the ladder that holds the largest used size of
+    all participants (transport.py); a row that does not compress goes on the
+    raw rung (same-width uint16/uint32 bitcasts: XLA:CPU would widen a bf16
+    collective to f32 on the wire). The rung index is agreed by one 4-byte pmax,
+    so it is identical on every participant.
 """
 from __future__ import annotations
 
@@ -57,11 +55,16 @@ class _Cfg(NamedTuple):
   perm: tuple = ()      # ppermute
 
 
+def _plan(cfg: _Cfg, collective: str, dtype, m: int) -> options.Plan:
+  return options.plan(cfg.fn, dtype, m, cfg.opts, collective=collective, n_peers=cfg.n_peers)
+
+
 def _ag_impl(x, cfg: _Cfg):
   shape = x.shape
   n = x.size
-  plan = options.plan(cfg.fn, x.dtype, n, cfg.opts, collective="all_gather", n_peers=cfg.n_peers)
-  g, part = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats)
+  plan = _plan(cfg, "all_gather", x.dtype, n)
+  g, part = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats,
+                                  cfg.opts.check_decode)
   y = jnp.moveaxis(g.reshape((cfg.n_peers,) + shape), 0, cfg.dim)
   if cfg.tiled:
     a = cfg.dim
@@ -86,9 +89,8 @@ def _rows_for_peers(x, dim, tiled, n_peers):
 
 def _rs_impl(x, cfg: _Cfg):
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, cfg.n_peers)
-  plan = options.plan(cfg.fn, x.dtype, rows.shape[1], cfg.opts, collective="psum_scatter",
-                      n_peers=cfg.n_peers)
-  recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats)
+  plan = _plan(cfg, "psum_scatter", x.dtype, rows.shape[1])
+  recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   y = transport.ordered_sum(recv, x.dtype).reshape(chunk)
   return y, (stats_lib.make_stats("psum_scatter", cfg.opts.codec, [part]) if cfg.stats else None)
 
@@ -100,10 +102,11 @@ def _psum_impl(x, cfg: _Cfg):
   flat = x.reshape(n)
   if n_peers * m != n:
     flat = jnp.pad(flat, (0, n_peers * m - n))
-  plan = options.plan(cfg.fn, x.dtype, m, cfg.opts, collective="psum", n_peers=n_peers)
-  recv, p1 = transport.a2a_rows(flat.reshape(n_peers, m), cfg.axes, plan, cfg.stats)
+  plan = _plan(cfg, "psum", x.dtype, m)
+  check = cfg.opts.check_decode
+  recv, p1 = transport.a2a_rows(flat.reshape(n_peers, m), cfg.axes, plan, cfg.stats, check)
   mine = transport.ordered_sum(recv, x.dtype)
-  g, p2 = transport.gather_rows(mine, cfg.axes, n_peers, plan, cfg.stats)
+  g, p2 = transport.gather_rows(mine, cfg.axes, n_peers, plan, cfg.stats, check)
   y = g.reshape(n_peers * m)[:n].reshape(x.shape)
   return y, (stats_lib.make_stats("psum", cfg.opts.codec, [p1, p2]) if cfg.stats else None)
 
@@ -111,9 +114,8 @@ def _psum_impl(x, cfg: _Cfg):
 def _a2a_impl(x, cfg: _Cfg):
   n_peers = cfg.n_peers
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
-  plan = options.plan(cfg.fn, x.dtype, rows.shape[1], cfg.opts, collective="all_to_all",
-                      n_peers=n_peers)
-  recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats)
+  plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1])
+  recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   c = cfg.dim2
   y = jnp.moveaxis(recv.reshape((n_peers,) + chunk), 0, c)
   if cfg.tiled:
@@ -123,8 +125,9 @@ def _a2a_impl(x, cfg: _Cfg):
 
 def _pp_impl(x, cfg: _Cfg):
   n = x.size
-  plan = options.plan(cfg.fn, x.dtype, n, cfg.opts, collective="ppermute", n_peers=cfg.n_peers)
-  y, part = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan, cfg.stats)
+  plan = _plan(cfg, "ppermute", x.dtype, n)
+  y, part = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan, cfg.stats,
+                                  cfg.opts.check_decode)
   st = stats_lib.make_stats("ppermute", cfg.opts.codec, [part]) if cfg.stats else None
   return y.reshape(x.shape), st
 
@@ -178,32 +181,30 @@ def _ag_bwd(cfg: _Cfg, ct):
       size = ct.shape[cfg.dim] // cfg.n_peers
       return lax.dynamic_slice_in_dim(ct, me * size, size, cfg.dim)
     return lax.dynamic_index_in_dim(ct, me, cfg.dim, keepdims=False)
-  rs = cfg._replace(fn="compressed_psum_scatter (grad of compressed_all_gather)", stats=False,
-                    opts=cfg.opts.for_grad())
+  rs = cfg._replace(fn="compressed_psum_scatter (grad of compressed_all_gather)", stats=False)
   return _rs(compat.pvary(ct, cfg.axes), rs)[0]
 
 
 def _rs_bwd(cfg: _Cfg, ct):
   ag = cfg._replace(fn="compressed_all_gather (grad of compressed_psum_scatter)", stats=False,
-                    to="varying", opts=cfg.opts.for_grad())
+                    to="varying")
   return _ag(compat.pvary(ct, cfg.axes), ag)[0]
 
 
 def _psum_bwd(cfg: _Cfg, ct):
   if compat.check_vma_enabled():
     return compat.pvary(ct, cfg.axes)      # JAX: psum's cotangent is only re-typed
-  return _psum(ct, cfg._replace(stats=False, opts=cfg.opts.for_grad()))[0]  # no vma: psum again
+  return _psum(ct, cfg._replace(stats=False))[0]  # no vma: psum again
 
 
 def _a2a_bwd(cfg: _Cfg, ct):
   return _a2a(compat.pvary(ct, cfg.axes),
-              cfg._replace(dim=cfg.dim2, dim2=cfg.dim, stats=False, opts=cfg.opts.for_grad()))[0]
+              cfg._replace(dim=cfg.dim2, dim2=cfg.dim, stats=False))[0]
 
 
 def _pp_bwd(cfg: _Cfg, ct):
   inv = tuple((d, s) for s, d in cfg.perm)
-  return _pp(compat.pvary(ct, cfg.axes), cfg._replace(perm=inv, stats=False,
-                                                      opts=cfg.opts.for_grad()))[0]
+  return _pp(compat.pvary(ct, cfg.axes), cfg._replace(perm=inv, stats=False))[0]
 
 
 _ag = _with_vjp(_ag_impl, _ag_bwd)
@@ -253,26 +254,26 @@ def _takes_lax(fn, leaf) -> bool:
 # ---- public API ----------------------------------------------------------------------------
 
 _OPTIONS_DOC = """
-    codec: "zipccl" (compress), "raw" (the same algorithm moving uncompressed
-      uint16/uint32 bitcasts: the exact twin, bit-identical results) or None
-      (the plain `jax.lax` collective, the oracle).
-    escape_capacity: escape slots per row (one row = the message for one peer);
-      default `default_escape_capacity(m)` (3.75% + 64). A row that needs more
-      makes the whole call fall back to the uncompressed path (still exact).
-      Values above 2^31 - 1 are an error; a row of m elements uses at most
-      align128(m) slots, so a larger value is clamped to that.
-    grad_escape_capacity: escape slots per row of the collective that jax.grad
-      runs for this one (e.g. the reduce-scatter of an all_gather's cotangent);
-      default: escape_capacity. Gradients often escape more than weights (heavier
-      tails, mixed scales in flat FSDP buffers), so they may need more room.
+    codec: a registered codec ("zipccl", the window codec), "raw" (the same
+      algorithm moving uncompressed uint16/uint32 bitcasts: the exact twin,
+      bit-identical results) or None (the plain `jax.lax` collective, the oracle).
+    escape_capacity: deprecated and ignored (DeprecationWarning): each call sizes
+      its wire from the data (the slot ladder, docs/design.md).
+    grad_escape_capacity: deprecated and ignored, as escape_capacity.
     policy: "always" compress; "never" (same as codec="raw"); "auto" compress
-      when a row holds at least AUTO_MIN_ROW_BYTES (64 KiB) raw and encodes
-      smaller; with a calibration (`zipccl_jax.calibrate`), when the cost model
-      says compressing is faster.
-    stats: also return a `CollectiveStats` (per leaf of x) with the fallback
-      flag, escape count and bytes moved. Costs nothing extra on the wire except
-      the fallback flag of psum_scatter/psum/all_to_all/ppermute growing from 4
-      to 8 bytes."""
+      when a row (the message for one peer) holds at least AUTO_MIN_ROW_BYTES
+      (64 KiB) raw and its smallest encoding is smaller than that; with a
+      calibration (`zipccl_jax.calibrate`), when the cost model says compressing
+      is faster.
+    stats: also return a `CollectiveStats` (per leaf of x): the rung each
+      transport took, used vs slot bytes, whether the raw rung was taken, the
+      codec's count, decode errors. Costs one 4-byte psum per transport and turns
+      the 4-byte agreement into an 8-byte all-gather.
+    check_decode: raise (from a `jax.debug.callback`, so the call fails with an
+      error naming the collective) when a received row fails to decode, instead of
+      only returning NaN rows (and counting them in stats). None: on when the
+      environment has ZIPCCL_CHECK_DECODE=1. A decode failure means the payload
+      was corrupted in transit; the codec itself never produces one."""
 
 
 def _with_options_doc(f):
@@ -285,12 +286,13 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
                           to: str = "varying", codec: str | None = "zipccl",
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
-                          stats: bool = False):
+                          stats: bool = False, check_decode: bool | None = None):
   """`jax.lax.all_gather` with compressed payloads; bit-identical result.
 
-  Each device encodes its block once into one row, the rows are all-gathered as
-  uint8 and decoded. If any row overflowed (seen in the gathered headers, no extra
-  collective), everyone gathers the raw uint16/uint32 bits instead.
+  Each device encodes its block once into one row; the participants agree on the
+  largest used size (one 4-byte pmax), all-gather that prefix of every row (a
+  rung of the slot ladder) and decode it. Data that does not compress takes the
+  raw rung (uint16/uint32 bits).
 
   Args:
     x: array (or pytree), inside `jax.shard_map`; bf16/fp16/fp32 leaves are
@@ -311,7 +313,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
   if to not in ("varying", "invarying"):
     raise ValueError(f"{fn}: to must be 'varying' or 'invarying', got {to!r}")
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, tiled)
+                                      grad_escape_capacity, policy, stats, tiled, check_decode)
 
   def plain(leaf, a):
     y = (compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled) if to == "invarying"
@@ -337,7 +339,8 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
 def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
                             codec: str | None = "zipccl", escape_capacity: int | None = None,
                             grad_escape_capacity: int | None = None,
-                            policy: str = "auto", stats: bool = False):
+                            policy: str = "auto", stats: bool = False,
+                            check_decode: bool | None = None):
   """`jax.lax.psum_scatter` over compressed per-destination chunks.
 
   Each device encodes the N chunks of x along `scatter_dimension` as N rows in one
@@ -362,7 +365,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
   """
   fn = "compressed_psum_scatter"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, tiled)
+                                      grad_escape_capacity, policy, stats, tiled, check_decode)
 
   def plain(leaf, d):
     y = lax.psum_scatter(leaf, axes, scatter_dimension=d, tiled=tiled)
@@ -385,7 +388,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
 def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
                     escape_capacity: int | None = None,
                     grad_escape_capacity: int | None = None, policy: str = "auto",
-                    stats: bool = False):
+                    stats: bool = False, check_decode: bool | None = None):
   """`jax.lax.psum` as compressed reduce-scatter + compressed all-gather.
 
   x is flattened and split into N equal rows (zero-padded); the reduce-scatter
@@ -409,7 +412,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
   """
   fn = "compressed_psum"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats)
+                                      grad_escape_capacity, policy, stats, False, check_decode)
 
   def one(leaf):
     plain = _takes_lax(fn, leaf)
@@ -428,7 +431,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
                           tiled: bool = False, codec: str | None = "zipccl",
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
-                          stats: bool = False):
+                          stats: bool = False, check_decode: bool | None = None):
   """`jax.lax.all_to_all` with compressed per-destination chunks; bit-identical.
 
   Args:
@@ -448,7 +451,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
   """
   fn = "compressed_all_to_all"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, tiled)
+                                      grad_escape_capacity, policy, stats, tiled, check_decode)
 
   def plain(leaf, s, c):
     y = lax.all_to_all(leaf, axes, s, c, tiled=tiled)
@@ -471,7 +474,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
 def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
                         escape_capacity: int | None = None,
                         grad_escape_capacity: int | None = None, policy: str = "auto",
-                        stats: bool = False):
+                        stats: bool = False, check_decode: bool | None = None):
   """`jax.lax.ppermute` with a compressed payload; bit-identical (zeros where
   no one sends, as lax).
 
@@ -491,7 +494,7 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
   """
   fn = "compressed_ppermute"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats)
+                                      grad_escape_capacity, policy, stats, False, check_decode)
   perm = options.check_perm(fn, perm, n_peers)
 
   def one(leaf):

@@ -47,19 +47,41 @@ class HloCollective:
   computation: str
   opcode: str
   operand_bytes: int
-  path: str   # "always" (both paths), "common" (branch 0 only), "fallback" (branch 1 only)
+  path: str   # "always" (outside conditionals), "common" (first branches only),
+              # "fallback" (last branches only), "other" (a middle rung of a switch)
   group_size: int = 1
   sent_bytes: float = 0.0   # modelled bytes one device sends (see hlo_wire_bytes)
+  branches: tuple = ()      # ((conditional, branch index), ...) on the way from ENTRY
+
+
+@dataclasses.dataclass(frozen=True)
+class HloConditional:
+  """A conditional (`lax.cond` / `lax.switch`) with collectives in its branches.
+
+  Attributes:
+    name: the conditional instruction's name.
+    branch_bytes: per branch, the operand bytes of the collectives inside it (a
+      slot ladder's switch: one entry per rung, the raw rung last).
+    opcodes: the collective opcodes found in its branches (to tell switches apart).
+  """
+  name: str
+  branch_bytes: tuple
+  opcodes: tuple
 
 
 @dataclasses.dataclass(frozen=True)
 class HloWireBytes:
   """Operand bytes of the collectives in a compiled module.
 
-  common: on the path taken when nothing overflows (conditionals take branch 0,
-    the false branch: every fallback `lax.cond` here is `cond(fell_back, ...)`).
-  fallback: on the path taken when every fallback fires (branch 1).
-  total: every collective in the module, whichever branch it is in.
+  A switch of collectives (the slot ladder, one branch per rung) runs exactly one
+  branch per call, so its bytes are counted per branch, never summed:
+  common: every conditional takes its FIRST branch (the ladder's smallest rung;
+    the false branch of a two-way `lax.cond`);
+  fallback: every conditional takes its LAST branch (the ladder's raw rung);
+  total: every collective in the module, whichever branch it is in (an upper
+    bound no run reaches);
+  conditionals: per conditional, the bytes of each branch; `taken()` adds up the
+    path of given branch choices (e.g. the rungs a call's stats report).
   *_sent: the same sums of `HloCollective.sent_bytes`, a model of the bytes that
     leave one device, which makes different collectives comparable (an
     all-reduce of B operand bytes sends ~2B(G-1)/G, an all-gather B(G-1)).
@@ -71,6 +93,15 @@ class HloWireBytes:
   common_sent: float = 0.0
   fallback_sent: float = 0.0
   total_sent: float = 0.0
+  conditionals: tuple = ()
+
+  def taken(self, choice) -> int:
+    """Operand bytes when conditional c takes branch choice[c] (a dict by name, or a
+    sequence in the order of `conditionals`); unlisted conditionals take branch 0."""
+    if not isinstance(choice, dict):
+      choice = {c.name: int(i) for c, i in zip(self.conditionals, choice)}
+    return sum(op.operand_bytes for op in self.ops
+               if all(choice.get(c, 0) == i for c, i in op.branches))
 
 
 def _shape_bytes(shape: str) -> int:
@@ -102,10 +133,13 @@ def hlo_wire_bytes(hlo_text: str) -> HloWireBytes:
 
   Use it on `jax.jit(f).lower(*args).compile().as_text()`: the bytes there are
   what XLA actually moves (after any dtype widening). A while loop body counts
-  once. Async start/done pairs count once (the start).
+  once. Async start/done pairs count once (the start). A conditional runs one
+  branch: a slot ladder's `lax.switch` is counted per rung (`conditionals`), and
+  the sums take the first branches (`common`), the last ones (`fallback`, the raw
+  rung) or all of them (`total`).
 
   Returns:
-    An `HloWireBytes` with the common-case, fallback-case and total sums, and
+    An `HloWireBytes` with those sums, the branch bytes of every conditional, and
     every collective found (`ops`).
 
   Raises:
@@ -149,8 +183,10 @@ def hlo_wire_bytes(hlo_text: str) -> HloWireBytes:
   if entry is None:
     raise ValueError("hlo_wire_bytes: no ENTRY computation found in the HLO text")
 
-  def walk(comp, choose, seen, out):
-    """Collectives reachable from comp; conditionals take branch `choose` (None: all)."""
+  conds: dict = {}
+
+  def walk(comp, path, seen, out):
+    """Collectives reachable from comp, each with its path of (conditional, branch)."""
     if comp in seen or comp not in comps:
       return
     seen = seen | {comp}
@@ -159,7 +195,7 @@ def hlo_wire_bytes(hlo_text: str) -> HloWireBytes:
       if opcode in _COLLECTIVE_OPCODES:
         nbytes = sum(_shape_bytes(shapes.get(o, "")) for o in operands)
         group = _group_size(attrs, n_dev)
-        out[(comp, name)] = (opcode, nbytes, group, _sent_model(opcode, nbytes, group))
+        out[(comp, name)] = (opcode, nbytes, group, _sent_model(opcode, nbytes, group), path)
       if opcode == "conditional":
         m = re.search(r"branch_computations=\{([^}]*)\}", attrs)
         if m:
@@ -168,26 +204,36 @@ def hlo_wire_bytes(hlo_text: str) -> HloWireBytes:
           t = re.search(r"true_computation=%([\w.\-]+)", attrs)
           f = re.search(r"false_computation=%([\w.\-]+)", attrs)
           branches = [f.group(1), t.group(1)] if t and f else []
+        conds[name] = len(branches)
         for i, b in enumerate(branches):
-          if choose is None or i == min(choose, len(branches) - 1):
-            walk(b, choose, seen, out)
+          walk(b, path + ((name, i),), seen, out)
         continue
       for key in ("calls", "to_apply", "body", "condition"):
         for sub in re.findall(key + r"=%([\w.\-]+)", attrs):
-          walk(sub, choose, seen, out)
+          walk(sub, path, seen, out)
 
   found = {}
-  for choose in (0, 1, None):
-    found[choose] = {}
-    walk(entry, choose, frozenset(), found[choose])
+  walk(entry, (), frozenset(), found)
   ops = []
-  for key, (opcode, nbytes, group, sent) in found[None].items():
-    in0, in1 = key in found[0], key in found[1]
-    path = "always" if in0 and in1 else "common" if in0 else "fallback" if in1 else "other"
-    ops.append(HloCollective(key[0], opcode, nbytes, path, group, sent))
+  for key, (opcode, nbytes, group, sent, path) in found.items():
+    first = all(i == 0 for _, i in path)
+    last = all(i == conds[c] - 1 for c, i in path)
+    label = ("always" if not path else "common" if first and not last else
+             "fallback" if last and not first else "always" if first and last else "other")
+    ops.append(HloCollective(key[0], opcode, nbytes, label, group, sent, path))
 
-  def total(which, i):
-    return sum(v[i] for v in found[which].values())
+  def pick(which, attr):
+    return sum(getattr(o, attr) for o in ops
+               if which is None or all(i == (0 if which == "first" else conds[c] - 1)
+                                       for c, i in o.branches))
 
-  return HloWireBytes(total(0, 1), total(1, 1), total(None, 1), tuple(ops),
-                      total(0, 3), total(1, 3), total(None, 3))
+  inner = [c for c in conds if any(c in dict(o.branches) for o in ops)]
+  conditionals = tuple(
+      HloConditional(c, tuple(sum(o.operand_bytes for o in ops if (c, i) in o.branches)
+                              for i in range(conds[c])),
+                     tuple(sorted({o.opcode for o in ops if c in dict(o.branches)})))
+      for c in inner)
+  return HloWireBytes(pick("first", "operand_bytes"), pick("last", "operand_bytes"),
+                      pick(None, "operand_bytes"), tuple(ops),
+                      pick("first", "sent_bytes"), pick("last", "sent_bytes"),
+                      pick(None, "sent_bytes"), conditionals)

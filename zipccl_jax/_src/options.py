@@ -7,6 +7,7 @@ cost model (costmodel.py).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -17,19 +18,14 @@ from zipccl_jax._src import compat
 from zipccl_jax._src import costmodel
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import registry
+from zipccl_jax._src import transport
 
 POLICIES = ("always", "never", "auto")
 
 
-# Registered codecs the transport can move. It still calls the window codec
-# directly, so a codec registered before the transport is codec-generic (issue 8)
-# must be refused here rather than silently replaced by the window codec.
-TRANSPORT_CODECS = ("zipccl",)
-
-
 def collective_codecs() -> tuple:
-  """What `codec=` accepts: the registered codecs the transport runs, "raw" and None."""
-  return tuple(c for c in registry.names() if c in TRANSPORT_CODECS) + ("raw", None)
+  """What `codec=` accepts: the registered codecs, "raw" and None."""
+  return registry.names() + ("raw", None)
 
 
 # policy="auto" without a calibration: compress a collective when each row (the
@@ -44,50 +40,52 @@ AUTO_MIN_ROW_BYTES = 64 * 1024
 class Opts(NamedTuple):
   """Validated options of one public call (static)."""
   codec: str | None
-  escape_capacity: int | None
   policy: str
-  grad_escape_capacity: int | None = None   # for the collective the VJP runs
-
-  def for_grad(self) -> "Opts":
-    """Options of the transposed collective: the gradient's own capacity if given."""
-    if self.grad_escape_capacity is None:
-      return self
-    return self._replace(escape_capacity=self.grad_escape_capacity)
+  check_decode: bool = False
 
 
 class Plan(NamedTuple):
-  """Static transport decision for rows of m elements."""
+  """Static transport decision for rows of m elements (sizes: Python ints, exact)."""
   compress: bool
   m: int
   dtype: Any
-  cap: int
-  nbytes: int       # encoded row bytes (when compress)
+  raw_row: int                 # raw bytes of one row: m * itemsize
+  codec: Any = None            # registry.Codec when compress
+  rungs: tuple = ()            # compressed slot sizes (bytes per row); the raw rung is implicit
+
+
+_DEPRECATED = ("{fn}: {name} is deprecated and ignored: each call now sizes its wire "
+               "from the data (the slot ladder, docs/design.md), so there is no escape "
+               "capacity to tune; drop the argument")
 
 
 def check_capacity(fn, name, value):
-  """None (the default capacity) or a static int in [0, 2^31), as `encode` checks it.
+  """A deprecated capacity argument: still validated (a static non-negative int), then
+  ignored with a DeprecationWarning."""
+  if value is None:
+    return None
+  _codec.check_escape_capacity(value, f"{fn}: {name}")
+  warnings.warn(_DEPRECATED.format(fn=fn, name=name), DeprecationWarning, stacklevel=5)
+  return None
 
-  The bound per row (align128(m) for rows of m elements) is applied in `plan`, by
-  clamping: one capacity serves every leaf of a pytree, small leaves included.
-  """
-  return None if value is None else _codec.check_escape_capacity(value, f"{fn}: {name}")
 
-
-def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None) -> Opts:
+def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None,
+               check_decode=None) -> Opts:
   allowed = collective_codecs()
-  if isinstance(codec, str) and codec in registry.names() and codec not in allowed:
-    raise NotImplementedError(f"{fn}: codec {codec!r} is registered (encode_rows/decode_rows "
-                              "work) but the collectives' transport does not move it yet")
   if codec not in allowed:
     names = ", ".join(repr(c) for c in allowed)
     raise ValueError(f"{fn}: codec must be one of {names}, got {codec!r}")
   if policy not in POLICIES:
     raise ValueError(f"{fn}: policy must be one of {POLICIES}, got {policy!r}")
-  escape_capacity = check_capacity(fn, "escape_capacity", escape_capacity)
-  grad_escape_capacity = check_capacity(fn, "grad_escape_capacity", grad_escape_capacity)
+  check_capacity(fn, "escape_capacity", escape_capacity)
+  check_capacity(fn, "grad_escape_capacity", grad_escape_capacity)
   if not isinstance(stats, bool):
     raise TypeError(f"{fn}: stats must be a bool, got {stats!r}")
-  return Opts(codec, escape_capacity, policy, grad_escape_capacity)
+  if check_decode is None:
+    check_decode = transport.check_decode_default()
+  if not isinstance(check_decode, bool):
+    raise TypeError(f"{fn}: check_decode must be a bool or None, got {check_decode!r}")
+  return Opts(codec, policy, check_decode)
 
 
 def check_axes(fn, axis_name) -> tuple:
@@ -115,9 +113,10 @@ def axis_size(fn, axes, axis_name) -> int:
 
 
 def setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity, policy, stats,
-          tiled=False):
+          tiled=False, check_decode=None):
   """Validation shared by the five public collectives: (options, axes, peer count)."""
-  opts = check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity)
+  opts = check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity,
+                    check_decode)
   axes = check_axes(fn, axis_name)
   if not isinstance(tiled, bool):
     raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
@@ -144,42 +143,48 @@ def check_dim(fn, arg, value, ndim) -> int:
 
 def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
          n_peers: int | None = None) -> Plan:
-  """The static plan for rows of m elements; `collective` ("all_gather",
-  "psum_scatter", "psum", "all_to_all", "ppermute") and `n_peers` feed "auto"."""
+  """How rows of m elements of dtype move: the codec and its slot ladder, or raw.
+
+  `collective` ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute")
+  and `n_peers` feed policy="auto"."""
   dtype = np.dtype(dtype)
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
                      f"got {m}")
-  # A row of m elements never uses more than m slots: clamp (checked < 2^31 already).
-  cap = (_codec.default_escape_capacity(m) if opts.escape_capacity is None
-         else min(opts.escape_capacity, _codec.row_capacity_limit(m)))
-  nbytes = _codec.encoded_nbytes(dtype, m, cap)
+  raw_row = m * dtype.itemsize
   if opts.codec in (None, "raw") or opts.policy == "never" or m == 0:
-    compress = False
-  elif opts.policy == "auto":
-    compress = auto_compress(codec=opts.codec, dtype=dtype, m=m, nbytes=nbytes,
-                             collective=collective, n_peers=n_peers)
-  else:
-    compress = True
-  return Plan(compress, m, dtype, cap, nbytes)
+    return Plan(False, m, dtype, raw_row)
+  codec = registry.get(opts.codec)
+  if not codec.supports(dtype):
+    return Plan(False, m, dtype, raw_row)
+  min_nbytes = codec.min_nbytes(dtype, m)
+  rungs = transport.ladder(min_nbytes, raw_row)
+  if not rungs:   # even the smallest encoding is not smaller than raw
+    return Plan(False, m, dtype, raw_row)
+  if opts.policy == "auto" and not auto_compress(
+      collective=collective, codec=opts.codec, dtype=dtype, m=m, n_peers=n_peers,
+      min_nbytes=min_nbytes):
+    return Plan(False, m, dtype, raw_row)
+  return Plan(True, m, dtype, raw_row, codec, rungs)
 
 
-def auto_compress(*, codec: str, dtype, m: int, nbytes: int, collective: str | None = None,
-                  n_peers: int | None = None) -> bool:
-  """policy="auto": compress rows of m elements of `dtype` (nbytes encoded) or not.
+def auto_compress(*, codec: str, dtype, m: int, min_nbytes: int,
+                  collective: str | None = None, n_peers: int | None = None) -> bool:
+  """policy="auto": compress rows of m elements of `dtype` or move them raw.
 
-  The one place the decision is made. Rows whose encoding is not smaller than
-  raw never are. With a calibration in force (`costmodel.active_calibration`:
-  `zipccl_jax.set_calibration` / `calibrate`, or the file $ZIPCCL_CALIBRATION or
-  ~/.cache/zipccl_jax/calibration.json), `costmodel.decide` compares the modelled
-  times of the raw and the compressed transport of `collective` over `n_peers`.
-  Without one (or for callers that name no collective) the static rule holds:
-  rows of at least AUTO_MIN_ROW_BYTES raw bytes are compressed, so the default
-  is fewer bytes on the wire. Static either way, and identical on every
-  participant that holds the same calibration.
+  The one place the decision is made. Rows whose smallest encoding (the codec's
+  min_nbytes) is not smaller than raw never are. With a calibration in force
+  (`costmodel.active_calibration`: `zipccl_jax.set_calibration` / `calibrate`, or
+  the file $ZIPCCL_CALIBRATION or ~/.cache/zipccl_jax/calibration.json),
+  `costmodel.decide` compares the modelled times of the raw and the compressed
+  transport of `collective` over `n_peers`. Without one (or for callers that name
+  no collective) the static rule holds: rows of at least AUTO_MIN_ROW_BYTES raw
+  bytes are compressed, so the default is fewer bytes on the wire. Static either
+  way, and identical on every participant that holds the same calibration. The
+  ladder's raw rung bounds the cost of a wrong guess to the 4-byte agreement.
   """
   raw_row = m * np.dtype(dtype).itemsize
-  if nbytes >= raw_row:
+  if min_nbytes >= raw_row:
     return False
   cal = costmodel.active_calibration() if collective is not None and n_peers else None
   if cal is None:

@@ -26,12 +26,19 @@ class Codec:
     name: the name users pass as `codec=` ("zipccl").
     codec_id: the header's codec byte (docs/format.md, offset 6).
     module: import path of the module implementing the contract functions.
-    dtypes: the dtypes it encodes (entries of dtypes.TABLE).
+    dtypes: the dtypes it encodes (any of bfloat16, float16, float32).
   """
   name: str
   codec_id: int
   module: str
-  dtypes: tuple
+  dtypes: tuple = dtypes.SUPPORTED
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name or self.name == "raw":
+      raise ValueError(f"Codec: name must be a non-empty string other than 'raw', "
+                       f"got {self.name!r}")
+    object.__setattr__(self, "dtypes", tuple(dtypes.info(d, "Codec: dtypes entries").dtype
+                                             for d in self.dtypes))
 
   @property
   def impl(self) -> ModuleType:
@@ -47,7 +54,7 @@ class Codec:
     return f"zipccl_{self.name}_decode"
 
   def supports(self, dtype) -> bool:
-    return dtypes.is_supported(dtype) and dtypes.info(dtype) in self.dtypes
+    return dtypes.is_supported(dtype) and dtypes.info(dtype).dtype in self.dtypes
 
   def __getattr__(self, attr):
     # max_nbytes, min_nbytes, encode_rows, decode_rows, ...: the module's functions.
@@ -61,10 +68,19 @@ _REGISTRY: dict[str, Codec] = {}
 
 def register(codec: Codec) -> Codec:
   """Adds `codec` (its name must be new)."""
+  if not isinstance(codec, Codec):
+    raise TypeError(f"register_codec: expected a Codec, got {type(codec).__name__}")
   if codec.name in _REGISTRY or codec.name == "raw":
-    raise ValueError(f"codec {codec.name!r} is already registered")
+    raise ValueError(f"register_codec: codec {codec.name!r} is already registered")
   _REGISTRY[codec.name] = codec
   return codec
+
+
+def unregister(name: str) -> None:
+  """Removes a codec registered with `register` (the built-in ones stay)."""
+  if name in _BUILTIN:
+    raise ValueError(f"unregister_codec: {name!r} is built in")
+  _REGISTRY.pop(name, None)
 
 
 def names() -> tuple:
@@ -81,6 +97,7 @@ def get(name: str, where: str = "codec") -> Codec:
 
 
 # The window codec (docs/format.md): every dtype of the table.
-register(Codec("zipccl", 1, "zipccl_jax._src.codec", dtypes.TABLE))
+register(Codec("zipccl", 1, "zipccl_jax._src.codec"))
 # The entropy codec (docs/format.md, "Entropy codec (codec id 2)"): bf16 and fp16.
-register(Codec("entropy", 2, "zipccl_jax._src.entropy", (dtypes.BF16, dtypes.FP16)))
+register(Codec("entropy", 2, "zipccl_jax._src.entropy", (dtypes.BF16.dtype, dtypes.FP16.dtype)))
+_BUILTIN = frozenset(_REGISTRY)

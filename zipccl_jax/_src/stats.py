@@ -1,8 +1,12 @@
-"""`CollectiveStats`: what compression did in one collective call (opt-in, `stats=True`)."""
+"""`CollectiveStats`: what compression did in one collective call (opt-in, `stats=True`).
+
+Sizes are static Python ints (exact at any size); the arrays hold only small
+per-call facts (the rung each transport took, counts). Byte totals are derived
+from both: exactly on the host (eager), as int32 under tracing.
+"""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -15,72 +19,159 @@ import numpy as np
 class CollectiveStats:
   """What compression did in one call (returned when the call gets `stats=True`).
 
-  The array fields are identical on every participant of the collective (typed
-  invariant over `axis_name`), so they can leave shard_map with `out_specs=P()`
-  when the input varies over no other axis.
+  A call runs one or two *transports* (psum: a reduce-scatter, then an
+  all-gather). Each transport encodes its rows, agrees with its peers on the
+  largest used size and moves one slot size of a static ladder (the *rung*);
+  the top rung moves the raw words (docs/design.md, "Transport").
+
+  The array fields are identical on every participant (typed invariant over
+  `axis_name`), so they can leave shard_map with `out_specs=P()` when the input
+  varies over no other axis.
 
   Attributes:
-    fell_back: bool[], some participant's row overflowed its escape capacity and
-      the call moved uncompressed data instead (the result is exact either way).
-    escape_count: int32[], escaped exponents in all rows encoded for this call,
-      summed over all participants (0 when not compressed).
-    wire_bytes: int32[], bytes this device handed to XLA collectives on the path
-      taken: the operand bytes, the same measure as `hlo_wire_bytes`.
+    rung: int32[T], the rung each transport took (T = len(slots)); slots[t][-1]
+      is the raw rung.
+    used_units: int32[T], the largest used size of an encoded row among the
+      participants, in units of 128 bytes (0 when not compressed).
+    escape_count: int32[], the codec's count (window codec: escaped exponents) in
+      all rows encoded for this call, summed over all participants.
+    decode_errors: int32[], received rows whose decoder status was not 0 (filled
+      with NaN, all-one bits), summed over all participants. Always 0 unless the
+      wire corrupted a payload; see `check_decode` to raise instead.
     collective: static, "all_gather", "psum_scatter", "psum", "all_to_all" or
       "ppermute".
-    codec: static, "zipccl", "raw" or None (plain lax).
-    compressed: static, the compressed path was tried (codec and policy).
+    codec: static, the codec name, "raw" or None (plain lax).
+    compressed: static, the compressed ladder was tried (codec and policy).
     raw_bytes: static, operand bytes of the uncompressed path for this device.
-    elements: static, elements encoded for this call over all participants (the
-      denominator of `escape_rate`).
+    elements: static, elements encoded for this call over all participants.
+    slots: static, per transport the bytes this device hands to XLA on each rung
+      (the last entry is the raw rung).
+    slot_sizes: static, per transport the row slot of each rung (bytes per row).
+    agree_bytes: static, bytes of the tiny agreement collectives of this call.
   """
-  fell_back: jax.Array
+  rung: jax.Array
+  used_units: jax.Array
   escape_count: jax.Array
-  wire_bytes: jax.Array
+  decode_errors: jax.Array
   collective: str = dataclasses.field(metadata=dict(static=True), default="")
   codec: Any = dataclasses.field(metadata=dict(static=True), default=None)
   compressed: bool = dataclasses.field(metadata=dict(static=True), default=False)
   raw_bytes: int = dataclasses.field(metadata=dict(static=True), default=0)
   elements: int = dataclasses.field(metadata=dict(static=True), default=0)
+  slots: tuple = dataclasses.field(metadata=dict(static=True), default=())
+  slot_sizes: tuple = dataclasses.field(metadata=dict(static=True), default=())
+  agree_bytes: int = dataclasses.field(metadata=dict(static=True), default=0)
 
   @property
-  def ratio(self) -> jax.Array:
-    """raw_bytes / wire_bytes: > 1 is a saving, < 1 after a fallback."""
-    return jnp.float32(self.raw_bytes) / jnp.maximum(self.wire_bytes, 1).astype(jnp.float32)
+  def raw_rung(self) -> jax.Array:
+    """bool[]: some transport of the call moved raw words (its data did not fit a
+    compressed rung, or the call was not compressed)."""
+    top = np.asarray([len(s) - 1 for s in self.slots], np.int32)
+    if _concrete(self.rung):
+      return np.any(np.asarray(self.rung) >= top, axis=-1)
+    return jnp.any(self.rung >= top, axis=-1)
 
   @property
-  def escape_rate(self) -> jax.Array:
+  def fell_back(self) -> jax.Array:
+    """Same as `raw_rung` for a compressed call (the name of the fixed-slot days)."""
+    if not self.compressed:
+      return np.zeros(np.shape(self.rung)[:-1], bool) if _concrete(self.rung) else \
+          jnp.zeros(jnp.shape(self.rung)[:-1], bool)
+    return self.raw_rung
+
+  @property
+  def wire_bytes(self):
+    """Bytes this device handed to XLA collectives on the rungs taken (the operand
+    bytes, the measure of `hlo_wire_bytes`), agreement included.
+
+    Exact (numpy int64) when the stats are concrete; int32 under tracing.
+    """
+    return _lookup(self.slots, self.rung) + self.agree_bytes
+
+  @property
+  def slot_bytes(self):
+    """Per transport, the row slot taken (bytes); the raw row size on the raw rung."""
+    return _per_transport(self.slot_sizes, self.rung)
+
+  @property
+  def used_bytes(self):
+    """Per transport, the largest used size among the participants (bytes)."""
+    if _concrete(self.used_units):
+      return np.asarray(self.used_units, np.int64) * 128
+    return self.used_units * 128
+
+  @property
+  def ratio(self):
+    """raw_bytes / wire_bytes: > 1 is a saving."""
+    wire = self.wire_bytes
+    if isinstance(wire, np.ndarray) or np.isscalar(wire):
+      return np.float64(self.raw_bytes) / np.maximum(wire, 1)
+    return jnp.float32(self.raw_bytes) / jnp.maximum(wire, 1).astype(jnp.float32)
+
+  @property
+  def escape_rate(self):
     """Fraction of encoded elements whose exponent escaped its block window."""
     return self.escape_count.astype(jnp.float32) / np.float32(max(self.elements, 1))
 
   def summary(self) -> str:
     """One line for logs (eager: reads the values back to the host)."""
+    rung = np.asarray(self.rung)
     return (f"{self.collective} codec={self.codec} compressed={self.compressed} "
-            f"fell_back={bool(np.any(np.asarray(self.fell_back)))} "
-            f"wire={int(np.max(np.asarray(self.wire_bytes)))}B raw={self.raw_bytes}B "
-            f"ratio={float(np.min(np.asarray(self.ratio))):.3f} "
-            f"escape_rate={float(np.max(np.asarray(self.escape_rate))):.4f}")
+            f"rung={rung.reshape(-1, rung.shape[-1])[0].tolist()} "
+            f"raw_rung={bool(np.any(self.raw_rung))} "
+            f"wire={int(np.max(self.wire_bytes))}B raw={self.raw_bytes}B "
+            f"ratio={float(np.min(self.ratio)):.3f} "
+            f"escape_rate={float(np.max(np.asarray(self.escape_rate))):.4f} "
+            f"decode_errors={int(np.max(np.asarray(self.decode_errors)))}")
+
+
+def _concrete(a) -> bool:
+  return not isinstance(a, jax.core.Tracer)
+
+
+def _per_transport(tables, rung):
+  """table[t][rung[t]] for every transport t (rung may have leading batch dims)."""
+  if _concrete(rung):
+    r = np.asarray(rung)
+    return np.stack([np.asarray(tab, np.int64)[r[..., t]] for t, tab in enumerate(tables)],
+                    axis=-1)
+  return jnp.stack([jnp.asarray(np.asarray(tab, np.int64).clip(max=2**31 - 1), jnp.int32)[
+      rung[..., t]] for t, tab in enumerate(tables)], axis=-1)
+
+
+def _lookup(tables, rung):
+  per = _per_transport(tables, rung)
+  return per.sum(axis=-1)
 
 
 class Part(NamedTuple):
-  """Stats of one row transport (combined into CollectiveStats)."""
-  fell_back: Any
-  escapes: Any
-  wire_bytes: Any
+  """Stats of one transport (combined into CollectiveStats)."""
+  rung: Any            # int32[] rung index taken
+  used_units: Any      # int32[] agreed used size / 128
+  escapes: Any         # int32[] codec count over all participants
+  decode_errors: Any   # int32[] failed rows over all participants
+  slots: tuple         # bytes this device sends on each rung (static)
+  slot_sizes: tuple    # row slot of each rung (static)
+  agree_bytes: int
   raw_bytes: int
   elements: int
   compressed: bool
 
 
 def make_stats(name: str, codec, parts) -> CollectiveStats:
-  fell = functools.reduce(jnp.logical_or, [jnp.asarray(p.fell_back) for p in parts])
-  esc = sum(jnp.asarray(p.escapes, jnp.int32) for p in parts)
-  wire = sum(jnp.asarray(p.wire_bytes, jnp.int32) for p in parts)
+  i32 = lambda v: jnp.asarray(v, jnp.int32)
   return CollectiveStats(
-      fell_back=fell, escape_count=esc, wire_bytes=wire, collective=name, codec=codec,
-      compressed=any(p.compressed for p in parts),
-      raw_bytes=sum(p.raw_bytes for p in parts), elements=sum(p.elements for p in parts))
+      rung=jnp.stack([i32(p.rung) for p in parts]),
+      used_units=jnp.stack([i32(p.used_units) for p in parts]),
+      escape_count=sum(i32(p.escapes) for p in parts),
+      decode_errors=sum(i32(p.decode_errors) for p in parts),
+      collective=name, codec=codec, compressed=any(p.compressed for p in parts),
+      raw_bytes=sum(p.raw_bytes for p in parts), elements=sum(p.elements for p in parts),
+      slots=tuple(p.slots for p in parts), slot_sizes=tuple(p.slot_sizes for p in parts),
+      agree_bytes=sum(p.agree_bytes for p in parts))
 
 
-def plain_part(nbytes: int) -> Part:
-  return Part(jnp.bool_(False), jnp.int32(0), jnp.int32(nbytes), nbytes, 0, False)
+def plain_part(nbytes: int, row_bytes: int = 0) -> Part:
+  """An uncompressed transport: one rung, the raw one."""
+  zero = jnp.int32(0)
+  return Part(zero, zero, zero, zero, (nbytes,), (row_bytes,), 0, nbytes, 0, False)

@@ -1,37 +1,81 @@
-"""Row transports: how encoded rows move through XLA collectives.
+"""Row transports: the size-adaptive slot ladder.
 
 Every collective moves *rows*: a tensor flattened to `m` elements, one row per
 destination (all_to_all, reduce-scatter) or one row per source (all_gather,
-ppermute). One `encode_rows` call writes all rows of a device straight into the
-`uint8[rows, nbytes]` array the XLA collective sends, and one `decode_rows` call
-decodes what arrived. Each mover returns (rows that arrived, stats.Part).
+ppermute). For one call, a device
 
-Agreement: a row that does not fit is never decoded; all participants agree
-(all_gather from the gathered headers; the others with one 4-byte pmax) and the
-call takes the uncompressed path inside a `lax.cond` whose predicate is identical
-on every participant. The uncompressed path moves same-width unsigned bitcasts
-(uint16/uint32): XLA:CPU widens a bf16 collective to f32 on the wire.
+  1. encodes all its rows in one `encode_rows` call into a worst-case buffer
+     uint8[R, max_nbytes]; the codec reports each row's used size (a multiple of
+     128 bytes; more than max_nbytes when the row does not fit);
+  2. agrees with its peers on the largest used size: ONE int32 pmax over the axes
+     (an all-gather of (used, count) pairs when stats are asked for);
+  3. rounds it up to the next rung of a static ladder of slot sizes (`ladder`),
+     from the codec's min_nbytes to below the raw row size, ~2% apart; the rung
+     index is identical everywhere after the agreement;
+  4. runs that rung's branch of a `lax.switch`: slice payload[:, :slot], move it
+     with the XLA collective, decode it. The top rung moves the raw words
+     (same-width uint16/uint32 bitcasts: XLA:CPU widens bf16 collectives to f32).
+
+So no capacity is tuned and nothing falls back for a whole call: the wire is the
+largest used size among the participants plus < 2%, or raw when the data does
+not compress. The decoder's per-row status is kept: rows that fail to decode
+(only a corrupted wire can cause it) are NaN (all-one bits, written by the
+decoder), counted in the stats, and raise when `check_decode` is on.
+
+Each mover returns (rows that arrived, stats.Part).
 """
 from __future__ import annotations
 
+import functools
+import os
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from zipccl_jax._src import codec as _codec
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
-from zipccl_jax._src import options
 from zipccl_jax._src import stats
 
-# Header fields read from gathered rows (docs/format.md, "Header").
-_HDR_STATUS = 7        # u8: 0 = OK, 1 = DOES_NOT_FIT
-_HDR_USED = 16         # u64 used_nbytes
-_HDR_ESCAPES = 48      # u64 escape_count; its low 32 bits are enough (count <= n < 2^31)
-
+_ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
+# The ladder: FINE_RUNGS rungs 2% apart from the codec's min_nbytes (where data that
+# compresses lands: weights, most gradients), then 5% apart up to the raw size;
+# at most MAX_RUNGS compressed rungs (each is a switch branch, and on XLA:CPU an
+# all-to-all branch costs N slice copies to compile: docs/design.md, "Transport").
+LADDER_GROWTH = ((1, 50), (1, 20))   # (fine, coarse) growth per rung, exact fractions
+FINE_RUNGS = 12
+MAX_RUNGS = 16
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 
-# Rows are decoded only when nobody overflowed.
+
+def ladder(min_nbytes: int, raw_row: int) -> tuple:
+  """Compressed slot sizes (bytes per row) for rows whose raw size is raw_row.
+
+  Ascending multiples of 128 from align128(min_nbytes), all below raw_row: the
+  first FINE_RUNGS 2% (at least 128 bytes) apart, the rest 5% apart, so that a
+  used size u near the codec's best case lands on a rung at most 2% above u.
+  Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
+  listed). A ladder longer than MAX_RUNGS is respaced with larger growths. Python
+  ints: exact for any size.
+  """
+  (fn, fd), (cn, cd) = LADDER_GROWTH
+  while True:
+    rungs = []
+    s = -(-min_nbytes // _ALIGN) * _ALIGN
+    while s < raw_row:
+      rungs.append(s)
+      num, den = (fn, fd) if len(rungs) < FINE_RUNGS else (cn, cd)
+      s = max(s + _ALIGN, s * (den + num) // den // _ALIGN * _ALIGN)
+    if len(rungs) <= MAX_RUNGS:
+      return tuple(rungs)
+    fn, fd, cn, cd = 3 * fn, 2 * fd, 3 * cn, 2 * cd    # 1.5x the growths, until it fits
+
+
+@functools.cache
+def check_decode_default() -> bool:
+  """ZIPCCL_CHECK_DECODE=1 turns `check_decode` on by default (read once)."""
+  return os.environ.get("ZIPCCL_CHECK_DECODE", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def bits(x):
@@ -43,124 +87,128 @@ def unbits(u, dtype):
   return lax.bitcast_convert_type(u, dtype)
 
 
-def _encode_slot(rows, plan: options.Plan):
-  """Encodes rows [N, m] and keeps the fixed slot: the first plan.nbytes bytes of each
-  (format v2 rows are prefix-decodable)."""
-  payload, st = _codec.encode_rows(rows)
-  return payload[:, :plan.nbytes], st
+def _agree(used, count, axes, want_stats):
+  """The largest used size (units of 128 B) over the participants, and the summed count.
 
-
-def _overflows(st, plan: options.Plan):
-  """Rows whose used bytes exceed the slot, or that do not fit at all (status 1)."""
-  return (st[:, 0] != 0) | (st[:, 2] > plan.nbytes // 128)
-
-
-def agree(overflow, escapes, axes, want_stats):
-  """One tiny all-reduce that makes the fallback predicate identical everywhere.
-
-  Without stats it is a pmax of an int32 flag (4 bytes); with stats a psum of
-  (flag, escapes) (8 bytes), so stats cost no extra collective.
+  Without stats: one pmax of an int32 (4 bytes). With stats: one all-gather of
+  (used, count) (8 bytes), reduced locally, so stats cost no extra collective here.
   """
   if want_stats:
-    tot = lax.psum(jnp.stack([overflow.astype(jnp.int32), escapes.astype(jnp.int32)]), axes)
-    return tot[0] > 0, tot[1], 8
-  return lax.pmax(overflow.astype(jnp.int32), axes) > 0, jnp.int32(0), 4
+    both = compat.all_gather_invariant(jnp.stack([used, count]).astype(jnp.int32), axes)
+    return jnp.max(both[:, 0]), jnp.sum(both[:, 1]), 8
+  return lax.pmax(used.astype(jnp.int32), axes), jnp.int32(0), 4
 
 
-def a2a_rows(rows, axes, plan: options.Plan, want_stats):
+def _raise_decode_error(where, bad, worst):
+  if int(bad):
+    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+    raise RuntimeError(
+        f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode (status "
+        f"{int(worst)}: {_codec.decode_error_message(int(worst))}); they hold NaN "
+        "(all-one bits). The payload was corrupted in transit.")
+
+
+def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where=""):
+  """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
+
+  move(a) is the XLA collective applied to a uint8[R, slot] payload or to the
+  raw words uint{16,32}[R, m] (the same function for every rung). sends: bool[]
+  whether this device's rows are sent (ppermute); recvs: bool[] whether it
+  receives anything (rows it does not receive are zeros, as in lax).
+  """
+  m = plan.m
+  dtype = plan.dtype
+  codec = plan.codec
+  payload, st = codec.encode_rows(rows)                  # u8[R, max_nbytes], s32[R, 4]
+  used = jnp.max(st[:, 2])
+  count = jnp.sum(jnp.minimum(st[:, 1], m))
+  if sends is not None:
+    used = jnp.where(sends, used, 0)
+    count = jnp.where(sends, count, 0)
+  agreed, count_total, agree_bytes = _agree(used, count, axes, want_stats)
+  units = np.asarray([s // _ALIGN for s in plan.rungs], np.int32)
+  rung = jnp.sum(agreed > units).astype(jnp.int32)       # the first rung >= agreed size
+
+  def zeros_status(like):
+    # typed varying over exactly the axes the received rows vary over
+    return compat.pvary(jnp.zeros(like.shape[:1], jnp.int32), tuple(compat.varying_axes(like)))
+
+  def compressed(slot):
+    y, status = codec.decode_rows(move(payload[:, :slot]), m, dtype)
+    return y, status
+
+  def raw():
+    y = unbits(move(bits(rows)), dtype)
+    return y, zeros_status(y)
+
+  y, status = lax.switch(rung, [functools.partial(compressed, s) for s in plan.rungs] + [raw])
+  if recvs is not None:   # nobody sends to this device: lax gives zeros
+    y = unbits(jnp.where(recvs, bits(y), 0), dtype)
+    status = jnp.where(recvs, status, 0)
+  bad = jnp.sum(status != 0).astype(jnp.int32)
+  if check:
+    jax.debug.callback(functools.partial(_raise_decode_error, where), bad, jnp.max(status))
+  errors = jnp.int32(0)
+  if want_stats:
+    errors = lax.psum(bad, axes)
+    agree_bytes += 4
+  return y, (rung, agreed, count_total, errors, agree_bytes)
+
+
+def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:
+  """stats.Part of a ladder transport that sends rows_sent rows per device."""
+  rung, agreed, count, errors, agree_bytes = info
+  slots = tuple(rows_sent * s for s in plan.rungs) + (rows_sent * plan.raw_row,)
+  sizes = tuple(plan.rungs) + (plan.raw_row,)
+  return stats.Part(rung, agreed, count, errors, slots, sizes, agree_bytes,
+                    rows_sent * plan.raw_row, elements, True)
+
+
+def a2a_rows(rows, axes, plan, want_stats, check=False):
   """rows[j] goes to peer j; returns recv with recv[i] from peer i."""
-  n_peers, m = rows.shape
-  dtype = plan.dtype
-  raw_bytes = n_peers * m * dtype.itemsize
+  n_peers = rows.shape[0]
 
-  def uncompressed():
-    return unbits(lax.all_to_all(bits(rows), axes, 0, 0, tiled=True), dtype)
+  def move(a):
+    return lax.all_to_all(a, axes, 0, 0, tiled=True)
 
   if not plan.compress:
-    return uncompressed(), stats.plain_part(raw_bytes)
-  payload, st = _encode_slot(rows, plan)                    # u8[N, nbytes], s32[N, 4]
-  overflow = jnp.any(_overflows(st, plan))
-  escapes = jnp.sum(jnp.minimum(st[:, 1], m))
-  fell, esc_total, flag_bytes = agree(overflow, escapes, axes, want_stats)
-
-  def compressed():
-    recv = lax.all_to_all(payload, axes, 0, 0, tiled=True)
-    return _codec.decode_rows(recv, m, dtype)[0]
-
-  out = lax.cond(fell, uncompressed, compressed)
-  wire = jnp.where(fell, raw_bytes, n_peers * plan.nbytes) + flag_bytes
-  return out, stats.Part(fell, esc_total, wire, raw_bytes, n_peers * n_peers * m, True)
+    return unbits(move(bits(rows)), plan.dtype), stats.plain_part(
+        n_peers * plan.raw_row, plan.raw_row)
+  y, info = _ladder(rows, plan, axes, want_stats, check, move=move, where="an all_to_all")
+  return y, _part(plan, info, n_peers, n_peers * n_peers * plan.m)
 
 
-def gather_rows(row, axes, n_peers, plan: options.Plan, want_stats):
-  """row[m] of every peer -> [N, m], typed invariant over axes (identical everywhere).
+def gather_rows(row, axes, n_peers, plan, want_stats, check=False):
+  """row[m] of every peer -> [N, m], typed invariant over axes (identical everywhere)."""
 
-  The overflow decision reads the status byte of every gathered header, which
-  every participant holds identically: no extra collective.
-  """
-  m = row.shape[0]
-  dtype = plan.dtype
-  raw_bytes = m * dtype.itemsize
-
-  def uncompressed():
-    return unbits(compat.all_gather_invariant(bits(row), axes), dtype)
+  def move(a):
+    return compat.all_gather_invariant(a[0], axes)
 
   if not plan.compress:
-    return uncompressed(), stats.plain_part(raw_bytes)
-  payload, _ = _encode_slot(row[None], plan)                 # u8[1, nbytes]
-  gathered = compat.all_gather_invariant(payload[0], axes)   # u8[N, nbytes]
-  used_lo = lax.bitcast_convert_type(gathered[:, _HDR_USED:_HDR_USED + 4], jnp.uint32)
-  used_hi = lax.bitcast_convert_type(gathered[:, _HDR_USED + 4:_HDR_USED + 8], jnp.uint32)
-  fell = jnp.any((gathered[:, _HDR_STATUS] != 0) | (used_hi != 0) |
-                 (used_lo > np.uint32(plan.nbytes)))
-
-  def compressed():
-    return _codec.decode_rows(gathered, m, dtype)[0]
-
-  out = lax.cond(fell, uncompressed, compressed)
-  if want_stats:
-    esc = lax.bitcast_convert_type(gathered[:, _HDR_ESCAPES:_HDR_ESCAPES + 4], jnp.uint32)
-    escapes = jnp.sum(jnp.minimum(esc, np.uint32(m)).astype(jnp.int32))
-  else:
-    escapes = jnp.int32(0)
-  wire = jnp.where(fell, plan.nbytes + raw_bytes, plan.nbytes)
-  return out, stats.Part(fell, escapes, wire, raw_bytes, n_peers * m, True)
+    return unbits(move(bits(row[None])), plan.dtype), stats.plain_part(plan.raw_row, plan.raw_row)
+  y, info = _ladder(row[None], plan, axes, want_stats, check, move=move, where="an all_gather")
+  return y, _part(plan, info, 1, n_peers * plan.m)
 
 
-def permute_row(row, axes, perm, n_peers, plan: options.Plan, want_stats):
+def permute_row(row, axes, perm, n_peers, plan, want_stats, check=False):
   """lax.ppermute of row[m]; peers that receive nothing get zeros, as in lax."""
-  m = row.shape[0]
-  dtype = plan.dtype
-  raw_bytes = m * dtype.itemsize
 
-  def uncompressed():
-    return unbits(lax.ppermute(bits(row), axes, perm), dtype)
+  def move(a):
+    return lax.ppermute(a[0], axes, perm)[None]
 
   if not plan.compress:
-    return uncompressed(), stats.plain_part(raw_bytes)
+    return unbits(move(bits(row[None])), plan.dtype)[0], stats.plain_part(
+        plan.raw_row, plan.raw_row)
   sends_tbl = np.zeros(n_peers, bool)
   recvs_tbl = np.zeros(n_peers, bool)
   for s, d in perm:
     sends_tbl[s] = True
     recvs_tbl[d] = True
   me = lax.axis_index(axes)
-  sends = jnp.asarray(sends_tbl)[me]
-  payload, st = _encode_slot(row[None], plan)
-  # Only rows that are sent can force a fallback.
-  overflow = sends & _overflows(st, plan)[0]
-  escapes = jnp.where(sends, jnp.minimum(st[0, 1], m), 0)
-  fell, esc_total, flag_bytes = agree(overflow, escapes, axes, want_stats)
-
-  def compressed():
-    recv = lax.ppermute(payload[0], axes, perm)
-    y, _ = _codec.decode_rows(recv[None], m, dtype)
-    # A peer nobody sends to holds a zero payload (not decodable): lax gives zeros.
-    u = jnp.where(jnp.asarray(recvs_tbl)[me], bits(y[0]), 0)
-    return unbits(u, dtype)
-
-  out = lax.cond(fell, uncompressed, compressed)
-  wire = jnp.where(fell, raw_bytes, plan.nbytes) + flag_bytes
-  return out, stats.Part(fell, esc_total, wire, raw_bytes, len(perm) * m, True)
+  y, info = _ladder(row[None], plan, axes, want_stats, check, move=move,
+                    sends=jnp.asarray(sends_tbl)[me], recvs=jnp.asarray(recvs_tbl)[me],
+                    where="a ppermute")
+  return y[0], _part(plan, info, 1, len(perm) * plan.m)
 
 
 def ordered_sum(recv, dtype):

@@ -1,0 +1,311 @@
+"""The slot-ladder transport (zipccl_jax/_src/transport.py), driven by the "trim" toy
+codec (tests/trim_codec.py) so that each test chooses the used size of every
+participant's rows: different size classes per device, the raw rung, corrupted
+payloads, huge operands (shapes only), VJPs and a 2-D mesh. Results are compared
+word for word with codec="raw" and with the inputs (gathers, permutes) or the
+rank-ordered float32 sum (reductions).
+"""
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import zipccl_jax as zc
+from tests.reference import BF16, F16, F32, assert_bits_equal, gaussian, ordered_sum
+
+N = 8
+TRIM = dict(codec="trim", policy="always")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def trim_codecs():
+  zc.register_codec(zc.Codec("trim", 90, "tests.trim_codec"))
+  zc.register_codec(zc.Codec("trim_corrupt", 91, "tests.trim_codec_corrupt"))
+  yield
+  zc.unregister_codec("trim")
+  zc.unregister_codec("trim_corrupt")
+
+
+def smap(mesh, in_specs, out_specs):
+  return lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def blocks_with_tails(rows, cols, dtype, keep, seed=0):
+  """N blocks of [rows, cols]; block d keeps its first keep[d] elements (flattened)
+  nonzero and zeroes the rest, so its trimmed row uses ~keep[d] * itemsize bytes."""
+  x = gaussian((N, rows * cols), dtype, seed=seed)
+  x[x == 0] = 1   # no accidental zeros inside the kept part
+  for d, k in enumerate(keep):
+    x[d, k:] = 0
+  return x.reshape(N * rows, cols)
+
+
+def used_units(nonzero_bytes, raw):
+  """The trim codec's used size (units of 128 B) of a row with this many nonzero bytes."""
+  return max(1 + -(-nonzero_bytes // 128), 1 + -(-(3 * raw // 4) // 128))
+
+
+def trim_ladder(raw):
+  return zc.slot_ladder(128 + -(-(3 * raw // 4) // 128) * 128, raw)
+
+
+def expected_rung(max_used_bytes, rungs):
+  return sum(1 for r in rungs if max_used_bytes > r)
+
+
+# ---- the ladder itself --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("min_nbytes, raw", [(128, 16384), (90_112, 131_072), (5_760, 8_192),
+                                             (700_000, 1_048_576), (3 << 30, 4 << 30)])
+def test_ladder_rungs_are_close_and_static(min_nbytes, raw):
+  rungs = zc.slot_ladder(min_nbytes, raw)
+  assert rungs and rungs[0] == -(-min_nbytes // 128) * 128
+  assert all(r % 128 == 0 for r in rungs) and rungs[-1] < raw
+  assert list(rungs) == sorted(set(rungs))
+  assert len(rungs) <= 16
+  if min_nbytes >= 4096:   # real codecs: 2% apart near min_nbytes, then 5%
+    steps = list(zip(rungs, rungs[1:]))
+    assert all(b <= max(a * 1.02, a + 128) for a, b in steps[:11])
+    assert all(b <= max(a * 1.05, a + 128) for a, b in steps)
+    assert raw <= max(rungs[-1] * 1.05, rungs[-1] + 128) + 128
+  assert isinstance(rungs[-1], int)   # Python ints: exact above 2 GiB
+
+
+def test_ladder_of_a_row_that_cannot_shrink_is_empty():
+  assert zc.slot_ladder(8192, 8192) == () and zc.slot_ladder(9000, 8192) == ()
+
+
+# ---- size classes, raw rung, exactness ------------------------------------------------------------
+
+
+def _five(mesh, x, **kw):
+  ring = [(i, (i + 1) % N) for i in range(N)]
+
+  @smap(mesh, P("x"), ((P(), P("x"), P("x"), P("x"), P()), P()))
+  def f(v):
+    outs = (zc.compressed_all_gather(v, "x", tiled=True, to="invarying", stats=True, **kw),
+            zc.compressed_all_to_all(v, "x", 1, 1, tiled=True, stats=True, **kw),
+            zc.compressed_ppermute(v, "x", ring, stats=True, **kw),
+            zc.compressed_psum_scatter(v, "x", scatter_dimension=1, tiled=True, stats=True, **kw),
+            zc.compressed_psum(v, "x", stats=True, **kw))
+    st = {k: jnp.stack([o[1].rung[-1] if k == "rung" else getattr(o[1], k) for o in outs])
+          for k in ("rung", "decode_errors")}
+    st["used"] = jnp.stack([o[1].used_units[0] for o in outs])
+    return tuple(o[0] for o in outs), st
+
+  return f(x)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=lambda d: d.name)
+def test_each_device_its_own_size_class(mesh8, dtype):
+  rows, cols = 4, 512
+  n = rows * cols
+  keep = [1560 + 40 * d for d in range(N)]   # device d uses ~keep[d] of 2048 elements
+  x = blocks_with_tails(rows, cols, dtype, keep, seed=3)
+  ys, st = _five(mesh8, x, **TRIM)
+  raw = _five(mesh8, x, codec="raw", policy="always")[0]
+  for name, y, r in zip(("all_gather", "all_to_all", "ppermute", "psum_scatter", "psum"), ys, raw):
+    assert_bits_equal(y, r, name)
+  assert_bits_equal(ys[0], x, "all_gather vs input")
+  blocks = np.split(x, N)
+  assert_bits_equal(ys[4], ordered_sum(blocks, dtype), "psum")
+  # the gather's row is the whole block: the largest device decides the rung for all
+  item = np.dtype(dtype).itemsize
+  want_units = used_units(max(keep) * item, n * item)
+  assert int(st["used"][0]) == want_units
+  rungs = trim_ladder(n * item)
+  assert int(st["rung"][0]) == expected_rung(want_units * 128, rungs)
+  assert int(st["rung"][0]) < len(rungs)          # not the raw rung
+  assert not np.any(np.asarray(st["decode_errors"]))
+
+
+def test_one_incompressible_device_takes_the_raw_rung(mesh8):
+  rows, cols = 4, 512
+  keep = [64] * N
+  keep[5] = rows * cols   # device 5: no zero tail at all
+  x = blocks_with_tails(rows, cols, BF16, keep, seed=4)
+  ys, st = _five(mesh8, x, **TRIM)
+  raw = _five(mesh8, x, codec="raw", policy="always")[0]
+  for y, r in zip(ys, raw):
+    assert_bits_equal(y, r)
+  ladder = trim_ladder(rows * cols * 2)
+  assert int(st["rung"][0]) == len(ladder)         # all_gather: the raw rung
+  assert int(st["rung"][2]) == len(ladder)         # ppermute: device 5 sends
+
+
+def test_stats_report_rung_used_and_slot_bytes(mesh8):
+  rows, cols = 8, 256
+  n = rows * cols
+  keep = [1500] * N
+  keep[2] = 1800
+  x = blocks_with_tails(rows, cols, BF16, keep, seed=5)
+
+  @smap(mesh8, P("x"), (P(), P()))
+  def f(v):
+    return zc.compressed_all_gather(v, "x", tiled=True, to="invarying", stats=True, **TRIM)
+
+  _, s = f(x)
+  rungs = trim_ladder(2 * n)
+  want_used = used_units(1800 * 2, 2 * n) * 128
+  r = expected_rung(want_used, rungs)
+  assert s.collective == "all_gather" and s.codec == "trim" and s.compressed
+  assert np.asarray(s.rung).tolist() == [r] and not bool(s.raw_rung) and not bool(s.fell_back)
+  assert np.asarray(s.used_bytes).tolist() == [want_used]
+  assert np.asarray(s.slot_bytes).tolist() == [rungs[r]]
+  assert rungs[r] >= want_used
+  assert int(s.wire_bytes) == rungs[r] + s.agree_bytes
+  assert s.raw_bytes == 2 * n and float(s.ratio) > 1
+  text = f.lower(x).compile().as_text()
+  wb = zc.hlo_wire_bytes(text)
+  (cond,) = wb.conditionals
+  assert len(cond.branch_bytes) == len(rungs) + 1 and cond.branch_bytes[-1] == 2 * n
+  assert list(cond.branch_bytes[:-1]) == list(rungs)   # one slot per rung
+  assert wb.taken([r]) == int(s.wire_bytes)
+  assert wb.common == rungs[0] + 8 + 4 and wb.fallback == 2 * n + 8 + 4
+
+
+def test_psum_stats_have_two_transports(mesh8):
+  x = blocks_with_tails(8, 256, BF16, [2048] * N, seed=6)   # dense: both phases raw
+  _, s = smap(mesh8, P("x"), (P(), P()))(
+      lambda v: zc.compressed_psum(v, "x", stats=True, **TRIM))(x)
+  assert np.asarray(s.rung).shape == (2,) and bool(s.raw_rung)
+  assert int(s.wire_bytes) == s.raw_bytes + s.agree_bytes
+
+
+# ---- decode failures are never silent -------------------------------------------------------------
+
+
+def test_decode_errors_give_nan_rows_and_stats(mesh8):
+  x = blocks_with_tails(4, 512, BF16, [1600] * N, seed=7)
+
+  @smap(mesh8, P("x"), (P(), P()))
+  def f(v):
+    return zc.compressed_all_gather(v, "x", tiled=True, to="invarying", stats=True,
+                                    codec="trim_corrupt", policy="always", check_decode=False)
+
+  y, s = f(x)
+  y = np.asarray(y).view(np.uint16).reshape(N, -1)
+  assert np.all(y[0] == 0xFFFF), "a row that failed to decode must be all-one bits"
+  assert_bits_equal(y[1:].view(BF16), x.reshape(N, -1)[1:])
+  assert int(s.decode_errors) == N   # every device decoded one bad row
+
+
+def test_check_decode_raises(mesh8):
+  x = blocks_with_tails(4, 512, BF16, [1600] * N, seed=8)
+  f = smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_all_gather(
+      v, "x", tiled=True, codec="trim_corrupt", policy="always", check_decode=True))
+  with pytest.raises(Exception, match="failed to decode"):
+    jax.block_until_ready(f(x))
+
+
+def test_check_decode_is_validated(mesh8):
+  with pytest.raises(TypeError, match="check_decode must be a bool"):
+    smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_psum_scatter(
+        v, "x", tiled=True, check_decode=1))(np.zeros((64, 8), np.float32))
+
+
+# ---- sizes above 2 GiB: shapes only, nothing is allocated ----------------------------------------
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_operands_of_2_gib_per_device_trace(mesh8, stats):
+  n = (1 << 30) + 2048                    # bf16: 2 GiB + 4 KiB per device
+  x = jax.ShapeDtypeStruct((N * n,), jnp.bfloat16)
+
+  def body(v):
+    y = zc.compressed_psum_scatter(v, "x", tiled=True, policy="always", stats=stats)
+    return y[0] if stats else y
+
+  out = jax.eval_shape(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")), x)
+  assert out.shape == (n,)
+
+  def gather(v):
+    y = zc.compressed_all_gather(v[:n // 8], "x", tiled=True, codec="trim", policy="always",
+                                 stats=stats)
+    return y[0] if stats else y
+
+  out = jax.eval_shape(jax.shard_map(gather, mesh=mesh8, in_specs=P("x"), out_specs=P("x")), x)
+  assert out.shape == (N * N * (n // 8),)
+
+
+def test_stats_sizes_are_exact_python_ints_above_2_gib():
+  big = (5 << 30) + 256
+  st = zc.CollectiveStats(rung=np.array([1], np.int32), used_units=np.array([7], np.int32),
+                          escape_count=np.int32(0), decode_errors=np.int32(0),
+                          collective="psum_scatter", codec="zipccl", compressed=True,
+                          raw_bytes=big, elements=1, slots=((big // 2, big - 128, big),),
+                          slot_sizes=((1, 2, 3),), agree_bytes=4)
+  assert int(st.wire_bytes) == big - 124 and int(st.used_bytes[0]) == 7 * 128
+  assert not bool(st.raw_rung) and abs(float(st.ratio) - big / (big - 124)) < 1e-12
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+
+def test_escape_capacity_is_deprecated_and_ignored(mesh8):
+  x = jax.ShapeDtypeStruct((N * 4, 512), jnp.bfloat16)
+
+  def lowered(**kw):
+    return smap(mesh8, P("x"), P())(lambda v: zc.compressed_all_gather(
+        v, "x", tiled=True, to="invarying", **TRIM, **kw)).lower(x).as_text()
+
+  with pytest.warns(DeprecationWarning, match="escape_capacity is deprecated and ignored"):
+    a = lowered(escape_capacity=0)
+  with pytest.warns(DeprecationWarning, match="grad_escape_capacity is deprecated"):
+    b = lowered(grad_escape_capacity=5)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    c = lowered()
+  assert a == b == c   # the very same program
+
+
+def test_codec_names_come_from_the_registry(mesh8):
+  assert {"zipccl", "trim"} <= set(zc.codec_names())
+  with pytest.raises(ValueError, match="codec must be one of 'zipccl'.*'raw', None"):
+    smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_ppermute(
+        v, "x", [(0, 1)], codec="zstd"))(np.zeros((64, 8), np.float32))
+  with pytest.raises(ValueError, match="already registered"):
+    zc.register_codec(zc.Codec("trim", 90, "tests.trim_codec"))
+
+
+# ---- autodiff and a 2-D mesh -------------------------------------------------------------------------
+
+
+def test_vjps_through_the_ladder_match_raw(mesh8):
+  x = blocks_with_tails(8, 256, F32, [1600 + 50 * d for d in range(N)], seed=10)
+
+  def loss(codec):
+    kw = dict(codec=codec, policy="always")
+
+    @smap(mesh8, P("x"), P("x"))
+    def g(v):
+      def f(u):
+        a = zc.compressed_all_gather(u, "x", tiled=True, **kw)   # VJP: a psum_scatter
+        d = zc.compressed_ppermute(u, "x", [(i, (i + 3) % N) for i in range(N)], **kw)
+        return jnp.sum(a * a) + jnp.sum(d * u)
+      return jax.grad(f)(v)
+    return g(x)
+
+  assert_bits_equal(loss("trim"), loss("raw"))
+
+
+def test_two_axis_mesh(mesh4x2):
+  x = blocks_with_tails(2, 512, BF16, [800 + 30 * d for d in range(N)], seed=11)
+
+  def run(**kw):
+    @smap(mesh4x2, P(("a", "b")), (P(), P(("a", "b"))))
+    def f(v):
+      g = zc.compressed_all_gather(v, ("a", "b"), tiled=True, to="invarying", **kw)
+      s = zc.compressed_psum_scatter(v, ("a", "b"), scatter_dimension=1, tiled=True, **kw)
+      return g, s
+    return f(x)
+
+  (g, s), (g_raw, s_raw) = run(**TRIM), run(codec="raw", policy="always")
+  assert_bits_equal(g, x) and assert_bits_equal(g, g_raw)
+  assert_bits_equal(s, s_raw)
