@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #endif
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -41,10 +42,17 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the CPU codec assumes 
 #define EZ_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__)
 #define EZ_X86 1
-#define EZ_TARGET_FAST __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
+#define EZ_TARGET_FAST __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,movbe")))
+// MOVBE (a byte-swapping load/store: one instruction for each big-endian bit-stream
+// read and write) is read from CPUID directly: GCC 12's __builtin_cpu_supports
+// does not report it.
+inline bool have_movbe() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_MOVBE);
+}
 inline bool have_fast_isa() {
-  static const bool v =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && !env::simd_disabled();
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && have_movbe() &&
+                        !env::simd_disabled();
   return v;
 }
 #endif
@@ -111,13 +119,23 @@ EZ_TARGET_FAST uint64_t cs_words_fast(const uint8_t* row, uint64_t w0, uint64_t 
   const uint8_t* p = row + 4 * w0;
   const uint64_t cnt = w1 - w0, Q = cnt / 8;
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
-  for (uint64_t q = 0; q < Q; ++q) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * q));
-    a0 = _mm256_add_epi64(a0, _mm256_cvtepu32_epi64(_mm256_castsi256_si128(v)));
-    a1 = _mm256_add_epi64(a1, _mm256_cvtepu32_epi64(_mm256_extracti128_si256(v, 1)));
-    b0 = _mm256_add_epi64(b0, a0);
-    b1 = _mm256_add_epi64(b1, a1);
+  // Widening loads straight from memory (vpmovzxdq ymm, m128), a pointer loop. (A
+  // macro: lambdas do not inherit the function's target attribute.)
+#define EZ_CS_STEP(q)                                                                                       \
+  a0 = _mm256_add_epi64(a0, _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));      \
+  a1 = _mm256_add_epi64(a1, _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>((q) + 16))));\
+  b0 = _mm256_add_epi64(b0, a0);                                                                            \
+  b1 = _mm256_add_epi64(b1, a1)
+  const uint8_t* q = p;
+  const uint8_t* const q2 = p + 32 * (Q & ~1ull);
+  for (; q < q2; q += 64) {
+    EZ_CS_STEP(q);
+    EZ_CS_STEP(q + 32);
   }
+  if (Q & 1) {
+    EZ_CS_STEP(q);
+  }
+#undef EZ_CS_STEP
   uint64_t A[8], B[8];
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(A), a0);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + 4), a1);
@@ -244,11 +262,15 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // symbols would otherwise serialize on one counter's store-to-load latency).
   for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)t.symbol(kKindJ, x[j]);
   uint32_t j = 0;
-  for (; j + 4 <= len; j += 4) {
+  for (; j + 8 <= len; j += 8) {
     s.cnt[0][s.sym[j]]++;
     s.cnt[1][s.sym[j + 1]]++;
     s.cnt[2][s.sym[j + 2]]++;
     s.cnt[3][s.sym[j + 3]]++;
+    s.cnt[0][s.sym[j + 4]]++;
+    s.cnt[1][s.sym[j + 5]]++;
+    s.cnt[2][s.sym[j + 6]]++;
+    s.cnt[3][s.sym[j + 7]]++;
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
   for (uint32_t a = 0; a < AJ; ++a) s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
