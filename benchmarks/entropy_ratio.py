@@ -180,8 +180,10 @@ def speed_rows(n: int, runs: int) -> dict:
     cap = wcodec.default_escape_capacity(n)
     wbuf = np.zeros(wcodec.encoded_nbytes(BF16, n, cap), np.uint8)
     nat.encode_into(1, w8, n, cap, wbuf)
-    out["window_host_encode"] = _cpu_gbps(lambda: nat.encode_into(1, w8, n, cap, wbuf), x.nbytes, runs)
-    out["window_host_decode"] = _cpu_gbps(lambda: nat.decode_into(1, wbuf, n, cap, y8), x.nbytes, runs)
+    # format v2: decode_into(dtype_code, payload, n, out) reads the row's used length
+    enc = _cpu_gbps(lambda: nat.encode_into(1, w8, n, cap, wbuf), x.nbytes, runs)
+    dec = _cpu_gbps(lambda: nat.decode_into(1, wbuf, n, y8), x.nbytes, runs)
+    out["window_host_encode"], out["window_host_decode"] = enc, dec
   except Exception as err:  # the window codec's host entry points move with its format
     log(f"window codec host-buffer timing skipped: {err}")
   z = zipnn_codec(BF16)
