@@ -196,7 +196,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
 // y[j] = (sv[j] & keep) | the raw bits of element j, for j < len (sv may be y).
 // keep clears what a decoded symbol entry holds besides the symbol's value bits
 // (its code length, in bits that the raw bits own: see DecScratch::tab).
-template <DtypeCode D, uint32_t K>
+template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y, uint16_t keep) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
@@ -209,7 +209,38 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
   }
   constexpr uint64_t mask = (1ull << w) - 1;
   const uint32_t groups = (len + 7) / 8;
-  for (uint32_t g = 0; g < groups; ++g) {
+  uint32_t g = 0;
+#if EZ_X86
+  if constexpr (Fast) {
+    // 8 elements at a time: PDEP spreads the group's 8 w-bit values into 8 bytes,
+    // interleaved with the byte plane they form 8 16-bit raw values (SSE2), then
+    // raw_bits and the OR with the symbols' bits (instead of ~18 scalar
+    // instructions an element). Whole groups only; reads w bytes per group.
+    constexpr uint64_t spread = 0x0101010101010101ull * mask;
+    const __m128i keep8 = _mm_set1_epi16((short)keep);
+    const __m128i mlow = _mm_set1_epi16((short)((1u << t.mbits) - 1));
+    for (; g + 1 < groups || (g < groups && len % 8 == 0); ++g) {
+      uint64_t acc = 0;
+      std::memcpy(&acc, packed + g * w, w);
+      uint64_t bytes;  // PDEP by inline asm: the intrinsic needs a target attribute here
+      asm("pdep %2, %1, %0" : "=r"(bytes) : "r"(acc), "r"(spread));
+      const __m128i hi = _mm_cvtsi64_si128((long long)bytes);
+      __m128i r;
+      if (bp) {
+        uint64_t lo;
+        std::memcpy(&lo, in + 8 * g, 8);
+        r = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)lo), hi);
+      } else {
+        r = _mm_unpacklo_epi8(hi, _mm_setzero_si128());
+      }
+      if (K == kKindE)  // raw = s << M | m -> s << 15 | m
+        r = _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(r, t.mbits), 15), _mm_and_si128(r, mlow));
+      const __m128i sv8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + 8 * g));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + 8 * g), _mm_or_si128(_mm_and_si128(sv8, keep8), r));
+    }
+  }
+#endif
+  for (; g < groups; ++g) {
     uint64_t acc = 0;
     std::memcpy(&acc, packed + g * w, w);
     const uint32_t kend = g + 1 < groups ? 8 : len - 8 * g;
@@ -228,11 +259,11 @@ EZ_INLINE void write_raw_kind(uint32_t kind, const uint16_t* x, uint32_t len, ui
   else write_raw<D, kKindJ>(x, len, out);
 }
 
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const uint16_t* sv,
                            uint16_t* y, uint16_t keep) {
-  if (kind == kKindE) or_raw<D, kKindE>(in, len, sv, y, keep);
-  else or_raw<D, kKindJ>(in, len, sv, y, keep);
+  if (kind == kKindE) or_raw<D, kKindE, Fast>(in, len, sv, y, keep);
+  else or_raw<D, kKindJ, Fast>(in, len, sv, y, keep);
 }
 
 // ---------------------------------------------------------------------------------
@@ -436,7 +467,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     if (sym >= A || size != kBlockHead + rawb) return kDecBadTable;
     const uint16_t v = (uint16_t)t.sym_bits(kind, sym);
     for (uint32_t j = 0; j < len; ++j) y[j] = v;
-    or_raw_kind<D>(kind, blk + kBlockHead, len, y, y, 0xFFFF);
+    or_raw_kind<D, Fast>(kind, blk + kBlockHead, len, y, y, 0xFFFF);
     return kDecOk;
   }
   // HUFF.
@@ -520,7 +551,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
-  or_raw_kind<D>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
+  or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }
 
