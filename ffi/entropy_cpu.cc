@@ -171,7 +171,7 @@ constexpr Traits traits() {
 // ---------------------------------------------------------------------------------
 // Raw planes (entropy_format.h: byte plane, then the packed plane).
 
-template <DtypeCode D, uint32_t K>
+template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
   constexpr bool bp = (K == kKindE ? t.mbits + 1 : t.mbits) >= 8;
@@ -183,7 +183,26 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
   if (w) {
     const uint32_t groups = (len + 7) / 8;
-    for (uint32_t g = 0; g < groups; ++g) {
+    uint32_t g = 0;
+#if EZ_X86
+    if constexpr (Fast) {
+      // 8 elements at a time: their packed values as 8 bytes (SSE2), PEXT gathers
+      // the low w bits of each byte into the group's w bytes. Whole groups only.
+      constexpr uint64_t spread = 0x0101010101010101ull * ((1ull << w) - 1);
+      const __m128i mlow = _mm_set1_epi16((short)((1u << t.mbits) - 1));
+      for (; g + 1 < groups || (g < groups && len % 8 == 0); ++g) {
+        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * g));
+        __m128i r = _mm_and_si128(v, mlow);  // kind J: raw = m
+        if (K == kKindE) r = _mm_or_si128(r, _mm_slli_epi16(_mm_srli_epi16(v, 15), t.mbits));
+        if (bp) r = _mm_srli_epi16(r, 8);
+        const uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(r, r));
+        uint64_t acc;  // PEXT by inline asm: the intrinsic needs a target attribute here
+        asm("pext %2, %1, %0" : "=r"(acc) : "r"(bytes), "r"(spread));
+        std::memcpy(out + g * w, &acc, w);
+      }
+    }
+#endif
+    for (; g < groups; ++g) {
       uint64_t acc = 0;
       const uint32_t kend = std::min<uint32_t>(8, len - 8 * g);
       for (uint32_t k = 0; k < kend; ++k)
@@ -253,10 +272,10 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
   }
 }
 
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE void write_raw_kind(uint32_t kind, const uint16_t* x, uint32_t len, uint8_t* out) {
-  if (kind == kKindE) write_raw<D, kKindE>(x, len, out);
-  else write_raw<D, kKindJ>(x, len, out);
+  if (kind == kKindE) write_raw<D, kKindE, Fast>(x, len, out);
+  else write_raw<D, kKindJ, Fast>(x, len, out);
 }
 
 template <DtypeCode D, bool Fast>
@@ -283,7 +302,7 @@ struct EncScratch {
 
 // Encodes one block into out (at most max_block_bytes(len) bytes, exactly the
 // returned size written). *raw = the block was stored RAW.
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                      bool* raw) {
   constexpr Traits t = traits<D>();
@@ -369,7 +388,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     out[0] = (uint8_t)(kConst | (kind << 2));
     out[1] = 0;
     st16(out + 2, one_sym[kind]);
-    write_raw_kind<D>(kind, x, len, out + kBlockHead);
+    write_raw_kind<D, Fast>(kind, x, len, out + kBlockHead);
     return best;
   }
   out[0] = (uint8_t)(kHuff | (kind << 2));
@@ -425,7 +444,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   if (nacc) store_be64(bp, acc << (64 - nacc));
   uint8_t* area_out = nib_out + nib[kind];
   std::memcpy(area_out, s.bits, area[kind]);
-  write_raw_kind<D>(kind, x, len, area_out + area[kind]);
+  write_raw_kind<D, Fast>(kind, x, len, area_out + area[kind]);
   return best;
 }
 
@@ -560,7 +579,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
 
 template <DtypeCode D>
 uint32_t encode_block_base(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s, bool* raw) {
-  return encode_block_impl<D>(x, len, out, s, raw);
+  return encode_block_impl<D, false>(x, len, out, s, raw);
 }
 template <DtypeCode D>
 int32_t decode_block_base(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len, uint16_t* y,
@@ -571,7 +590,7 @@ int32_t decode_block_base(const uint8_t* blk, uint32_t size, uint64_t avail, uin
 template <DtypeCode D>
 EZ_TARGET_FAST uint32_t encode_block_fast(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                           bool* raw) {
-  return encode_block_impl<D>(x, len, out, s, raw);
+  return encode_block_impl<D, true>(x, len, out, s, raw);
 }
 template <DtypeCode D>
 EZ_TARGET_FAST int32_t decode_block_fast(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len,
