@@ -20,8 +20,14 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 #include "cpu_parallel.h"
+#include "env.h"
+#include "handler_common.h"
 
 namespace zipccl {
 namespace ent {
@@ -36,10 +42,17 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the CPU codec assumes 
 #define EZ_INLINE inline __attribute__((always_inline))
 #if defined(__x86_64__)
 #define EZ_X86 1
-#define EZ_TARGET_FAST __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
+#define EZ_TARGET_FAST __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt,movbe")))
+// MOVBE (a byte-swapping load/store: one instruction for each big-endian bit-stream
+// read and write) is read from CPUID directly: GCC 12's __builtin_cpu_supports
+// does not report it.
+inline bool have_movbe() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_MOVBE);
+}
 inline bool have_fast_isa() {
-  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
-                        std::getenv("ZIPCCL_DISABLE_SIMD") == nullptr;
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && have_movbe() &&
+                        !env::simd_disabled();
   return v;
 }
 #endif
@@ -48,6 +61,12 @@ constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is fa
 constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
 constexpr uint32_t kSymsPerRefill = 5;  // 5 * 11 = 55 <= 57 bits valid after a refill
+// Decode table entries (DecScratch::tab): the code length in bits [0, 4), the
+// symbol's value bits from bit 7 on (the mantissa field is >= 7 bits wide), so
+// the sum of 5 entries holds the 5 lengths (<= 55) in bits [0, 7).
+constexpr uint32_t kLenMask = 15;
+constexpr uint32_t kSumMask = 127;
+static_assert(kMaxLen <= kLenMask && kSymsPerRefill * kMaxLen <= kSumMask, "entry layout");
 
 // A 16-bit store the compiler cannot merge with its neighbours (GCC otherwise
 // assembles a refill's 5 stores into one 64-bit word with shifts and ORs: 4 extra
@@ -77,23 +96,71 @@ inline void store_be64(uint8_t* p, uint64_t v) {
   std::memcpy(p, &v, 8);
 }
 
-// Checksum of the u32 words [w0, w1) of the row (byte offset 4 w).
-inline uint64_t cs_words(const uint8_t* row, uint64_t w0, uint64_t w1) {
-  uint64_t acc = 0;
-  constexpr uint64_t kChunk = 1ull << 28;  // keeps i * w within 64 bits per chunk
-  for (uint64_t a = w0; a < w1; a += kChunk) {
-    const uint64_t c = std::min(kChunk, w1 - a);
-    uint64_t s0 = 0, s1 = 0;
-    const uint8_t* p = row + 4 * a;
-    for (uint32_t i = 0; i < (uint32_t)c; ++i) {
-      uint32_t w;
-      std::memcpy(&w, p + 4 * (uint64_t)i, 4);
-      s0 += w;
-      s1 += (uint64_t)w * i;
-    }
-    acc += (2 * a + 1) * s0 + 2 * s1;
+// Checksum of the u32 words [w0, w1) of the row (byte offset 4 w): sum (2j + 1) w_j
+// = (2 w0 + 1) sum w + 2 sum i w (i = j - w0), all mod 2^64 (portable form).
+inline uint64_t cs_words_base(const uint8_t* row, uint64_t w0, uint64_t w1) {
+  uint64_t s0 = 0, s1 = 0;
+  const uint8_t* p = row + 4 * w0;
+  for (uint64_t i = 0; i < w1 - w0; ++i) {
+    uint32_t w;
+    std::memcpy(&w, p + 4 * i, 4);
+    s0 += w;
+    s1 += (uint64_t)w * i;
   }
-  return acc;
+  return (2 * w0 + 1) * s0 + 2 * s1;
+}
+
+#if EZ_X86
+// AVX2: word i = 8 q + l goes to u64 lane l (two vectors of 4 lanes). Running sums
+// A_l = sum_q w, B_l = sum_q A_l (after each step) give sum_q q w = Q A_l - B_l over
+// Q steps, so sum i w = sum_l 8 (Q A_l - B_l) + l A_l: 6 vector instructions per
+// 8 words instead of a 64-bit multiply per word. Exact mod 2^64 like the base form.
+EZ_TARGET_FAST uint64_t cs_words_fast(const uint8_t* row, uint64_t w0, uint64_t w1) {
+  const uint8_t* p = row + 4 * w0;
+  const uint64_t cnt = w1 - w0, Q = cnt / 8;
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, b0 = a0, b1 = a0;
+  // Widening loads straight from memory (vpmovzxdq ymm, m128), a pointer loop. (A
+  // macro: lambdas do not inherit the function's target attribute.)
+#define EZ_CS_STEP(q)                                                                                       \
+  a0 = _mm256_add_epi64(a0, _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));      \
+  a1 = _mm256_add_epi64(a1, _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>((q) + 16))));\
+  b0 = _mm256_add_epi64(b0, a0);                                                                            \
+  b1 = _mm256_add_epi64(b1, a1)
+  const uint8_t* q = p;
+  const uint8_t* const q2 = p + 32 * (Q & ~1ull);
+  for (; q < q2; q += 64) {
+    EZ_CS_STEP(q);
+    EZ_CS_STEP(q + 32);
+  }
+  if (Q & 1) {
+    EZ_CS_STEP(q);
+  }
+#undef EZ_CS_STEP
+  uint64_t A[8], B[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(A), a0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + 4), a1);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(B), b0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(B + 4), b1);
+  uint64_t s0 = 0, s1 = 0;
+  for (uint64_t l = 0; l < 8; ++l) {
+    s0 += A[l];
+    s1 += 8 * (Q * A[l] - B[l]) + l * A[l];
+  }
+  for (uint64_t i = 8 * Q; i < cnt; ++i) {
+    uint32_t w;
+    std::memcpy(&w, p + 4 * i, 4);
+    s0 += w;
+    s1 += (uint64_t)w * i;
+  }
+  return (2 * w0 + 1) * s0 + 2 * s1;
+}
+#endif
+
+inline uint64_t cs_words(const uint8_t* row, uint64_t w0, uint64_t w1) {
+#if EZ_X86
+  if (have_fast_isa()) return cs_words_fast(row, w0, w1);
+#endif
+  return cs_words_base(row, w0, w1);
 }
 
 template <DtypeCode D>
@@ -104,7 +171,7 @@ constexpr Traits traits() {
 // ---------------------------------------------------------------------------------
 // Raw planes (entropy_format.h: byte plane, then the packed plane).
 
-template <DtypeCode D, uint32_t K>
+template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
   constexpr bool bp = (K == kKindE ? t.mbits + 1 : t.mbits) >= 8;
@@ -116,7 +183,26 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
   if (w) {
     const uint32_t groups = (len + 7) / 8;
-    for (uint32_t g = 0; g < groups; ++g) {
+    uint32_t g = 0;
+#if EZ_X86
+    if constexpr (Fast) {
+      // 8 elements at a time: their packed values as 8 bytes (SSE2), PEXT gathers
+      // the low w bits of each byte into the group's w bytes. Whole groups only.
+      constexpr uint64_t spread = 0x0101010101010101ull * ((1ull << w) - 1);
+      const __m128i mlow = _mm_set1_epi16((short)((1u << t.mbits) - 1));
+      for (; g + 1 < groups || (g < groups && len % 8 == 0); ++g) {
+        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * g));
+        __m128i r = _mm_and_si128(v, mlow);  // kind J: raw = m
+        if (K == kKindE) r = _mm_or_si128(r, _mm_slli_epi16(_mm_srli_epi16(v, 15), t.mbits));
+        if (bp) r = _mm_srli_epi16(r, 8);
+        const uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(r, r));
+        uint64_t acc;  // PEXT by inline asm: the intrinsic needs a target attribute here
+        asm("pext %2, %1, %0" : "=r"(acc) : "r"(bytes), "r"(spread));
+        std::memcpy(out + g * w, &acc, w);
+      }
+    }
+#endif
+    for (; g < groups; ++g) {
       uint64_t acc = 0;
       const uint32_t kend = std::min<uint32_t>(8, len - 8 * g);
       for (uint32_t k = 0; k < kend; ++k)
@@ -126,21 +212,54 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
-// y[j] = sv[j] | the raw bits of element j, for j < len (sv may be y).
-template <DtypeCode D, uint32_t K>
-EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y) {
+// y[j] = (sv[j] & keep) | the raw bits of element j, for j < len (sv may be y).
+// keep clears what a decoded symbol entry holds besides the symbol's value bits
+// (its code length, in bits that the raw bits own: see DecScratch::tab).
+template <DtypeCode D, uint32_t K, bool Fast>
+EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y, uint16_t keep) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
   if (!w) {
-    for (uint32_t j = 0; j < len; ++j) y[j] = (uint16_t)(sv[j] | t.raw_bits(K, in[j]));
+    for (uint32_t j = 0; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
   const uint32_t groups = (len + 7) / 8;
-  for (uint32_t g = 0; g < groups; ++g) {
+  uint32_t g = 0;
+#if EZ_X86
+  if constexpr (Fast) {
+    // 8 elements at a time: PDEP spreads the group's 8 w-bit values into 8 bytes,
+    // interleaved with the byte plane they form 8 16-bit raw values (SSE2), then
+    // raw_bits and the OR with the symbols' bits (instead of ~18 scalar
+    // instructions an element). Whole groups only; reads w bytes per group.
+    constexpr uint64_t spread = 0x0101010101010101ull * mask;
+    const __m128i keep8 = _mm_set1_epi16((short)keep);
+    const __m128i mlow = _mm_set1_epi16((short)((1u << t.mbits) - 1));
+    for (; g + 1 < groups || (g < groups && len % 8 == 0); ++g) {
+      uint64_t acc = 0;
+      std::memcpy(&acc, packed + g * w, w);
+      uint64_t bytes;  // PDEP by inline asm: the intrinsic needs a target attribute here
+      asm("pdep %2, %1, %0" : "=r"(bytes) : "r"(acc), "r"(spread));
+      const __m128i hi = _mm_cvtsi64_si128((long long)bytes);
+      __m128i r;
+      if (bp) {
+        uint64_t lo;
+        std::memcpy(&lo, in + 8 * g, 8);
+        r = _mm_unpacklo_epi8(_mm_cvtsi64_si128((long long)lo), hi);
+      } else {
+        r = _mm_unpacklo_epi8(hi, _mm_setzero_si128());
+      }
+      if (K == kKindE)  // raw = s << M | m -> s << 15 | m
+        r = _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(r, t.mbits), 15), _mm_and_si128(r, mlow));
+      const __m128i sv8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + 8 * g));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + 8 * g), _mm_or_si128(_mm_and_si128(sv8, keep8), r));
+    }
+  }
+#endif
+  for (; g < groups; ++g) {
     uint64_t acc = 0;
     std::memcpy(&acc, packed + g * w, w);
     const uint32_t kend = g + 1 < groups ? 8 : len - 8 * g;
@@ -148,22 +267,22 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
       const uint32_t j = 8 * g + k;
       const uint32_t pv = (uint32_t)((acc >> (k * w)) & mask);
       const uint32_t r = bp ? (uint32_t)in[j] | (pv << 8) : pv;
-      y[j] = (uint16_t)(sv[j] | t.raw_bits(K, r));
+      y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, r));
     }
   }
 }
 
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE void write_raw_kind(uint32_t kind, const uint16_t* x, uint32_t len, uint8_t* out) {
-  if (kind == kKindE) write_raw<D, kKindE>(x, len, out);
-  else write_raw<D, kKindJ>(x, len, out);
+  if (kind == kKindE) write_raw<D, kKindE, Fast>(x, len, out);
+  else write_raw<D, kKindJ, Fast>(x, len, out);
 }
 
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const uint16_t* sv,
-                           uint16_t* y) {
-  if (kind == kKindE) or_raw<D, kKindE>(in, len, sv, y);
-  else or_raw<D, kKindJ>(in, len, sv, y);
+                           uint16_t* y, uint16_t keep) {
+  if (kind == kKindE) or_raw<D, kKindE, Fast>(in, len, sv, y, keep);
+  else or_raw<D, kKindJ, Fast>(in, len, sv, y, keep);
 }
 
 // ---------------------------------------------------------------------------------
@@ -176,14 +295,14 @@ struct EncScratch {
   uint32_t c[2][kMaxAlphabet];       // [kind] counts
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
   uint16_t code[kMaxAlphabet];
-  uint32_t ccode[kMaxAlphabet];      // [J symbol] code (separate arrays: no unpacking
-  uint8_t clen[kMaxAlphabet];        //  shifts in the writer's loop)
+  uint64_t ccode[kMaxAlphabet];      // [J symbol] code (u64: OR-ed from memory)
+  uint8_t clen[kMaxAlphabet];        // [J symbol] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
 };
 
 // Encodes one block into out (at most max_block_bytes(len) bytes, exactly the
 // returned size written). *raw = the block was stored RAW.
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                      bool* raw) {
   constexpr Traits t = traits<D>();
@@ -193,11 +312,15 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // symbols would otherwise serialize on one counter's store-to-load latency).
   for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)t.symbol(kKindJ, x[j]);
   uint32_t j = 0;
-  for (; j + 4 <= len; j += 4) {
+  for (; j + 8 <= len; j += 8) {
     s.cnt[0][s.sym[j]]++;
     s.cnt[1][s.sym[j + 1]]++;
     s.cnt[2][s.sym[j + 2]]++;
     s.cnt[3][s.sym[j + 3]]++;
+    s.cnt[0][s.sym[j + 4]]++;
+    s.cnt[1][s.sym[j + 5]]++;
+    s.cnt[2][s.sym[j + 6]]++;
+    s.cnt[3][s.sym[j + 7]]++;
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
   for (uint32_t a = 0; a < AJ; ++a) s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
@@ -265,7 +388,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     out[0] = (uint8_t)(kConst | (kind << 2));
     out[1] = 0;
     st16(out + 2, one_sym[kind]);
-    write_raw_kind<D>(kind, x, len, out + kBlockHead);
+    write_raw_kind<D, Fast>(kind, x, len, out + kBlockHead);
     return best;
   }
   out[0] = (uint8_t)(kHuff | (kind << 2));
@@ -284,16 +407,18 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   }
 
   // One MSB-first writer for the 8 streams back to back; a flush after every <= 5
-  // codes (<= 55 bits + < 8 pending bits fit the 64-bit accumulator).
+  // codes (<= 55 bits + < 8 pending bits fit the 64-bit accumulator). Per code:
+  // load the symbol, its length, shift, OR the code from memory, count: separate
+  // length and u64 code arrays avoid unpacking an entry (2 more instructions).
   uint8_t* bp = s.bits;
   uint64_t acc = 0;
   uint32_t nacc = 0;
   uint32_t before = 0;
   for (uint32_t st = 0; st < kStreams; ++st) {
     const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
-    uint32_t jj = j0;
-    auto push = [&](uint32_t idx) {
-      const uint32_t a = s.sym[idx];
+    const uint16_t* sp = s.sym + j0;
+    const uint16_t* const se = s.sym + j1;
+    auto push = [&](uint32_t a) {
       const uint32_t l = s.clen[a];
       acc = (acc << l) | s.ccode[a];
       nacc += l;
@@ -303,12 +428,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       bp += nacc >> 3;
       nacc &= 7;
     };
-    for (; jj + kSymsPerRefill <= j1; jj += kSymsPerRefill) {
-      for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(jj + i);
+    for (; se - sp >= (ptrdiff_t)kSymsPerRefill; sp += kSymsPerRefill) {
+#pragma GCC unroll 5
+      for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(sp[i]);
       flush();
     }
-    for (; jj < j1; ++jj) {
-      push(jj);
+    for (; sp < se; ++sp) {
+      push(*sp);
       flush();
     }
     const uint32_t now = (uint32_t)(bp - s.bits) * 8 + nacc;
@@ -318,7 +444,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   if (nacc) store_be64(bp, acc << (64 - nacc));
   uint8_t* area_out = nib_out + nib[kind];
   std::memcpy(area_out, s.bits, area[kind]);
-  write_raw_kind<D>(kind, x, len, area_out + area[kind]);
+  write_raw_kind<D, Fast>(kind, x, len, area_out + area[kind]);
   return best;
 }
 
@@ -328,7 +454,12 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
 struct DecScratch {
   uint8_t len[kMaxAlphabet];
   uint16_t code[kMaxAlphabet];
-  uint32_t tab[kTableSize];  // sym_bits << 16 | code length
+  // Entry = the symbol's value bits | its code length. The value bits of a symbol
+  // are the sign and exponent fields (bits >= 7: bf16 mantissa 7 bits, fp16 10),
+  // so the length (<= 11) fits the low 4 bits, which the raw bits own: an entry
+  // is stored as is and the join masks the length off. A 64-bit shift by the
+  // entry shifts by the length (x86 shift counts are taken mod 64; bit 6 is 0).
+  uint32_t tab[kTableSize];
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
 };
@@ -355,7 +486,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     if (sym >= A || size != kBlockHead + rawb) return kDecBadTable;
     const uint16_t v = (uint16_t)t.sym_bits(kind, sym);
     for (uint32_t j = 0; j < len; ++j) y[j] = v;
-    or_raw_kind<D>(kind, blk + kBlockHead, len, y, y);
+    or_raw_kind<D, Fast>(kind, blk + kBlockHead, len, y, y, 0xFFFF);
     return kDecOk;
   }
   // HUFF.
@@ -378,13 +509,12 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
-  // Entry = the symbol's value bits << 16 | code length: a 64-bit shift by the
-  // whole entry shifts by the length (shift counts are taken mod 64), and the
-  // lengths of a refill's 5 symbols are the low 16 bits of their entries' sum.
+  // Entry = the symbol's value bits | code length (DecScratch::tab); the lengths
+  // of a refill's 5 symbols (<= 55) are the low 7 bits of their entries' sum.
   for (uint32_t a = 0; a < sym_end; ++a) {
     const uint32_t l = s.len[a];
     if (!l) continue;
-    const uint32_t e = (t.sym_bits(kind, a) << 16) | l;
+    const uint32_t e = t.sym_bits(kind, a) | l;
     uint32_t* dst = s.tab + ((uint32_t)s.code[a] << (kMaxLen - l));
     const uint32_t cnt = 1u << (kMaxLen - l);
     for (uint32_t i = 0; i < cnt; ++i) dst[i] = e;
@@ -423,9 +553,9 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
           const uint32_t e = tab[buf >> top];
           buf <<= (e & 63);
           sum += e;
-          store16(yr + st * kStreamLen + i, e >> 16);
+          store16(yr + st * kStreamLen + i, e);
         }
-        pos[st] = q + (sum & 0xFFFF);
+        pos[st] = q + (sum & kSumMask);
       }
     }
     done = rounds * kSymsPerRefill;
@@ -435,12 +565,12 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     uint32_t q = pos[st];
     for (uint32_t jj = j0 + done; jj < j1; ++jj) {
       const uint32_t e = tab[refill(q) >> (64 - kMaxLen)];
-      q += e & 15;
-      s.sv[jj] = (uint16_t)(e >> 16);
+      q += e & kLenMask;
+      s.sv[jj] = (uint16_t)e;
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
-  or_raw_kind<D>(kind, blk + area_off + ab, len, s.sv, y);
+  or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }
 
@@ -449,7 +579,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
 
 template <DtypeCode D>
 uint32_t encode_block_base(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s, bool* raw) {
-  return encode_block_impl<D>(x, len, out, s, raw);
+  return encode_block_impl<D, false>(x, len, out, s, raw);
 }
 template <DtypeCode D>
 int32_t decode_block_base(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len, uint16_t* y,
@@ -460,7 +590,7 @@ int32_t decode_block_base(const uint8_t* blk, uint32_t size, uint64_t avail, uin
 template <DtypeCode D>
 EZ_TARGET_FAST uint32_t encode_block_fast(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                           bool* raw) {
-  return encode_block_impl<D>(x, len, out, s, raw);
+  return encode_block_impl<D, true>(x, len, out, s, raw);
 }
 template <DtypeCode D>
 EZ_TARGET_FAST int32_t decode_block_fast(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len,
@@ -661,29 +791,10 @@ bool ent_dtype(ffi::DataType t, zent::DtypeCode* d) {
   }
 }
 
-void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
-  uint64_t r = 1;
-  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
-  *rows = r;
-  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
-}
+using zipccl::handler::split_dims;
+using zipccl::handler::str;
 
-std::string str(uint64_t v) { return std::to_string(v); }
-
-// XLA:CPU allocates outputs afresh per call; ask for transparent huge pages on the
-// 2 MiB-aligned interior of large outputs (as ffi/codec_cpu.cc does, same reason:
-// first-touch page faults cost more than the codec). ZIPCCL_NO_HUGEPAGES=1: off.
-void advise_hugepages(void* p, uint64_t nbytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uint64_t kHuge = 2ull << 20;
-  if (nbytes < 4 * kHuge) return;
-  static const bool off = std::getenv("ZIPCCL_NO_HUGEPAGES") != nullptr;
-  if (off) return;
-  const uint64_t a = ((uint64_t)p + kHuge - 1) & ~(kHuge - 1);
-  const uint64_t b = ((uint64_t)p + nbytes) & ~(kHuge - 1);
-  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
-#endif
-}
+using zipccl::par::advise_hugepages;
 
 ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                              ffi::Result<ffi::Buffer<ffi::S32>> stats,

@@ -432,3 +432,45 @@ def test_short_payload_under_jit():
   assert int(st[0]) == 3 and (words(y) == 0xFFFF).all()
   y, st = dec(p, 3000, BF16)  # the wrong dtype
   assert int(st[0]) == 2 and (words(y) == 0xFFFF).all()
+
+
+def test_portable_path_identical(tmp_path):
+  """ZIPCCL_DISABLE_SIMD=1 (read once per process, so in a subprocess) selects the
+  portable block code and checksum: its encodings are byte-identical to this
+  process's (AVX2 where the CPU has it), and each path decodes the other's bytes."""
+  import subprocess
+  import sys
+  cases = [("gauss", 70001, BF16), ("specials", 3 * 4096 + 511, BF16), ("gelu", 2 * 4096 + 5, BF16),
+           ("softmax", 12345, F16), ("specials", 4097, F16), ("constant", 5000, BF16),
+           ("random_bits", 4096 + 1, F16), ("laplace", 9, BF16), ("mixscale", 8 * 4096, F16)]
+  names = []
+  for k, (dist, n, dtype) in enumerate(cases):
+    x = make(dist, n, dtype, seed=40 + k)
+    out, status, _, used = native_encode(x)
+    assert status == 0
+    np.save(tmp_path / f"x{k}.npy", words(x))
+    np.save(tmp_path / f"p{k}.npy", out[:used])
+    names.append(f"{k}:{CODE[np.dtype(dtype)]}")
+  code = (
+      "import numpy as np, sys; from zipccl_jax._src import ffi; N = ffi.native(); d = sys.argv[1]\n"
+      "for item in sys.argv[2:]:\n"
+      "  k, c = map(int, item.split(':')); w = np.load(f'{d}/x{k}.npy'); n = w.size\n"
+      "  out = np.zeros(N.entropy_max_nbytes(c, n), np.uint8)\n"
+      "  s, raws, used = N.entropy_encode_into(c, w.view(np.uint8), n, out)\n"
+      "  np.save(f'{d}/q{k}.npy', out[:used])\n"
+      "  y = np.zeros(n, np.uint16)\n"
+      "  st = N.entropy_decode_into(c, np.load(f'{d}/p{k}.npy'), n, y.view(np.uint8))\n"
+      "  np.save(f'{d}/y{k}.npy', np.append(y, np.uint16(st)))\n")
+  env = dict(os.environ, ZIPCCL_DISABLE_SIMD="1", ZIPCCL_NUM_THREADS="1")
+  subprocess.run([sys.executable, "-c", code, str(tmp_path)] + names, check=True, env=env, timeout=120)
+  for k, (dist, n, dtype) in enumerate(cases):
+    p, q = np.load(tmp_path / f"p{k}.npy"), np.load(tmp_path / f"q{k}.npy")
+    assert p.size == q.size, (dist, n, p.size, q.size)
+    bad = np.flatnonzero(p != q)
+    assert bad.size == 0, f"{dist} n={n}: portable bytes differ at {bad[0]}: {q[bad[0]]:#04x} != {p[bad[0]]:#04x}"
+    y = np.load(tmp_path / f"y{k}.npy")
+    assert y[-1] == 0, f"{dist} n={n}: portable decoder status {y[-1]}"
+    assert_bits_equal(y[:-1], words(make(dist, n, dtype, seed=40 + k)))
+    y2, st = native_decode(q, n, dtype)
+    assert st == 0
+    assert_bits_equal(y2, words(make(dist, n, dtype, seed=40 + k)))
