@@ -102,7 +102,8 @@ def test_other_dtypes_take_the_lax_collective(mesh8, dtype):
 
 def test_pytree_with_a_step_counter(mesh8):
   """An int32 step counter next to bf16 gradients: counter as lax, gradients compressed."""
-  g = jnp.asarray(gaussian((N * 4, 512), BF16, seed=2))
+  # rows of 2048 elements per peer: large enough that the ladder has rungs below raw
+  g = jnp.asarray(gaussian((N * 4, 4096), BF16, seed=2))
   step = jnp.arange(N, dtype=jnp.int32)
 
   def f(grads, steps):

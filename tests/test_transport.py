@@ -202,6 +202,7 @@ def test_check_decode_raises(mesh8):
       v, "x", tiled=True, codec="trim_corrupt", policy="always", check_decode=True))
   with pytest.raises(Exception, match="failed to decode"):
     jax.block_until_ready(f(x))
+    jax.effects_barrier()   # the callback's error surfaces here at the latest (not at exit)
 
 
 def test_check_decode_is_validated(mesh8):
