@@ -9,7 +9,10 @@
 #include <string>
 
 #include "codec_cpu.h"
+#include "entropy_cpu.h"
 #include "handler_common.h"
+
+void register_entropy(nanobind::module_& m);  // module_entropy.cc
 
 namespace nb = nanobind;
 
@@ -50,6 +53,8 @@ NB_MODULE(_zipccl_cpu, m) {
     nb::dict d;
     d[zipccl::handler::kEncodeTarget] = encapsulate(ZipcclEncodeCpu);
     d[zipccl::handler::kDecodeTarget] = encapsulate(ZipcclDecodeCpu);
+    d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCpu);
+    d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCpu);
     return d;
   });
   m.attr("ENCODE_TARGET") = zipccl::handler::kEncodeTarget;
@@ -113,6 +118,7 @@ NB_MODULE(_zipccl_cpu, m) {
       },
       nb::arg("dtype_code"), nb::arg("payload"), nb::arg("n"), nb::arg("out"),
       "Decodes one row of any length; returns the decoder status (out is all-ones on error).");
+  register_entropy(m);
   m.attr("FORMAT_VERSION") = (int)zipccl::kVersion;
   m.attr("BLOCK") = (int)zipccl::kBlock;
 }

@@ -1,0 +1,408 @@
+"""An independent numpy/Python implementation of the entropy codec's format
+(docs/format.md, "Entropy codec (codec id 2)"), written from the text alone.
+
+Slow and simple (bit strings, Python loops): for tests with small rows only.
+`encode_row` must produce exactly the bytes the C++ encoder produces; `decode_row`
+must decode the C++ rows and report the same statuses for the checks it makes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 4096
+STREAMS = 8
+STREAM_LEN = 512
+MAX_LEN = 11
+MAGIC = 0x4C43435A
+# dtype code -> (exponent bits, mantissa bits)
+DTYPES = {1: (8, 7), 2: (5, 10)}
+
+
+def align128(x: int) -> int:
+  return -(-x // 128) * 128
+
+
+def checksum(row: bytes) -> int:
+  """sum_j w_j (2j+1) mod 2^64 over u32 words, bytes 24..31 as zero."""
+  b = bytearray(row)
+  b[24:32] = bytes(8)
+  w = np.frombuffer(bytes(b), "<u4").astype(np.uint64)
+  j = np.arange(w.size, dtype=np.uint64)
+  return int(np.sum(w * (2 * j + 1), dtype=np.uint64))
+
+
+# ---- symbols and raw bits -------------------------------------------------------------
+
+
+def split(words: np.ndarray, dcode: int, kind: int):
+  """(symbols, raw values) of 16-bit words: kind 0 = exponent / sign+mantissa,
+  kind 1 = exponent<<1|sign / mantissa."""
+  eb, mb = DTYPES[dcode]
+  w = words.astype(np.int64)
+  s = w >> 15
+  e = (w >> mb) & ((1 << eb) - 1)
+  m = w & ((1 << mb) - 1)
+  if kind == 0:
+    return e, (s << mb) | m
+  return (e << 1) | s, m
+
+
+def join(sym, raw, dcode: int, kind: int) -> np.ndarray:
+  eb, mb = DTYPES[dcode]
+  sym = np.asarray(sym, np.int64)
+  raw = np.asarray(raw, np.int64)
+  if kind == 0:
+    v = ((raw >> mb) << 15) | (sym << mb) | (raw & ((1 << mb) - 1))
+  else:
+    v = ((sym & 1) << 15) | ((sym >> 1) << mb) | raw
+  return v.astype(np.uint16)
+
+
+def raw_layout(dcode: int, kind: int):
+  eb, mb = DTYPES[dcode]
+  width = mb + 1 if kind == 0 else mb
+  if width >= 8:
+    return True, width - 8
+  return False, width
+
+
+def raw_nbytes(dcode, kind, length):
+  bp, w = raw_layout(dcode, kind)
+  return (length if bp else 0) + (length + 7) // 8 * w
+
+
+def pack_raw(raw: np.ndarray, dcode: int, kind: int) -> bytes:
+  bp, w = raw_layout(dcode, kind)
+  out = b""
+  rest = raw
+  if bp:
+    out += (raw & 0xFF).astype(np.uint8).tobytes()
+    rest = raw >> 8
+  if w:
+    groups = -(-raw.size // 8)
+    r = np.zeros(groups * 8, np.int64)
+    r[:raw.size] = rest
+    for g in range(groups):
+      acc = 0
+      for k in range(8):
+        acc |= int(r[8 * g + k]) << (k * w)
+      out += acc.to_bytes(w, "little")
+  return out
+
+
+def unpack_raw(buf: bytes, length: int, dcode: int, kind: int) -> np.ndarray:
+  bp, w = raw_layout(dcode, kind)
+  raw = np.zeros(length, np.int64)
+  pos = 0
+  if bp:
+    raw |= np.frombuffer(buf[:length], np.uint8).astype(np.int64)
+    pos = length
+  if w:
+    shift = 8 if bp else 0
+    for g in range(-(-length // 8)):
+      acc = int.from_bytes(buf[pos + g * w:pos + g * w + w], "little")
+      for k in range(min(8, length - 8 * g)):
+        raw[8 * g + k] |= ((acc >> (k * w)) & ((1 << w) - 1)) << shift
+  return raw
+
+
+# ---- code lengths, canonical codes, nibble stream ---------------------------------------
+
+
+def package_merge(counts: dict) -> dict:
+  """Length-limited (MAX_LEN) optimal code lengths; ties as in the format text."""
+  leaves = sorted((c, s) for s, c in counts.items())  # (count, symbol) ascending
+  k = len(leaves)
+  if k < 2:
+    return {s: 0 for s in counts}
+  # each item: (weight, multiset of leaf indices as a count vector)
+  lw = [c for c, _ in leaves]
+  level = [(w, True) for w in lw]
+  levels = [level]
+  for _ in range(MAX_LEN - 1):
+    prev = levels[-1]
+    pk = [prev[2 * i][0] + prev[2 * i + 1][0] for i in range(len(prev) // 2)]
+    merged, i, j = [], 0, 0
+    while i < k or j < len(pk):
+      if j >= len(pk) or (i < k and lw[i] <= pk[j]):
+        merged.append((lw[i], True))
+        i += 1
+      else:
+        merged.append((pk[j], False))
+        j += 1
+    levels.append(merged)
+  lens = [0] * k
+  take = 2 * k - 2
+  for lev in reversed(levels):
+    c = sum(1 for item in lev[:take] if item[1])
+    for i in range(c):
+      lens[i] += 1
+    take = 2 * (take - c)
+  return {leaves[i][1]: lens[i] for i in range(k)}
+
+
+def canonical(lengths: dict) -> dict:
+  """symbol -> (code, length), codes assigned in (length, symbol) order."""
+  order = sorted((l, s) for s, l in lengths.items() if l > 0)
+  codes, code, prev = {}, 0, order[0][0]
+  for idx, (l, s) in enumerate(order):
+    if idx:
+      code = (code + 1) << (l - prev)
+    prev = l
+    codes[s] = (code, l)
+  return codes
+
+
+def nibbles_of(lengths: dict, sym_end: int) -> bytes:
+  out = []
+  a = 0
+  while a < sym_end:
+    l = lengths.get(a, 0)
+    if l:
+      out.append(l)
+      a += 1
+      continue
+    r = 0
+    while a + r < sym_end and lengths.get(a + r, 0) == 0:
+      r += 1
+    a += r
+    while r >= 3:
+      c = min(r, 258)
+      out += [15, (c - 3) & 15, (c - 3) >> 4]
+      r -= c
+    out += [0] * r
+  if len(out) % 2:
+    out.append(0)
+  return bytes(out[i] | (out[i + 1] << 4) for i in range(0, len(out), 2))
+
+
+def parse_nibbles(buf: bytes, sym_end: int, alphabet: int):
+  """-> (lengths dict, bytes used) or None when invalid."""
+  if sym_end == 0 or sym_end > alphabet:
+    return None
+  nib = [x for b in buf for x in (b & 15, b >> 4)]
+  lengths, a, i = {}, 0, 0
+  while a < sym_end:
+    if i >= len(nib):
+      return None
+    v = nib[i]
+    i += 1
+    if v <= MAX_LEN:
+      if v:
+        lengths[a] = v
+      a += 1
+    elif v == 15:
+      if i + 2 > len(nib):
+        return None
+      a += (nib[i] | (nib[i + 1] << 4)) + 3
+      i += 2
+    else:
+      return None
+  if a != sym_end or lengths.get(sym_end - 1, 0) == 0:
+    return None
+  if i % 2 and nib[i] != 0:
+    return None
+  return lengths, (i + 1) // 2
+
+
+# ---- blocks ----------------------------------------------------------------------------------
+
+
+def encode_block(x: np.ndarray, dcode: int) -> tuple[bytes, bool]:
+  length = x.size
+  cands = []  # (size, order, builder)
+  info = {}
+  for kind in (0, 1):
+    sym, raw = split(x, dcode, kind)
+    vals, cnts = np.unique(sym, return_counts=True)
+    info[kind] = (sym, raw, dict(zip(vals.tolist(), cnts.tolist())))
+  for kind in (0, 1):  # CONST
+    sym, raw, counts = info[kind]
+    if len(counts) == 1:
+      cands.append((4 + raw_nbytes(dcode, kind, length), kind, ("const", kind)))
+  jc = info[1][2]
+  imbalance = sum(abs(jc.get(2 * e, 0) - jc.get(2 * e + 1, 0)) for e in info[0][2])
+  for kind in (0, 1):  # HUFF; kind J only when the sign is imbalanced enough
+    sym, raw, counts = info[kind]
+    if len(counts) >= 2 and (kind == 0 or 16 * imbalance >= length):
+      lens = package_merge(counts)
+      bits = sum(counts[s] * lens[s] for s in counts)
+      sym_end = max(counts) + 1
+      size = 20 + len(nibbles_of(lens, sym_end)) + -(-bits // 8) + raw_nbytes(dcode, kind, length)
+      cands.append((size, 2 + kind, ("huff", kind, lens, sym_end)))
+  cands.append((4 + 2 * length, 4, ("raw",)))
+  best = min(cands, key=lambda c: (c[0], c[1]))
+  what = best[2]
+  if what[0] == "raw":
+    return bytes(4) + x.astype("<u2").tobytes(), True
+  kind = what[1]
+  sym, raw, counts = info[kind]
+  if what[0] == "const":
+    s = next(iter(counts))
+    return bytes([1 | kind << 2, 0]) + s.to_bytes(2, "little") + pack_raw(raw, dcode, kind), False
+  _, _, lens, sym_end = what
+  codes = canonical(lens)
+  bitstr, sizes = [], []
+  for st in range(STREAMS):
+    part = sym[st * STREAM_LEN:(st + 1) * STREAM_LEN]
+    s_bits = "".join(format(codes[int(v)][0], f"0{codes[int(v)][1]}b") for v in part)
+    sizes.append(len(s_bits))
+    bitstr.append(s_bits)
+  allbits = "".join(bitstr)
+  allbits += "0" * (-len(allbits) % 8)
+  area = bytes(int(allbits[i:i + 8], 2) for i in range(0, len(allbits), 8))
+  head = bytes([2 | kind << 2, 0]) + sym_end.to_bytes(2, "little") + b"".join(
+      v.to_bytes(2, "little") for v in sizes)
+  return head + nibbles_of(lens, sym_end) + area + pack_raw(raw, dcode, kind), False
+
+
+def encode_row(words: np.ndarray, dcode: int) -> tuple[bytes, int]:
+  """-> (the row's first used_nbytes bytes, raw block count)."""
+  words = np.asarray(words, np.uint16)
+  n = words.size
+  nb = -(-n // BLOCK)
+  blocks, raws = [], 0
+  for b in range(nb):
+    data, is_raw = encode_block(words[b * BLOCK:(b + 1) * BLOCK], dcode)
+    blocks.append(data)
+    raws += is_raw
+  directory = b"".join(len(d).to_bytes(2, "little") for d in blocks)
+  directory += bytes(align128(2 * nb) - len(directory))
+  data = b"".join(blocks)
+  used = align128(128 + len(directory) + len(data))
+  head = bytearray(128)
+  head[0:4] = MAGIC.to_bytes(4, "little")
+  head[4], head[5], head[6], head[7] = 2, dcode, 2, 0
+  head[8:16] = n.to_bytes(8, "little")
+  head[16:24] = used.to_bytes(8, "little")
+  head[32], head[33], head[34] = 12, STREAMS, MAX_LEN
+  head[36:40] = raws.to_bytes(4, "little")
+  head[40:48] = nb.to_bytes(8, "little")
+  head[48:56] = len(data).to_bytes(8, "little")
+  row = bytes(head) + directory + data
+  row += bytes(used - len(row))
+  row = bytearray(row)
+  row[24:32] = checksum(bytes(row)).to_bytes(8, "little")
+  return bytes(row), raws
+
+
+class _Bad(Exception):
+
+  def __init__(self, status):
+    self.status = status
+
+
+def decode_block(blk: bytes, length: int, dcode: int) -> np.ndarray:
+  eb, mb = DTYPES[dcode]
+  if len(blk) < 4 or blk[1] != 0:
+    raise _Bad(6)
+  mode = blk[0]
+  coding, kind = mode & 3, mode >> 2
+  if coding == 0:
+    if mode != 0 or blk[2:4] != bytes(2) or len(blk) != 4 + 2 * length:
+      raise _Bad(6)
+    return np.frombuffer(blk[4:], "<u2").astype(np.uint16)
+  if kind > 1 or coding > 2:
+    raise _Bad(6)
+  alphabet = 1 << (eb + kind)
+  rawb = raw_nbytes(dcode, kind, length)
+  if coding == 1:
+    s = int.from_bytes(blk[2:4], "little")
+    if s >= alphabet or len(blk) != 4 + rawb:
+      raise _Bad(6)
+    return join(np.full(length, s), unpack_raw(blk[4:], length, dcode, kind), dcode, kind)
+  if len(blk) < 20 + rawb:
+    raise _Bad(6)
+  sym_end = int.from_bytes(blk[2:4], "little")
+  parsed = parse_nibbles(blk[20:len(blk) - rawb], sym_end, alphabet)
+  if parsed is None:
+    raise _Bad(6)
+  lens, nib = parsed
+  if sum(2.0**-l for l in lens.values()) != 1.0:
+    raise _Bad(6)
+  sizes = [int.from_bytes(blk[4 + 2 * i:6 + 2 * i], "little") for i in range(STREAMS)]
+  counts = [max(0, min(STREAM_LEN, length - STREAM_LEN * i)) for i in range(STREAMS)]
+  if any(not (c <= b <= MAX_LEN * c) for b, c in zip(sizes, counts)):
+    raise _Bad(6)
+  total = sum(sizes)
+  ab = -(-total // 8)
+  if len(blk) != 20 + nib + ab + rawb:
+    raise _Bad(6)
+  area = blk[20 + nib:20 + nib + ab]
+  bits = "".join(format(b, "08b") for b in area)
+  if "1" in bits[total:]:
+    raise _Bad(7)
+  decode_map = {format(c, f"0{l}b"): s for s, (c, l) in canonical(lens).items()}
+  sym = []
+  pos = 0
+  for b, c in zip(sizes, counts):
+    end = pos + b
+    for _ in range(c):
+      cur = ""
+      while cur not in decode_map:
+        if pos >= end or len(cur) >= MAX_LEN:
+          raise _Bad(7)
+        cur += bits[pos]
+        pos += 1
+      sym.append(decode_map[cur])
+    if pos != end:
+      raise _Bad(7)
+  raw = unpack_raw(blk[20 + nib + ab:], length, dcode, kind)
+  return join(np.array(sym), raw, dcode, kind)
+
+
+def decode_row(buf: bytes, n: int, dcode: int) -> tuple[np.ndarray, int]:
+  """-> (words, status); words all 0xFFFF on error."""
+  try:
+    return _decode(bytes(buf), n, dcode), 0
+  except _Bad as e:
+    return np.full(n, 0xFFFF, np.uint16), e.status
+
+
+def _decode(buf: bytes, n: int, dcode: int) -> np.ndarray:
+  u64 = lambda o: int.from_bytes(buf[o:o + 8], "little")
+  if len(buf) < 128:
+    raise _Bad(3)
+  if int.from_bytes(buf[0:4], "little") != MAGIC or buf[4] != 2 or buf[6] != 2:
+    raise _Bad(1)
+  if buf[5] != dcode:
+    raise _Bad(2)
+  used = u64(16)
+  nb = -(-n // BLOCK)
+  doff = 128 + align128(2 * nb)
+  eb, mb = DTYPES[dcode]
+
+  def smallest(length):
+    return 4 + min(raw_nbytes(dcode, 0, length), raw_nbytes(dcode, 1, length))
+
+  lo = doff + align128(sum(smallest(min(BLOCK, n - BLOCK * b)) for b in range(nb)))
+  hi = doff + align128(4 * nb + 2 * n)
+  if u64(8) != n or used % 128 or used > len(buf) or not lo <= used <= hi:
+    raise _Bad(3)
+  if buf[7] == 1:
+    raise _Bad(4)
+  data_bytes = u64(48)
+  raws = int.from_bytes(buf[36:40], "little")
+  if (buf[7] != 0 or tuple(buf[32:36]) != (12, STREAMS, MAX_LEN, 0) or u64(40) != nb or raws > nb
+      or data_bytes > used - doff or align128(doff + data_bytes) != used or any(buf[56:128])):
+    raise _Bad(5)
+  sizes = [int.from_bytes(buf[128 + 2 * b:130 + 2 * b], "little") for b in range(nb)]
+  offs = np.concatenate([[doff], doff + np.cumsum(sizes, dtype=np.int64)]).tolist()
+  for b in range(nb):
+    if not 4 <= sizes[b] <= 4 + 2 * min(BLOCK, n - BLOCK * b) or offs[b + 1] > doff + data_bytes:
+      raise _Bad(6)
+  if offs[-1] != doff + data_bytes or sum(buf[offs[b]] == 0 for b in range(nb)) != raws:
+    raise _Bad(6)
+  out = np.zeros(n, np.uint16)
+  worst = 0
+  for b in range(nb):
+    try:
+      out[b * BLOCK:(b + 1) * BLOCK] = decode_block(buf[offs[b]:offs[b + 1]],
+                                                   min(BLOCK, n - BLOCK * b), dcode)
+    except _Bad as e:
+      worst = e.status if worst == 0 else min(worst, e.status)
+  if worst:
+    raise _Bad(worst)
+  if checksum(buf[:used]) != u64(24):
+    raise _Bad(8)
+  return out

@@ -1,0 +1,424 @@
+"""The entropy codec (codec id 2): bit-exact round trips, byte identity with the
+reference implementation of docs/format.md, the size contract, prefix decoding,
+malformed payloads (differential fuzz against the reference decoder) and the JAX
+transformations (jit, vmap, shard_map)."""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from zipccl_jax._src import entropy as ent
+from zipccl_jax._src import ffi as zffi
+from tests import reference_entropy as ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+DTYPES = [BF16, F16]
+CODE = {BF16: 1, F16: 2}
+NATIVE = zffi.native()
+
+
+def words(x) -> np.ndarray:
+  return np.asarray(x).reshape(-1).view(np.uint16)
+
+
+def assert_bits_equal(a, b):
+  wa, wb = words(a), words(b)
+  assert wa.shape == wb.shape, (wa.shape, wb.shape)
+  bad = np.flatnonzero(wa != wb)
+  if bad.size:
+    i = bad[0]
+    raise AssertionError(f"{bad.size} words differ; first at {i}: {wa[i]:#06x} != {wb[i]:#06x}")
+
+
+def gelu(v):
+  return 0.5 * v * (1 + np.tanh(0.7978845608 * (v + 0.044715 * v**3)))
+
+
+def make(dist: str, n: int, dtype, seed: int = 0) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  dtype = np.dtype(dtype)
+  if dist == "gauss":
+    x = rng.standard_normal(n)
+  elif dist == "laplace":
+    x = rng.laplace(size=n) * 1e-3
+  elif dist == "student_t3":
+    x = rng.standard_t(3, size=n)
+  elif dist == "gelu":
+    x = gelu(rng.standard_normal(n))
+  elif dist == "softmax":
+    z = rng.standard_normal(-(-n // 1024) * 1024).reshape(-1, 1024) * 2
+    p = np.exp(z - z.max(1, keepdims=True))
+    x = (p / p.sum(1, keepdims=True)).reshape(-1)[:n]
+  elif dist == "mixscale":
+    m = -(-n // 1024) * 1024
+    x = (rng.standard_normal(m).reshape(-1, 1024) *
+         np.exp2(rng.uniform(-20, 0, (m // 1024, 1)))).reshape(-1)[:n]
+  elif dist == "relu":
+    x = np.maximum(rng.standard_normal(n), 0)
+  elif dist == "zeros":
+    x = np.zeros(n)
+  elif dist == "constant":
+    x = np.full(n, -3.25)
+  elif dist == "random_bits":
+    return rng.integers(0, 1 << 16, n).astype(np.uint16).view(dtype)
+  elif dist == "subnormal":
+    w = rng.integers(0, 1 << (7 if dtype == BF16 else 10), n).astype(np.uint16)
+    w |= (rng.integers(0, 2, n).astype(np.uint16) << 15)
+    return w.view(dtype)
+  elif dist == "specials":
+    mb = 7 if dtype == BF16 else 10
+    expo = (0xFF if dtype == BF16 else 0x1F) << mb
+    pats = [0, 0x8000, expo, expo | 0x8000, expo | 1, expo | (1 << (mb - 1)) | 5,
+            expo | 0x8000 | 3, 1, 0x8001, (1 << mb) - 1, (1 << mb) | 1]
+    w = rng.standard_normal(n).astype(dtype).view(np.uint16).copy()
+    idx = rng.integers(0, max(n, 1), size=min(n, 4 * len(pats)))
+    for k, i in enumerate(idx):
+      w[i] = pats[k % len(pats)]
+    return w.view(dtype)
+  else:
+    raise ValueError(dist)
+  return x.astype(dtype)
+
+
+DISTS = ["gauss", "laplace", "student_t3", "gelu", "softmax", "mixscale", "relu", "zeros",
+         "constant", "random_bits", "subnormal", "specials"]
+SIZES = [0, 1, 7, 8, 9, 511, 4095, 4096, 4097, 3 * 4096 + 511]
+
+
+@functools.cache
+def _enc(n, dtype):
+  return jax.jit(ent.encode_rows)
+
+
+def native_encode(x):
+  x = np.asarray(x)
+  n = x.size
+  out = np.zeros(ent.max_nbytes(x.dtype, n), np.uint8)
+  status, raws, used = NATIVE.entropy_encode_into(CODE[x.dtype], words(x).view(np.uint8), n, out)
+  return out, status, raws, used
+
+
+def native_decode(buf, n, dtype):
+  y = np.zeros(n, np.uint16)
+  st = NATIVE.entropy_decode_into(CODE[np.dtype(dtype)], np.array(buf, np.uint8), n,
+                                  y.view(np.uint8))
+  return y, st
+
+
+# ---- size contract ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_size_contract_matches_native(dtype):
+  for n in list(range(0, 40)) + [4095, 4096, 4097, 8191, 8192, 8193, 10**6, 2**31 - 1, 2**32 - 1]:
+    assert ent.max_nbytes(dtype, n) == NATIVE.entropy_max_nbytes(CODE[dtype], n), n
+    assert ent.min_nbytes(dtype, n) == NATIVE.entropy_min_nbytes(CODE[dtype], n), n
+    assert ent.min_nbytes(dtype, n) <= ent.max_nbytes(dtype, n)
+    assert ent.max_nbytes(dtype, n) % 128 == 0 and ent.min_nbytes(dtype, n) % 128 == 0
+    # a row never exceeds raw by more than the header, directory and 4 bytes a block
+    assert ent.max_nbytes(dtype, n) <= 2 * n + 256 + 6 * (-(-n // 4096)) + 128
+
+
+def test_bad_arguments():
+  with pytest.raises(TypeError, match="bfloat16 or float16"):
+    ent.encode_rows(jnp.zeros((2, 8), jnp.float32))
+  with pytest.raises(TypeError, match="bfloat16 or float16"):
+    ent.max_nbytes(np.float32, 8)
+  with pytest.raises(ValueError, match="non-negative"):
+    ent.max_nbytes(BF16, -1)
+  with pytest.raises(TypeError, match="uint8"):
+    ent.decode_rows(jnp.zeros((2, 8), jnp.int32), 8, BF16)
+  with pytest.raises(TypeError, match="bfloat16 or float16"):
+    ent.decode_rows(jnp.zeros((2, 128), jnp.uint8), 8, np.float32)
+
+
+# ---- round trips through XLA ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dist", DISTS)
+def test_roundtrip(dtype, dist):
+  for k, n in enumerate(SIZES):
+    x = make(dist, n, dtype, seed=k)
+    payload, stats = jax.jit(ent.encode_rows)(jnp.asarray(x)[None])
+    payload, stats = np.asarray(payload)[0], np.asarray(stats)[0]
+    assert payload.shape == (ent.max_nbytes(dtype, n),)
+    used = int(stats[2]) * 128
+    assert stats[0] == 0 and stats[3] == 0
+    assert ent.min_nbytes(dtype, n) <= used <= payload.size
+    assert int.from_bytes(payload[16:24].tobytes(), "little") == used
+    assert not payload[used:].any(), "bytes past used_nbytes must be zero"
+    assert int(stats[1]) == int.from_bytes(payload[36:40].tobytes(), "little")
+    y, status = jax.jit(ent.decode_rows, static_argnums=(1, 2))(jnp.asarray(payload)[None], n, dtype)
+    assert int(status[0]) == 0, (n, int(status[0]))
+    assert_bits_equal(y[0], x)
+
+
+def test_ratio_and_modes():
+  """Gaussian bf16 compresses to >= 1.50; random bits go RAW; one-signed data uses
+  the joint (sign+exponent) kind, constant data CONST blocks."""
+  n = 1 << 18
+  out, _, raws, used = native_encode(make("gauss", n, BF16))
+  assert 2 * n / used >= 1.50 and raws == 0
+  out, _, raws, used = native_encode(make("random_bits", n, BF16))
+  assert raws == n // 4096 and used == ent.max_nbytes(BF16, n)
+  out, _, _, used = native_encode(make("softmax", 4096, BF16))
+  assert out[256] == 2 | 1 << 2  # the block (at data_off = 256): HUFF, kind J
+  out, _, _, used = native_encode(make("constant", 4096, BF16))
+  assert out[256] == 1 | 1 << 2  # CONST, kind J (7 raw bits per element)
+
+
+def test_large_row():
+  n = 4 * 1024 * 1024 + 3
+  x = make("student_t3", n, BF16, seed=3)
+  payload, stats = jax.jit(ent.encode_rows)(jnp.asarray(x))
+  y, status = jax.jit(ent.decode_rows, static_argnums=(1, 2))(payload, n, BF16)
+  assert int(status) == 0
+  assert_bits_equal(y, x)
+  assert 2 * n / (int(stats[2]) * 128) > 1.4
+
+
+# ---- the reference implementation ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_identical_bytes(dtype):
+  cases = [(d, n) for d in DISTS for n in (0, 1, 9, 4097)] + [("gauss", 2 * 4096 + 700),
+                                                               ("mixscale", 3 * 4096)]
+  for k, (dist, n) in enumerate(cases):
+    x = make(dist, n, dtype, seed=100 + k)
+    out, status, raws, used = native_encode(x)
+    row, rraws = ref.encode_row(words(x), CODE[dtype])
+    assert len(row) == used and raws == rraws, (dist, n, len(row), used)
+    if bytes(out[:used]) != row:
+      i = int(np.flatnonzero(np.frombuffer(row, np.uint8) != out[:used])[0])
+      raise AssertionError(f"{dist} n={n}: first differing byte at {i}: {out[i]:#x} != {row[i]:#x}")
+    # both decoders read the other's rows
+    yr, st = ref.decode_row(bytes(out), n, CODE[dtype])
+    assert st == 0
+    assert_bits_equal(yr, x)
+    yc, st = native_decode(np.frombuffer(row, np.uint8), n, dtype)
+    assert st == 0
+    assert_bits_equal(yc, x)
+
+
+# ---- prefix decoding and malformed rows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefix_decoding(dtype):
+  n = 3 * 4096 + 77
+  x = make("gauss", n, dtype, seed=5)
+  out, _, _, used = native_encode(x)
+  for L in (used, used + 1, used + 128, used + 1000, out.size):
+    buf = np.zeros(L, np.uint8)
+    buf[:min(L, out.size)] = out[:min(L, out.size)]
+    y, st = native_decode(buf, n, dtype)
+    assert st == 0, L
+    assert_bits_equal(y, x)
+  # bytes past used are ignored, whatever they hold
+  buf = out.copy()
+  buf[used:] = 0xAB
+  y, st = native_decode(buf, n, dtype)
+  assert st == 0
+  for L in (0, 1, 127, 128, used - 128, used - 1):
+    y, st = native_decode(out[:L], n, dtype)
+    assert st == 3, (L, st)
+    assert (y == 0xFFFF).all()
+  # through XLA with a static L that is a prefix of the row
+  p, s = jax.jit(ent.encode_rows)(jnp.asarray(x)[None])
+  L = int(s[0, 2]) * 128
+  y, st = jax.jit(ent.decode_rows, static_argnums=(1, 2))(p[:, :L], n, dtype)
+  assert int(st[0]) == 0
+  assert_bits_equal(y[0], x)
+
+
+def test_header_errors():
+  n = 5000
+  x = make("gauss", n, BF16)
+  out, _, _, used = native_encode(x)
+
+  def status(mut, dtype=BF16, nn=n):
+    b = out.copy()
+    mut(b)
+    return native_decode(b, nn, dtype)[1]
+
+  assert status(lambda b: b.__setitem__(0, 0)) == 1
+  assert status(lambda b: b.__setitem__(4, 1)) == 1
+  assert status(lambda b: b.__setitem__(6, 1)) == 1
+  assert status(lambda b: None, dtype=F16) == 2
+  assert status(lambda b: None, nn=n + 1) == 3
+  assert status(lambda b: b.__setitem__(16, 1)) == 3
+  assert status(lambda b: b.__setitem__(7, 1)) == 4
+  assert status(lambda b: b.__setitem__(7, 2)) == 5
+  assert status(lambda b: b.__setitem__(33, 4)) == 5
+  assert status(lambda b: b.__setitem__(100, 1)) == 5
+  assert status(lambda b: b.__setitem__(128, b[128] + 1)) == 6
+  assert status(lambda b: b.__setitem__(used - 1, 1)) == 8
+
+
+def _fix_checksum(b: np.ndarray) -> None:
+  used = int.from_bytes(b[16:24].tobytes(), "little")
+  if used % 128 == 0 and 128 <= used <= b.size:
+    b[24:32] = np.frombuffer(ref.checksum(b[:used].tobytes()).to_bytes(8, "little"), np.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fuzz_corrupted(dtype):
+  """Seeded corruption: every change inside [0, used) is reported (checksum); with the
+  checksum recomputed, the C++ and reference decoders agree on status and values."""
+  rng = np.random.default_rng(1234)
+  rows = []
+  for dist, n in (("gauss", 4096 + 300), ("gelu", 2 * 4096), ("constant", 40), ("zeros", 9000),
+                  ("random_bits", 600), ("softmax", 4096)):
+    x = make(dist, n, dtype, seed=int(rng.integers(1000)))
+    out, _, _, used = native_encode(x)
+    rows.append((x, out, used))
+  counts = {}
+  for it in range(300):
+    x, out, used = rows[it % len(rows)]
+    n = x.size
+    b = out.copy()
+    k = int(rng.integers(1, 4))
+    for _ in range(k):
+      i = int(rng.integers(0, used))
+      b[i] ^= np.uint8(1 << int(rng.integers(8))) if rng.integers(2) else np.uint8(rng.integers(1, 256))
+    changed = (b[:used] != out[:used]).any()
+    y, st = native_decode(b, n, dtype)
+    if changed:
+      assert st != 0, it
+      assert (y == 0xFFFF).all()
+    if it % 2 == 0 and changed:
+      _fix_checksum(b)
+      y, st = native_decode(b, n, dtype)
+      yr, sr = ref.decode_row(b.tobytes(), n, CODE[dtype])
+      assert st == sr, (it, st, sr)
+      assert_bits_equal(y, yr)
+      counts[st] = counts.get(st, 0) + 1
+  # the differential half exercised both structural errors and silent value changes
+  assert counts.get(0, 0) > 0 and sum(v for s, v in counts.items() if s in (5, 6, 7)) > 0, counts
+
+
+def test_fuzz_garbage_rows():
+  """Random bytes behind a valid header never crash; statuses only."""
+  rng = np.random.default_rng(99)
+  x = make("gauss", 3 * 4096, BF16)
+  out, _, _, used = native_encode(x)
+  for it in range(60):
+    b = out.copy()
+    lo = 128 if it % 2 else 128 + 2 * 3
+    b[lo:used] = rng.integers(0, 256, used - lo).astype(np.uint8)
+    _fix_checksum(b)
+    y, st = native_decode(b, x.size, BF16)
+    if st:
+      assert (y == 0xFFFF).all()
+    yr, sr = ref.decode_row(b.tobytes(), x.size, 1)
+    assert st == sr, (it, st, sr)
+
+
+# ---- JAX transformations ---------------------------------------------------------------------------
+
+
+def test_vmap_and_batched_rows():
+  xs = np.stack([make(d, 5000, BF16, seed=i) for i, d in enumerate(["gauss", "gelu", "zeros"])])
+  p1, s1 = jax.jit(ent.encode_rows)(jnp.asarray(xs))
+  p2, s2 = jax.jit(jax.vmap(ent.encode_rows))(jnp.asarray(xs))
+  np.testing.assert_array_equal(np.asarray(p1), np.asarray(p2))
+  np.testing.assert_array_equal(np.asarray(s1), np.asarray(s2))
+  y, st = jax.vmap(lambda p: ent.decode_rows(p, 5000, BF16))(p1)
+  assert not np.asarray(st).any()
+  assert_bits_equal(y, xs)
+
+
+def test_shard_map(mesh8):
+  n = 4096 + 5
+  x = np.stack([make("laplace", n, BF16, seed=i) for i in range(8)])
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh8, in_specs=P("x"), out_specs=(P("x"), P("x"), P("x")))
+  def f(xs):
+    payload, stats = ent.encode_rows(xs)
+    used = stats[:, 2:3] * 128
+    # the largest used size on any device, then a prefix of it: the ladder's shape
+    y, status = ent.decode_rows(payload, n, BF16)
+    return y, status, used
+
+  y, status, used = f(jnp.asarray(x))
+  assert not np.asarray(status).any()
+  assert_bits_equal(y, x)
+  assert np.asarray(used).shape == (8, 1)
+
+
+def test_registry_entry():
+  from zipccl_jax._src import registry
+  c = registry.get("entropy")
+  assert c.codec_id == 2 and c.encode_target == ent.ENCODE_TARGET
+  assert c.decode_target == ent.DECODE_TARGET
+  assert c.supports(BF16) and c.supports(F16) and not c.supports(np.float32)
+  assert c.max_nbytes(BF16, 5000) == ent.max_nbytes(BF16, 5000)
+
+
+def test_collectives_refuse_entropy_until_the_transport_moves_it(mesh8):
+  import zipccl_jax as zc
+
+  def f(x):
+    return zc.compressed_all_gather(x, "x", codec="entropy")
+
+  g = jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P())
+  with pytest.raises(NotImplementedError, match="transport does not move it yet"):
+    jax.jit(g)(jnp.zeros((8, 64), jnp.bfloat16))
+
+
+def test_threads_give_identical_bytes(tmp_path):
+  """A row big enough for several threads, with RAW blocks in every thread's range:
+  the bytes equal a single-threaded encoding (run in a subprocess, since the thread
+  count is read once per process), and it round-trips."""
+  import subprocess
+  import sys
+  n = (1 << 21) + 4096 * 3 + 17
+  x = make("gauss", n, BF16, seed=11)
+  w = words(x).copy()
+  w[::4096 * 7] = 0x7FC1                     # a NaN payload now and then
+  w[4096 * 5:4096 * 6] = np.random.default_rng(2).integers(0, 1 << 16, 4096)  # one RAW block
+  w[-4096 * 300:-4096 * 299] = np.random.default_rng(3).integers(0, 1 << 16, 4096)
+  x = w.view(BF16)
+  out, status, raws, used = native_encode(x)
+  assert status == 0 and raws >= 2  # (+ the 17-element tail block, RAW when smaller)
+  y, st = native_decode(out[:used], n, BF16)
+  assert st == 0
+  assert_bits_equal(y, x)
+  np.save(tmp_path / "x.npy", w)
+  code = ("import numpy as np, sys; from zipccl_jax._src import ffi, entropy; import ml_dtypes;"
+          "w = np.load(sys.argv[1]); N = ffi.native();"
+          "out = np.zeros(entropy.max_nbytes(ml_dtypes.bfloat16, w.size), np.uint8);"
+          "s = N.entropy_encode_into(1, w.view(np.uint8), w.size, out);"
+          "out.tofile(sys.argv[2])")
+  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
+  subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.npy"), str(tmp_path / "one")],
+                 check=True, env=env, timeout=120)
+  one = np.fromfile(tmp_path / "one", np.uint8)
+  assert one.size == out.size
+  bad = np.flatnonzero(one != out)
+  assert bad.size == 0, f"{bad.size} bytes differ from the 1-thread encoding; first at {bad[0]}"
+
+
+def test_short_payload_under_jit():
+  """L = 0 and L < used through XLA: status 3 (BAD_SIZE), rows all-one bits."""
+  dec = jax.jit(ent.decode_rows, static_argnums=(1, 2))
+  y, st = dec(jnp.zeros((2, 0), jnp.uint8), 5, BF16)
+  assert np.asarray(st).tolist() == [3, 3]
+  assert (words(y) == 0xFFFF).all()
+  p, s = jax.jit(ent.encode_rows)(jnp.asarray(make("gauss", 3000, F16))[None])
+  used = int(s[0, 2]) * 128
+  y, st = dec(p[:, :used - 128], 3000, F16)
+  assert int(st[0]) == 3 and (words(y) == 0xFFFF).all()
+  y, st = dec(p, 3000, BF16)  # the wrong dtype
+  assert int(st[0]) == 2 and (words(y) == 0xFFFF).all()

@@ -1,0 +1,178 @@
+"""The "entropy" codec (codec id 2): per-block canonical Huffman over exponents.
+
+A row of n bf16/fp16 elements is cut into blocks of 4096 elements. Each block
+codes its exponents (or sign and exponent jointly, whichever is smaller) with a
+canonical Huffman code of at most 11 bits, in 8 independent bit streams of 512
+elements, and keeps the remaining raw bits in byte-aligned planes; a block whose
+code would not pay is stored verbatim. Rows are prefix-decodable: the encoder
+writes into a `max_nbytes` buffer and reports `used_nbytes` (a multiple of 128);
+the decoder reads any buffer of at least that many bytes. docs/format.md
+("Entropy codec (codec id 2)") specifies the bytes.
+
+The work is done by the XLA FFI custom calls "zipccl_entropy_encode" /
+"zipccl_entropy_decode", which treat every leading dimension as a row.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from zipccl_jax._src import ffi as _ffi
+from zipccl_jax._src.codec import _result_type  # keeps shard_map's varying type
+
+ENCODE_TARGET = "zipccl_entropy_encode"
+DECODE_TARGET = "zipccl_entropy_decode"
+
+CODEC_ID = 2
+FORMAT_VERSION = 2
+BLOCK = 4096            # elements per block
+STREAMS = 8             # bit streams per Huffman block
+MAX_CODE_LEN = 11       # bits
+_ALIGN = 128
+_HEADER_BYTES = 128
+_BLOCK_HEAD = 4         # mode byte, zero byte, u16
+WORKSPACE_NBYTES = 128  # per row; unused by the CPU handlers
+
+# dtype -> (format dtype code, exponent bits, mantissa bits)
+_DTYPES = {
+    np.dtype(ml_dtypes.bfloat16): (1, 8, 7),
+    np.dtype(np.float16): (2, 5, 10),
+}
+
+# Decoder statuses (shared numbering with the window codec, docs/format.md).
+DECODE_ERRORS = {
+    1: "bad magic, format version or codec id (not an entropy-codec v2 payload)",
+    2: "dtype differs from what the decoder expects",
+    3: "n differs, or used_nbytes exceeds the buffer, is not a multiple of 128 or is "
+       "outside [min_nbytes, max_nbytes]",
+    4: "the row was marked not decodable by its encoder",
+    5: "invalid header (status byte, codec fields, data size or reserved bytes)",
+    6: "invalid block directory or block header (sizes, mode, code lengths)",
+    7: "a bit stream does not end at its stored length (corrupted stream)",
+    8: "checksum mismatch (corrupted bytes)",
+}
+
+
+def _align(x: int) -> int:
+  return (x + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _dtype_info(dtype, where: str = "dtype"):
+  try:
+    dt = np.dtype(dtype)
+  except TypeError:
+    dt = None
+  if dt not in _DTYPES:
+    raise TypeError(f"{where} must be bfloat16 or float16 for the entropy codec, got {dtype}")
+  return _DTYPES[dt]
+
+
+def _check_count(value, name: str) -> int:
+  if isinstance(value, jax.core.Tracer):
+    raise TypeError(f"{name} must be a static Python int, got a traced value")
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+    raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+  return int(value)
+
+
+def _raw_bytes(ebits: int, mbits: int, kind: int, length: int) -> int:
+  """Raw-plane bytes of a block: kind 0 keeps sign+mantissa, kind 1 the mantissa."""
+  width = mbits + 1 if kind == 0 else mbits
+  byte_plane = width >= 8
+  packed = width - 8 if byte_plane else width
+  return (length if byte_plane else 0) + (length + 7) // 8 * packed
+
+
+def _data_offset(n: int) -> int:
+  return _HEADER_BYTES + _align(2 * (-(-n // BLOCK)))
+
+
+def max_nbytes(dtype, n: int) -> int:
+  """Static payload row size: every block stored verbatim (RAW), so no row is larger.
+
+  Mirrors `zipccl::ent::max_nbytes` (ffi/entropy_format.h; a test checks both agree):
+  128 + align128(2 nb) + align128(4 nb + 2 n) with nb = ceil(n / 4096).
+  """
+  _dtype_info(dtype)
+  n = _check_count(n, "n")
+  nb = -(-n // BLOCK)
+  return _data_offset(n) + _align(_BLOCK_HEAD * nb + 2 * n)
+
+
+def min_nbytes(dtype, n: int) -> int:
+  """Static lower bound of used_nbytes: every block a one-symbol (CONST) block."""
+  _, ebits, mbits = _dtype_info(dtype)
+  n = _check_count(n, "n")
+  nb = -(-n // BLOCK)
+
+  def smallest(length):
+    return _BLOCK_HEAD + min(_raw_bytes(ebits, mbits, 0, length), _raw_bytes(ebits, mbits, 1, length))
+
+  total = 0
+  if nb:
+    total = (nb - 1) * smallest(BLOCK) + smallest(n - BLOCK * (nb - 1))
+  return _data_offset(n) + _align(total)
+
+
+def encode_rows(x: jax.Array):
+  """Encodes every row x[..., :] independently.
+
+  Args:
+    x: bfloat16 or float16 array; the last dimension is the row.
+
+  Returns:
+    (payload uint8[..., max_nbytes(dtype, n)], stats int32[..., 4]) with stats =
+    (status, raw_blocks, used_nbytes / 128, 0). status is always 0 (a row never
+    exceeds max_nbytes); bytes of a row past used_nbytes are zero.
+
+  Raises:
+    TypeError: x has another dtype.
+  """
+  _dtype_info(x.dtype, "entropy.encode_rows: x")
+  if x.ndim == 0:
+    raise ValueError("entropy.encode_rows: x must have at least one dimension (the row)")
+  _ffi.register()
+  n = x.shape[-1]
+  lead = x.shape[:-1]
+  call = jax.ffi.ffi_call(
+      ENCODE_TARGET,
+      (_result_type(lead + (max_nbytes(x.dtype, n),), jnp.uint8, x),
+       _result_type(lead + (4,), jnp.int32, x),
+       _result_type(lead + (WORKSPACE_NBYTES,), jnp.uint8, x)),
+      vmap_method="broadcast_all")
+  payload, stats, _ = call(x)
+  return payload, stats
+
+
+def decode_rows(payload: jax.Array, n: int, dtype):
+  """Decodes every row payload[..., :L] (any static L; only used_nbytes are read).
+
+  Args:
+    payload: uint8[..., L].
+    n: elements per row (static).
+    dtype: bfloat16 or float16.
+
+  Returns:
+    (values[..., n] of dtype, status int32[...]); status 0 = OK, else see
+    `DECODE_ERRORS`; a row with a nonzero status is all-one bits (a NaN pattern).
+
+  Raises:
+    TypeError: payload is not uint8 or dtype is unsupported.
+  """
+  _dtype_info(dtype, "entropy.decode_rows: dtype")
+  n = _check_count(n, "entropy.decode_rows: n")
+  if payload.dtype != jnp.uint8 or payload.ndim == 0:
+    raise TypeError(f"entropy.decode_rows: payload must be uint8[..., L], got {payload.dtype}"
+                    f"{list(payload.shape)}")
+  _ffi.register()
+  lead = payload.shape[:-1]
+  call = jax.ffi.ffi_call(
+      DECODE_TARGET,
+      (_result_type(lead + (n,), np.dtype(dtype), payload),
+       _result_type(lead, jnp.int32, payload),
+       _result_type(lead + (WORKSPACE_NBYTES,), jnp.uint8, payload)),
+      vmap_method="broadcast_all")
+  y, status, _ = call(payload)
+  return y, status
