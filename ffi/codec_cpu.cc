@@ -11,6 +11,8 @@
 // whole blocks.
 #include "codec_cpu.h"
 
+#include "cpu_handler.h"
+#include "cpu_parallel.h"
 #include "env.h"
 #include "handler_common.h"
 
@@ -72,25 +74,12 @@ inline uint64_t cs_span(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
   return acc;
 }
 
+// Threads for a row of n elements (whole blocks per thread; cpu_parallel.h).
 int num_threads_for(uint64_t n) {
-  if (n < kParallelMinElems) return 1;
-  const int hw = env::num_threads();
-  uint64_t by_size = std::max<uint64_t>(1, num_blocks(n) / kMinBlocksPerThread);
-  return (int)std::min<uint64_t>(hw, by_size);
+  return n < kParallelMinElems ? 1 : par::threads_for(num_blocks(n), kMinBlocksPerThread);
 }
 
-template <typename F>
-void parallel_for(int nthreads, F&& fn) {
-  if (nthreads <= 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(nthreads - 1);
-  for (int t = 1; t < nthreads; ++t) pool.emplace_back([&fn, t] { fn(t); });
-  fn(0);
-  for (auto& th : pool) th.join();
-}
+using par::parallel_for;
 
 // ---------------------------------------------------------------------------------
 // Block encoder (portable). Writes the block's raw bytes and planes, appends its
@@ -645,22 +634,7 @@ namespace {
 
 using zipccl::handler::Shape;
 
-// XLA:CPU allocates every call's outputs afresh; glibc gives allocations over its
-// mmap threshold (<= 32 MiB) a new mapping each time, so a handler would first-touch
-// its whole output in 4 KiB pages: 16,384 page faults for a 64 MiB output, more
-// time than the codec (benchmarks/results/codec_*.md). Asking for transparent huge
-// pages on the 2 MiB-aligned interior of a large output cuts that ~512-fold. A hint
-// only: errors are ignored, and ZIPCCL_NO_HUGEPAGES=1 turns it off.
-void advise_hugepages(void* p, uint64_t nbytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uint64_t kHuge = 2ull << 20;
-  if (nbytes < 4 * kHuge) return;
-  if (zipccl::env::no_hugepages()) return;
-  const uint64_t a = ((uint64_t)p + kHuge - 1) & ~(kHuge - 1);
-  const uint64_t b = ((uint64_t)p + nbytes) & ~(kHuge - 1);
-  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
-#endif
-}
+using zipccl::cpu_handler::advise_hugepages;
 
 ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats,

@@ -4,24 +4,16 @@
 // ~20 us, more than encoding 64 K elements).
 #pragma once
 
-#include <cstdlib>
 #include <thread>
 #include <vector>
+
+#include "env.h"
 
 namespace zipccl {
 namespace par {
 
-// Threads allowed by the environment (read once per process).
-inline int max_threads() {
-  static const int hw = [] {
-    const char* env = std::getenv("ZIPCCL_NUM_THREADS");
-    int v = env ? std::atoi(env) : 0;
-    if (v <= 0) v = (int)std::thread::hardware_concurrency();
-    if (v < 1) v = 1;
-    return v > 256 ? 256 : v;
-  }();
-  return hw;
-}
+// Threads allowed by the environment (ZIPCCL_NUM_THREADS, read once: ffi/env.h).
+inline int max_threads() { return env::num_threads(); }
 
 // Threads for `units` units of work when each thread should get >= min_per_thread.
 inline int threads_for(unsigned long long units, unsigned long long min_per_thread) {

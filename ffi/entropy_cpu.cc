@@ -21,7 +21,10 @@
 #include <sys/mman.h>
 #endif
 
+#include "cpu_handler.h"
 #include "cpu_parallel.h"
+#include "env.h"
+#include "handler_common.h"
 
 namespace zipccl {
 namespace ent {
@@ -39,7 +42,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the CPU codec assumes 
 #define EZ_TARGET_FAST __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
 inline bool have_fast_isa() {
   static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
-                        std::getenv("ZIPCCL_DISABLE_SIMD") == nullptr;
+                        !env::simd_disabled();
   return v;
 }
 #endif
@@ -661,29 +664,9 @@ bool ent_dtype(ffi::DataType t, zent::DtypeCode* d) {
   }
 }
 
-void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
-  uint64_t r = 1;
-  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
-  *rows = r;
-  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
-}
-
-std::string str(uint64_t v) { return std::to_string(v); }
-
-// XLA:CPU allocates outputs afresh per call; ask for transparent huge pages on the
-// 2 MiB-aligned interior of large outputs (as ffi/codec_cpu.cc does, same reason:
-// first-touch page faults cost more than the codec). ZIPCCL_NO_HUGEPAGES=1: off.
-void advise_hugepages(void* p, uint64_t nbytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uint64_t kHuge = 2ull << 20;
-  if (nbytes < 4 * kHuge) return;
-  static const bool off = std::getenv("ZIPCCL_NO_HUGEPAGES") != nullptr;
-  if (off) return;
-  const uint64_t a = ((uint64_t)p + kHuge - 1) & ~(kHuge - 1);
-  const uint64_t b = ((uint64_t)p + nbytes) & ~(kHuge - 1);
-  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
-#endif
-}
+using zipccl::cpu_handler::advise_hugepages;
+using zipccl::handler::split_dims;
+using zipccl::handler::str;
 
 ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                              ffi::Result<ffi::Buffer<ffi::S32>> stats,

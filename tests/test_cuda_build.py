@@ -84,7 +84,7 @@ def test_cuda_module_imports_and_registers_without_a_gpu(cuda_build):
       "import _zipccl_cuda as m, jax\n"
       "r = m.registrations()\n"
       "import zipccl_jax._zipccl_cpu as cpu\n"
-      "assert sorted(r) == sorted(cpu.registrations()) == sorted([cpu.ENCODE_TARGET, cpu.DECODE_TARGET]), r\n"
+      "assert {cpu.ENCODE_TARGET, cpu.DECODE_TARGET} <= set(r) <= set(cpu.registrations()), r\n"
       "assert m.set_tile_groups(4) is None and m.set_tile_groups(0) is None\n"
       "for k, v in r.items(): jax.ffi.register_ffi_target(k, v, platform='CUDA')\n"
       "print('ok')\n")
