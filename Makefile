@@ -38,7 +38,9 @@ bench: setup
 # UndefinedBehaviorSanitizer, in a venv of its own ($(SAN_VENV), build dir
 # build/asan-*): any out-of-bounds access, use of freed memory or undefined
 # behaviour aborts the run. Python itself is not instrumented, so the ASan runtime
-# is preloaded; leak checking is off (the interpreter keeps its objects at exit).
+# is preloaded, with libstdc++ (else ASan's C++-exception interceptor finds no
+# __cxa_throw and aborts inside jaxlib); leak checking is off (the interpreter
+# keeps its objects at exit); JAX_PLATFORMS=cpu skips the TPU plugin probe.
 SAN_VENV ?= .venv-asan
 SAN_PY   := $(SAN_VENV)/bin/python
 CXX      ?= c++
@@ -49,9 +51,9 @@ sanitize:
 	$(SAN_PY) -m pip install -q --no-build-isolation --config-settings=build-dir=build/asan-{wheel_tag} \
 	    --config-settings=cmake.define.ZIPCCL_CUDA=OFF --config-settings=cmake.define.ZIPCCL_SANITIZE=ON \
 	    -e ".[test]"
-	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so)" \
+	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
 	    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1 \
-	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 JAX_PLATFORMS=cpu \
 	    $(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_codec.py
 
 clean:

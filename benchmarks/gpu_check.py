@@ -331,9 +331,9 @@ def phase_identity(args) -> dict:
   bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
   dtypes = [bf16, f16, f32]
   enc_fn, dec_fn = {}, {}
-  # GPU calls take the tile-kernel variants (ZIPCCL_CUDA_GROUPS) in turn, so every
+  # GPU calls take the tile-kernel variants in turn (set_tile_groups), so every
   # variant meets the cases and decodes payloads another variant encoded. The
-  # variable is read when XLA runs (or captures) the call: one jitted function per
+  # choice is read when XLA runs (or captures) the call: one jitted function per
   # variant.
   variants, variant_calls = itertools.cycle(GROUP_VARIANTS), {g: 0 for g in GROUP_VARIANTS}
 
@@ -341,7 +341,7 @@ def phase_identity(args) -> dict:
     if dev is not gpu:  # (in a rehearsal the CPU is both, and every call rotates)
       return 0
     g = next(variants)
-    os.environ["ZIPCCL_CUDA_GROUPS"] = str(g)
+    set_tile_groups(g)
     variant_calls[g] += 1
     return g
 
@@ -472,7 +472,7 @@ def phase_identity(args) -> dict:
         + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
     corrupt.append({"dtype": np.dtype(dt).name, "count": len(muts), "ok": ok, "cpu_status_hist": hist})
   log(f"IDENTITY: {len(results)} cases, {failures} failures")
-  os.environ.pop("ZIPCCL_CUDA_GROUPS", None)
+  set_tile_groups(0)
   log(f"IDENTITY: GPU calls per tile-kernel variant: {variant_calls}")
   return {"ok": failures == 0, "failures": failures, "cases": results, "corrupt": corrupt,
           "variant_calls": {str(k): v for k, v in variant_calls.items()}}
@@ -526,11 +526,11 @@ def phase_timing(args) -> dict:
     copy_bw = 2 * in_bytes / t_copy
     pc, sc = zcodec.encode_rows(jax.device_put(x, cpu))  # the CPU codec's bytes for this data
     pc, sc = np.asarray(pc), np.asarray(sc)
-    # Every variant of the tile kernels (ZIPCCL_CUDA_GROUPS, docs/cuda.md): fresh jitted
-    # functions per variant, since the handler reads the variable when XLA runs (or
+    # Every variant of the tile kernels (set_tile_groups, docs/cuda.md): fresh jitted
+    # functions per variant, since the handler reads the choice when XLA runs (or
     # captures into a CUDA graph) the call.
     for groups in GROUP_VARIANTS:
-      os.environ["ZIPCCL_CUDA_GROUPS"] = str(groups)
+      set_tile_groups(groups)
       enc = jax.jit(zcodec.encode_rows)
       dec = jax.jit(lambda p: zcodec.decode_rows(p, n, dt))
       t_enc, t_enc_min = bench(enc, x)
@@ -554,7 +554,7 @@ def phase_timing(args) -> dict:
             f"{r['gbps_moved']:7.1f} GB/s  copy {copy_bw / 1e9:7.1f} GB/s  share {r['roofline_share']:.2f}  "
             f"bit-identical {r['bit_identical']}")
       del payload, stats, y
-    os.environ.pop("ZIPCCL_CUDA_GROUPS", None)
+    set_tile_groups(0)
     del x, xb, pc, sc
   # Both checks of exactly this data count: a fast but wrong codec is not a pass.
   return {"ok": all(r["bit_identical"] for r in rows), "rows": rows,
@@ -566,6 +566,19 @@ def phase_timing(args) -> dict:
 
 # The tile kernels' variants (8-element groups per thread; cuda/codec.cu, docs/cuda.md).
 GROUP_VARIANTS = (1, 2, 4)
+
+
+def set_tile_groups(groups: int) -> None:
+  """Chooses the CUDA tile-kernel variant of later calls in this process (0: the default).
+
+  The CUDA module's setter (ZIPCCL_CUDA_GROUPS is read once per process); a no-op
+  where the module is missing (a rehearsal without nvcc: the CPU has no variants).
+  """
+  try:
+    import zipccl_jax._zipccl_cuda as cuda
+  except ImportError:
+    return
+  cuda.set_tile_groups(groups)
 
 PHASES = {"identity": phase_identity, "timing": phase_timing}
 
@@ -654,7 +667,8 @@ def write_report(args, report: dict) -> None:
                    f"{'yes' if r['bit_identical'] else 'NO'} |")
     lines += ["", "roofline share = (input + payload bytes) / time, divided by the copy's (read + write) "
               "bandwidth measured in the same run. G = 8-element groups per thread of the tile kernels "
-              "(ZIPCCL_CUDA_GROUPS; without it 4 for 16-bit dtypes, 2 for fp32: cuda/codec.cu groups_per_thread)."]
+              "(set_tile_groups / ZIPCCL_CUDA_GROUPS; without them 4 for 16-bit dtypes, 2 for fp32: "
+              "cuda/codec.cu groups_per_thread)."]
   elif tim:
     lines += ["", f"Timing failed: {tim.get('error', '?')}"]
   md = "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@
 //
 // The output is byte-identical to the CPU codec (ffi/codec_cpu.cc) for every input:
 // the layout math is ffi/codec_format.h, the per-thread bit work cuda/codec_tile.h
-// (both also compiled for the host, where cuda/emulate_host.cc checks them against
+// (both also compiled for the host, where tests/cuda/emulate_host.cc checks them against
 // the CPU codec). docs/cuda.md describes the design; in short:
 //
 // Encoder, per call (all rows), three stream operations, no host synchronisation:
@@ -27,7 +27,7 @@
 // record, escapes read by offset and bounds-checked) and decode_finalize (header
 // checks in the CPU's order, then the tiles' findings by priority, then the checksum).
 #if defined(ZIPCCL_SIMT_HOST)
-#include "simt_host.h"  // cuda/emulate_host.cc: these kernels on a CPU SIMT emulator
+#include "simt_host.h"  // tests/cuda/emulate_host.cc: these kernels on a CPU SIMT emulator
 #else
 #include <cuda_runtime.h>
 #endif
@@ -35,6 +35,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -43,6 +44,7 @@
 #include "codec_cuda.h"
 #include "codec_format.h"
 #include "codec_tile.h"
+#include "env.h"
 #include "handler_common.h"
 
 namespace zipccl {
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
     for (int i = 0; i < G; ++i) vm[i] = valid_mask(len, G * tid + i);
 
     // This tile's stage has landed (own slots: no barrier needed after the wait).
-    cp_wait<S - 1>();
+    /*ZC_MUTATE:enc_wait*/ cp_wait<S - 1>();
     Split sp[G];
     Stats st{0, 0, 0};
 #pragma unroll
@@ -411,7 +413,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
       const uint64_t wi = (uint64_t)g.nb + tid;
       if (8 * wi < g.table_size) st_u64(out + g.table_off + 8 * wi, 0);
     }
-    __syncthreads();  // (3) s_excl, s_next
+    /*ZC_MUTATE:enc_sync3*/ __syncthreads();  // (3) s_excl, s_next
     const uint32_t boff = s_excl;  // escapes before this block in the row
     const uint32_t fresh = s_next;
 
@@ -599,7 +601,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
     for (int i = 0; i < G; ++i) vm[i] = valid_mask(len, G * tid + i);
 
     cp_wait<S - 1>();
-    __syncthreads();  // (A) everyone's copies of this stage have landed
+    /*ZC_MUTATE:dec_syncA*/ __syncthreads();  // (A) everyone's copies of this stage have landed
     DecStage<T, G>& st = ring[stage];
     const uint64_t recw = st.rec[0];
     const Record rec = record_of_word(recw);
@@ -856,17 +858,21 @@ void warm_up_kernels() {
   warm_up_tile_kernels<T, 4>();
 }
 
-// Groups per thread of the tile kernels: ZIPCCL_CUDA_GROUPS (1, 2 or 4) when set,
-// for measuring the variants against each other (benchmarks/gpu_check.py), else the
+// The tile-kernel variant chosen by set_tile_groups (0: none chosen).
+std::atomic<int> g_tile_groups{0};
+
+// Groups per thread of the tile kernels: set_tile_groups' choice, else
+// ZIPCCL_CUDA_GROUPS (1, 2 or 4; read once per process, ffi/env.h), else the
 // default: G = 4 for 16-bit dtypes, 2 for fp32 -- the fewest SASS instructions per
 // element at a register cap without spills (docs/cuda.md, "Groups per thread"; a
 // static estimate until a GPU has timed them). Read whenever XLA runs the handler
-// (a getenv; once per capture when the call is recorded in a CUDA graph). The
-// payload bytes do not depend on it.
+// (once per capture when the call is recorded in a CUDA graph). The payload bytes
+// do not depend on it.
 template <typename T>
 int groups_per_thread() {
-  const char* v = getenv("ZIPCCL_CUDA_GROUPS");
-  if (v && v[0] && !v[1] && (v[0] == '1' || v[0] == '2' || v[0] == '4')) return v[0] - '0';
+  const int chosen = g_tile_groups.load(std::memory_order_relaxed);
+  if (chosen) return chosen;
+  if (const int v = env::cuda_groups()) return v;
   return Cfg<T>::kBits == 16 ? 4 : 2;
 }
 
@@ -1012,6 +1018,12 @@ ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi
 }
 
 }  // namespace
+
+bool set_tile_groups(int groups) {
+  if (groups != 0 && groups != 1 && groups != 2 && groups != 4) return false;
+  g_tile_groups.store(groups, std::memory_order_relaxed);
+  return true;
+}
 
 int warm_up() {
   int count = 0, prev = 0;

@@ -1,5 +1,5 @@
 // Per-thread building blocks of the CUDA codec (cuda/codec.cu), written so that
-// they also compile as plain host C++: cuda/emulate_host.cc runs them over whole
+// they also compile as plain host C++: tests/cuda/emulate_host.cc runs them over whole
 // rows in the kernels' own decomposition and compares the bytes with the CPU
 // codec, which checks everything except the warp/block glue on a machine
 // without a GPU.
@@ -216,7 +216,7 @@ ZC_TD Stats group_stats(const Split& s, uint32_t vmask) {
 // choose_window() with 32-bit arithmetic (a 64-bit division is a long software
 // routine on the GPU and costs registers). Exact for block statistics, where
 // N, Z <= len <= 2048 and S <= 254 N, so 4S - 13N and 4N fit easily in int32;
-// cuda/emulate_host.cc checks it against choose_window on every block it encodes.
+// tests/cuda/emulate_host.cc checks it against choose_window on every block it encodes.
 template <typename T>
 ZC_TD Window choose_window32(uint32_t S, uint32_t N, uint32_t Z, uint32_t len) {
   const int32_t hi0 = (int32_t)T::kExpMax - 6;

@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 
 #include "codec_cuda.h"
+#include "handler_common.h"
 
 namespace nb = nanobind;
 
@@ -22,10 +23,17 @@ NB_MODULE(_zipccl_cuda, m) {
     // kernels on every device now. A no-op without a GPU or driver.
     zipccl::gpu::warm_up();
     nb::dict d;
-    d["zipccl_zipccl_encode"] = encapsulate(ZipcclEncodeCuda);
-    d["zipccl_zipccl_decode"] = encapsulate(ZipcclDecodeCuda);
+    d[zipccl::handler::kEncodeTarget] = encapsulate(ZipcclEncodeCuda);
+    d[zipccl::handler::kDecodeTarget] = encapsulate(ZipcclDecodeCuda);
     return d;
   });
+  m.def(
+      "set_tile_groups",
+      [](int groups) {
+        if (!zipccl::gpu::set_tile_groups(groups)) throw nb::value_error("groups must be 0, 1, 2 or 4");
+      },
+      nb::arg("groups"),
+      "Tile-kernel variant (1, 2, 4 groups per thread) of later calls; 0: ZIPCCL_CUDA_GROUPS or the default.");
   m.def("warm_up", &zipccl::gpu::warm_up,
         "Loads the CUDA kernels on every visible device; returns how many (0 without a GPU).");
 }

@@ -11,6 +11,7 @@
 // whole blocks.
 #include "codec_cpu.h"
 
+#include "cpu_handler.h"
 #include "cpu_parallel.h"
 #include "env.h"
 #include "handler_common.h"
@@ -73,6 +74,7 @@ inline uint64_t cs_span(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
   return acc;
 }
 
+// Threads for a row of n elements (whole blocks per thread; cpu_parallel.h).
 int num_threads_for(uint64_t n) {
   return n < kParallelMinElems ? 1 : par::threads_for(num_blocks(n), kMinBlocksPerThread);
 }
@@ -632,7 +634,7 @@ namespace {
 
 using zipccl::handler::Shape;
 
-using zipccl::par::advise_hugepages;
+using zipccl::cpu_handler::advise_hugepages;
 
 ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats,

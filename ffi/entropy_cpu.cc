@@ -25,6 +25,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_handler.h"
 #include "cpu_parallel.h"
 #include "env.h"
 #include "handler_common.h"
@@ -791,10 +792,9 @@ bool ent_dtype(ffi::DataType t, zent::DtypeCode* d) {
   }
 }
 
+using zipccl::cpu_handler::advise_hugepages;
 using zipccl::handler::split_dims;
 using zipccl::handler::str;
-
-using zipccl::par::advise_hugepages;
 
 ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                              ffi::Result<ffi::Buffer<ffi::S32>> stats,

@@ -201,6 +201,26 @@ def test_size_contract_python_matches_cpp(dtype):
       NATIVE.max_nbytes(CODE[dtype], n)
 
 
+def test_host_codec_rejects_sizes_that_would_wrap():
+  """encode_into / decode_into check n and the capacity before any layout arithmetic
+  (a capacity near 2^64 used to wrap the size check and write out of bounds)."""
+  x = make("gauss", 1000, BF16)
+  out = np.zeros(NATIVE.max_nbytes(1, 1000) + 4096, np.uint8)
+  for cap in (2**64 - 1, 2**64 - 128, 2**63, 2**62 + 1):
+    with pytest.raises(ValueError, match="capacity"):
+      NATIVE.encode_into(1, x.view(np.uint8), 1000, cap, out)
+    with pytest.raises(ValueError, match="capacity"):
+      NATIVE.row_nbytes(1, 1000, cap)
+  for n in (2**32, 2**63, 2**64 - 1):
+    with pytest.raises(ValueError, match="n must be < 2\\^32"):
+      NATIVE.encode_into(1, x.view(np.uint8), n, 0, out)
+    with pytest.raises(ValueError, match="n must be < 2\\^32"):
+      NATIVE.decode_into(1, out, n, np.zeros(8, np.uint8))
+  with pytest.raises(ValueError, match="out must have >= "):
+    NATIVE.encode_into(1, x.view(np.uint8), 1000, 2**40, out)
+  assert NATIVE.encode_into(1, x.view(np.uint8), 1000, 128, out)[0] == 0
+
+
 def test_default_capacity():
   assert zc.default_escape_capacity(0) == 0
   assert zc.default_escape_capacity(1) == 128  # whole row: can never overflow

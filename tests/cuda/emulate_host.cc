@@ -1,14 +1,14 @@
 // The CUDA codec (cuda/codec.cu) run on the CPU: its kernels, launch code and FFI
-// handler functions, compiled unchanged for the SIMT emulator of cuda/simt_host.h
+// handler functions, compiled unchanged for the SIMT emulator of tests/cuda/simt_host.h
 // (fibers for threads, adversarial cp.async, strict barriers and warp ops, several
 // CTAs at once). Every payload byte, encoder stat, decoded word and decoder status
 // is compared with the CPU codec (ffi/codec_cpu.cc), including corrupted payloads.
 // Device buffers are page-guarded (an access past a buffer's end faults) and start
-// as garbage. What this cannot show is listed in cuda/simt_host.h; the GPU itself
+// as garbage. What this cannot show is listed in tests/cuda/simt_host.h; the GPU itself
 // is exercised by benchmarks/gpu_check.py.
 //
 // Build and run (tests/test_cuda_build.py does this), with INC = jax.ffi.include_dir():
-//   g++ -O2 -std=c++17 -Iffi -Icuda -isystem $INC cuda/emulate_host.cc ffi/codec_cpu.cc -lpthread
+//   g++ -O2 -std=c++17 -Iffi -Icuda -Itests/cuda -isystem $INC tests/cuda/emulate_host.cc ffi/codec_cpu.cc -lpthread
 //   ./a.out [--quick] [--stop]     (--stop: end at the first failure)
 // simt_host.h switches fibers with _longjmp, which the fortified libc refuses
 // between stacks; this must precede every #include.
@@ -92,15 +92,15 @@ cudaStream_t kStream = nullptr;
 int groups_used[5] = {0};  // calls per tile-kernel variant (8-element groups per thread)
 
 // Sets the emulated machine for one handler call: CTAs resident at once, the
-// schedule, and the tile kernels' variant (ZIPCCL_CUDA_GROUPS, read by the handler;
-// drawn per call, so payloads of one variant are decoded by another).
+// schedule, and the tile kernels' variant (gpu::set_tile_groups, read by the
+// handler; drawn per call, so payloads of one variant are decoded by another).
 void machine(std::mt19937_64& rng) {
   simt::config().resident = 1 + (unsigned)(rng() % 4);
   simt::config().seed = rng();
-  static const char* kGroups[] = {"1", "2", "4"};
-  const char* g = kGroups[rng() % 3];
-  setenv("ZIPCCL_CUDA_GROUPS", g, 1);
-  ++groups_used[g[0] - '0'];
+  static const int kGroups[] = {1, 2, 4};
+  const int g = kGroups[rng() % 3];
+  gpu::set_tile_groups(g);
+  ++groups_used[g];
 }
 
 // zipccl_zipccl_encode on the emulated GPU: rows x [rows, n] -> out [rows,

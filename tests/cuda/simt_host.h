@@ -1,6 +1,6 @@
 // A small SIMT machine on the CPU, so that the CUDA kernels of cuda/codec.cu run
 // unchanged (same source, same launch code, same FFI handlers) on a machine without
-// a GPU. cuda/emulate_host.cc includes this header and then codec.cu with
+// a GPU. tests/cuda/emulate_host.cc includes this header and then codec.cu with
 // ZIPCCL_SIMT_HOST defined, and compares every byte with the CPU codec.
 //
 // Model. Every CUDA thread is a fiber (ucontext) with its own stack; all fibers run
