@@ -82,7 +82,10 @@ def run_capture(cmd: list[str], timeout: int, **kw) -> tuple[int, str]:
 
 # ---- phase 1: build ----------------------------------------------------------------------
 
-KERNELS = ("encode_kernel", "encode_finalize", "decode_kernel", "decode_finalize")
+# Entropy-codec kernels (cuda/entropy.cu) first: "encode_kernel" is part of "ent_encode_kernel".
+KERNELS = ("ent_encode_kernel", "ent_encode_finalize", "ent_decode_rows", "ent_decode_blocks", "ent_decode_finalize",
+           "encode_kernel", "encode_finalize", "decode_kernel", "decode_finalize")
+ENTROPY_DTYPE_CODES = {"1": "BF16", "2": "F16"}  # cuda/entropy.cu kernels are templates over DtypeCode
 
 
 def parse_ptxas(text: str) -> dict:
@@ -92,9 +95,11 @@ def parse_ptxas(text: str) -> dict:
     if m:
       kern = next((k for k in KERNELS if k in m.group(1)), None)
       dt = re.search(r"(BF16|F16|F32)Traits", m.group(1))
+      code = re.search(r"DtypeCodeE(\d)E", m.group(1))
       g = re.search(r"ELi(\d+)E", m.group(1))  # the tile kernels' groups per thread G
-      targs = (dt.group(1) if dt else "?") + (f",G={g.group(1)}" if g else "")
-      name = f"{kern}<{targs}> {m.group(2)}" if kern else None
+      dts = dt.group(1) if dt else ENTROPY_DTYPE_CODES.get(code.group(1), "?") if code else ""
+      targs = dts + (f",G={g.group(1)}" if g else "")
+      name = (f"{kern}<{targs}> {m.group(2)}" if targs else f"{kern} {m.group(2)}") if kern else None
       if name:
         res[name] = {}
       continue

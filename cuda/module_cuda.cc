@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 
 #include "codec_cuda.h"
+#include "entropy_cuda.h"
 
 namespace nb = nanobind;
 
@@ -21,11 +22,17 @@ NB_MODULE(_zipccl_cuda, m) {
     // Before XLA can first call a handler (maybe under CUDA-graph capture): load the
     // kernels on every device now. A no-op without a GPU or driver.
     zipccl::gpu::warm_up();
+    zipccl::ent::gpu::warm_up_entropy();
     nb::dict d;
     d["zipccl_zipccl_encode"] = encapsulate(ZipcclEncodeCuda);
     d["zipccl_zipccl_decode"] = encapsulate(ZipcclDecodeCuda);
+    d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCuda);
+    d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCuda);
     return d;
   });
-  m.def("warm_up", &zipccl::gpu::warm_up,
-        "Loads the CUDA kernels on every visible device; returns how many (0 without a GPU).");
+  m.def("warm_up", []() {
+    const int d = zipccl::gpu::warm_up();
+    zipccl::ent::gpu::warm_up_entropy();
+    return d;
+  }, "Loads the CUDA kernels on every visible device; returns how many (0 without a GPU).");
 }
