@@ -32,7 +32,7 @@ test: setup
 
 bench: setup
 	$(PY) -m pip install -q "torch==2.13.0" ".[bench]"
-	$(PY) -m zipccl_jax.bench codec
+	$(PY) benchmarks/codec.py
 
 clean:
 	rm -rf build $(VENV)

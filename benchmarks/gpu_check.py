@@ -58,8 +58,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-# Import the installed zipccl_jax (with its compiled modules), never the source tree.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+if __name__ == "__main__":
+  # Run as a script: import the installed zipccl_jax (with its compiled modules), never the
+  # source tree. (Imported as `benchmarks.gpu_check` by the tests, it leaves sys.path alone.)
+  sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
 # A phase subprocess gets the driver's start time (run_phase_subprocess), so the log has one timeline.
 T0 = float(os.environ.get("ZIPCCL_GPU_CHECK_T0") or time.time())
@@ -324,7 +326,7 @@ def phase_identity(args) -> dict:
   import ml_dtypes
   import numpy as np
   jax, zc, gpu, cpu = setup_jax(args)
-  from zipccl_jax._src import codec as zcodec
+  import zipccl_jax as zcodec
   bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
   dtypes = [bf16, f16, f32]
   enc_fn, dec_fn = {}, {}
@@ -476,7 +478,7 @@ def phase_timing(args) -> dict:
   import numpy as np
   jax, zc, gpu, cpu = setup_jax(args)
   import jax.numpy as jnp
-  from zipccl_jax._src import codec as zcodec
+  import zipccl_jax as zcodec
   bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
   plan = [(bf16, 64 << 20), (bf16, 1 << 30), (f32, 64 << 20)]
   if not args.quick:

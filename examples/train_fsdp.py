@@ -51,6 +51,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax
+from zipccl_jax.progress import progress_bar
 
 NUM_DEVICES = 8
 AXIS = "fsdp"
@@ -391,7 +392,7 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
   fallbacks = {"gather": 0, "scatter": 0}
   escapes = {"gather": [0, 0], "scatter": [0, 0]}            # [escapes, elements]
   worst_row = 0.0                                            # of the gradient rows
-  bar = _progress(cfg.steps, f"{codec:>6}", progress)
+  bar = progress_bar(cfg.steps, f"{codec:>6}", unit="step", enabled=progress)
   t0 = time.perf_counter()
   for i in range(cfg.steps):
     shards, opt_state, loss, stats, probe_grads = step(shards, opt_state, probes, data[i])
@@ -428,22 +429,6 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
               escape_rate={k: e / max(m, 1) for k, (e, m) in escapes.items()},
               worst_gradient_row=worst_row,
               wall_s=wall, compile_s=compile_s)
-
-
-def _progress(total: int, desc: str, enabled: bool):
-  try:
-    from tqdm import tqdm
-  except ImportError:  # tqdm is in the test extra; run without a bar if it is missing
-    tqdm = None
-  if tqdm is not None and enabled:
-    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
-
-  class _NoBar:
-    def update(self, n): pass
-    def set_postfix(self, **kw): pass
-    def close(self): pass
-
-  return _NoBar()
 
 
 # ---- codec analysis of weights, gradients and activations ---------------------------------------

@@ -30,10 +30,35 @@ namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the CPU codec assumes a little-endian host");
 
+// The block codecs are compiled twice: for the baseline ISA and with AVX2/BMI2
+// (shlx/shrx instead of 3-uop variable shifts, wider vectors for the byte planes),
+// chosen at run time (no -march flags: the module runs on any x86-64 or aarch64).
+#define EZ_INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__)
+#define EZ_X86 1
+#define EZ_TARGET_FAST __attribute__((target("avx2,bmi,bmi2,lzcnt,popcnt")))
+inline bool have_fast_isa() {
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+                        std::getenv("ZIPCCL_DISABLE_SIMD") == nullptr;
+  return v;
+}
+#endif
+
 constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is faster
 constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
 constexpr uint32_t kSymsPerRefill = 5;  // 5 * 11 = 55 <= 57 bits valid after a refill
+
+// A 16-bit store the compiler cannot merge with its neighbours (GCC otherwise
+// assembles a refill's 5 stores into one 64-bit word with shifts and ORs: 4 extra
+// instructions a symbol in the hottest loop).
+inline void store16(uint16_t* p, uint32_t v) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  asm("movw %w1, %0" : "=m"(*p) : "r"(v));
+#else
+  *p = (uint16_t)v;
+#endif
+}
 
 inline uint64_t load64(const uint8_t* p) {
   uint64_t v;
@@ -73,7 +98,7 @@ constexpr Traits traits() {
 // Raw planes (entropy_format.h: byte plane, then the packed plane).
 
 template <DtypeCode D, uint32_t K>
-void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
+EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
   constexpr bool bp = (K == kKindE ? t.mbits + 1 : t.mbits) >= 8;
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
@@ -94,53 +119,44 @@ void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
-// y[j] |= the raw bits of element j, for j < len.
+// y[j] = sv[j] | the raw bits of element j, for j < len (sv may be y).
 template <DtypeCode D, uint32_t K>
-void or_raw(const uint8_t* in, uint32_t len, uint16_t* y) {
+EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
   if (!w) {
-    for (uint32_t j = 0; j < len; ++j) y[j] |= (uint16_t)t.raw_bits(K, in[j]);
+    for (uint32_t j = 0; j < len; ++j) y[j] = (uint16_t)(sv[j] | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
-  const uint32_t full = len / 8;
-  for (uint32_t g = 0; g < full; ++g) {
+  const uint32_t groups = (len + 7) / 8;
+  for (uint32_t g = 0; g < groups; ++g) {
     uint64_t acc = 0;
     std::memcpy(&acc, packed + g * w, w);
-    for (uint32_t k = 0; k < 8; ++k) {
+    const uint32_t kend = g + 1 < groups ? 8 : len - 8 * g;
+    for (uint32_t k = 0; k < kend; ++k) {
       const uint32_t j = 8 * g + k;
       const uint32_t pv = (uint32_t)((acc >> (k * w)) & mask);
       const uint32_t r = bp ? (uint32_t)in[j] | (pv << 8) : pv;
-      y[j] |= (uint16_t)t.raw_bits(K, r);
-    }
-  }
-  if (len % 8) {
-    const uint32_t g = full;
-    uint64_t acc = 0;
-    std::memcpy(&acc, packed + g * w, w);
-    for (uint32_t k = 0; k < len % 8; ++k) {
-      const uint32_t j = 8 * g + k;
-      const uint32_t pv = (uint32_t)((acc >> (k * w)) & mask);
-      const uint32_t r = bp ? (uint32_t)in[j] | (pv << 8) : pv;
-      y[j] |= (uint16_t)t.raw_bits(K, r);
+      y[j] = (uint16_t)(sv[j] | t.raw_bits(K, r));
     }
   }
 }
 
 template <DtypeCode D>
-void write_raw_kind(uint32_t kind, const uint16_t* x, uint32_t len, uint8_t* out) {
+EZ_INLINE void write_raw_kind(uint32_t kind, const uint16_t* x, uint32_t len, uint8_t* out) {
   if (kind == kKindE) write_raw<D, kKindE>(x, len, out);
   else write_raw<D, kKindJ>(x, len, out);
 }
 
 template <DtypeCode D>
-void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, uint16_t* y) {
-  if (kind == kKindE) or_raw<D, kKindE>(in, len, y);
-  else or_raw<D, kKindJ>(in, len, y);
+EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const uint16_t* sv,
+                           uint16_t* y) {
+  if (kind == kKindE) or_raw<D, kKindE>(in, len, sv, y);
+  else or_raw<D, kKindJ>(in, len, sv, y);
 }
 
 // ---------------------------------------------------------------------------------
@@ -160,23 +176,22 @@ struct EncScratch {
 // Encodes one block into out (at most max_block_bytes(len) bytes, exactly the
 // returned size written). *raw = the block was stored RAW.
 template <DtypeCode D>
-uint32_t encode_block(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s, bool* raw) {
+EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
+                                     bool* raw) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t AJ = 1u << (t.ebits + 1), AE = 1u << t.ebits;
   for (int l = 0; l < 4; ++l) std::memset(s.cnt[l], 0, sizeof(uint16_t) * AJ);
+  // Symbols first (a vectorizable pass), then counts in 4 lanes (a run of equal
+  // symbols would otherwise serialize on one counter's store-to-load latency).
+  for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)t.symbol(kKindJ, x[j]);
   uint32_t j = 0;
   for (; j + 4 <= len; j += 4) {
-    for (uint32_t l = 0; l < 4; ++l) {
-      const uint32_t sj = t.symbol(kKindJ, x[j + l]);
-      s.sym[j + l] = (uint16_t)sj;
-      s.cnt[l][sj]++;
-    }
+    s.cnt[0][s.sym[j]]++;
+    s.cnt[1][s.sym[j + 1]]++;
+    s.cnt[2][s.sym[j + 2]]++;
+    s.cnt[3][s.sym[j + 3]]++;
   }
-  for (; j < len; ++j) {
-    const uint32_t sj = t.symbol(kKindJ, x[j]);
-    s.sym[j] = (uint16_t)sj;
-    s.cnt[0][sj]++;
-  }
+  for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
   for (uint32_t a = 0; a < AJ; ++a) s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
   for (uint32_t e = 0; e < AE; ++e) s.c[kKindE][e] = s.c[kKindJ][2 * e] + s.c[kKindJ][2 * e + 1];
 
@@ -185,10 +200,8 @@ uint32_t encode_block(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch&
   int best_kind = -1;  // -1 = RAW
   bool best_const = false;
   uint32_t sym_end[2] = {0, 0}, nib[2] = {0, 0}, area[2] = {0, 0}, one_sym[2] = {0, 0};
-  uint32_t k[2];
   for (uint32_t kind = 0; kind < 2; ++kind) {
     const uint32_t A = kind == kKindE ? AE : AJ;
-    k[kind] = code_lengths(s.c[kind], A, s.len[kind], &s.pm);
     for (uint32_t a = A; a-- > 0;)
       if (s.c[kind][a]) {
         sym_end[kind] = a + 1;
@@ -196,14 +209,31 @@ uint32_t encode_block(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch&
       }
     one_sym[kind] = sym_end[kind] - 1;
   }
+  // Kind J can only pay when the sign is predictable from the exponent: the sign
+  // costs at least 1 - |1 - 2p| bits, so J saves at most sum_e |c+ - c-| bits. It
+  // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
+  // for J halves the code-length work on symmetric data).
+  uint32_t imb = 0;
+  for (uint32_t e = 0; e < AE; ++e) {
+    const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
+    imb += (uint32_t)(d < 0 ? -d : d);
+  }
+  uint32_t k[2];
+  k[kKindE] = code_lengths(s.c[kKindE], sym_end[kKindE], s.len[kKindE], &s.pm);
+  if (16 * imb >= len) {
+    k[kKindJ] = code_lengths(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], &s.pm);
+  } else {
+    k[kKindJ] = 0;
+    for (uint32_t a = 0; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
+    if (k[kKindJ] >= 2) k[kKindJ] = 0;  // not a HUFF-J candidate (and not CONST-J)
+  }
   uint32_t size[4] = {~0u, ~0u, ~0u, ~0u};
   for (uint32_t kind = 0; kind < 2; ++kind)
     if (k[kind] == 1) size[kind] = kBlockHead + t.raw_bytes(kind, len);
   for (uint32_t kind = 0; kind < 2; ++kind) {
     if (k[kind] < 2) continue;
-    const uint32_t A = kind == kKindE ? AE : AJ;
     uint64_t bits = 0;
-    for (uint32_t a = 0; a < A; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
+    for (uint32_t a = 0; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
     nib[kind] = write_lengths(s.len[kind], sym_end[kind], nullptr);
     area[kind] = (uint32_t)((bits + 7) / 8);
     size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
@@ -235,27 +265,29 @@ uint32_t encode_block(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch&
   st16(out + 2, sym_end[kind]);
   uint8_t* nib_out = out + kHuffHead;
   write_lengths(s.len[kind], sym_end[kind], nib_out);
-  const uint32_t A = kind == kKindE ? AE : AJ;
-  canonical_codes(s.len[kind], A, s.code);
-  for (uint32_t a = 0; a < A; ++a) s.ctab[a] = ((uint32_t)s.code[a] << 4) | s.len[kind][a];
-  const uint32_t shift = kind == kKindE ? 1 : 0;  // s.sym holds J symbols
+  canonical_codes(s.len[kind], sym_end[kind], s.code);
+  // ctab is indexed by the J symbol (s.sym) for both kinds: code << 4 | length
+  // (entries of absent symbols are never read).
+  const uint32_t jend = kind == kKindE ? 2 * sym_end[kind] : sym_end[kind];
+  for (uint32_t a = 0; a < jend; ++a) {
+    const uint32_t c = kind == kKindE ? a >> 1 : a;
+    s.ctab[a] = ((uint32_t)s.code[c] << 4) | s.len[kind][c];
+  }
 
   // One MSB-first writer for the 8 streams back to back; a flush after every <= 5
   // codes (<= 55 bits + < 8 pending bits fit the 64-bit accumulator).
   uint8_t* bp = s.bits;
   uint64_t acc = 0;
   uint32_t nacc = 0;
-  uint32_t total = 0;
+  uint32_t before = 0;
   for (uint32_t st = 0; st < kStreams; ++st) {
     const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
-    const uint32_t before = total;
     uint32_t jj = j0;
     auto push = [&](uint32_t idx) {
-      const uint32_t e = s.ctab[s.sym[idx] >> shift];
+      const uint32_t e = s.ctab[s.sym[idx]];
       const uint32_t l = e & 15;
       acc = (acc << l) | (e >> 4);
       nacc += l;
-      total += l;
     };
     auto flush = [&]() {
       store_be64(bp, acc << (64 - nacc));
@@ -270,7 +302,9 @@ uint32_t encode_block(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch&
       push(jj);
       flush();
     }
-    st16(out + kBlockHead + 2 * st, total - before);
+    const uint32_t now = (uint32_t)(bp - s.bits) * 8 + nacc;
+    st16(out + kBlockHead + 2 * st, now - before);
+    before = now;
   }
   if (nacc) store_be64(bp, acc << (64 - nacc));
   uint8_t* area_out = nib_out + nib[kind];
@@ -287,13 +321,14 @@ struct DecScratch {
   uint16_t code[kMaxAlphabet];
   uint32_t tab[kTableSize];  // sym_bits << 16 | code length
   uint8_t area[kMaxAreaBytes + 16];
+  uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
 };
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
 template <DtypeCode D>
-int32_t decode_block(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len, uint16_t* y,
-                     DecScratch& s) {
+EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len,
+                                    uint16_t* y, DecScratch& s) {
   constexpr Traits t = traits<D>();
   if (size < kBlockHead || blk[1] != 0) return kDecBadTable;
   const uint32_t mode = blk[0];
@@ -311,14 +346,14 @@ int32_t decode_block(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t
     if (sym >= A || size != kBlockHead + rawb) return kDecBadTable;
     const uint16_t v = (uint16_t)t.sym_bits(kind, sym);
     for (uint32_t j = 0; j < len; ++j) y[j] = v;
-    or_raw_kind<D>(kind, blk + kBlockHead, len, y);
+    or_raw_kind<D>(kind, blk + kBlockHead, len, y, y);
     return kDecOk;
   }
   // HUFF.
   if (size < kHuffHead + rawb) return kDecBadTable;
   const uint32_t sym_end = ld16(blk + 2);
   const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
-  if (nib < 0 || !canonical_codes(s.len, A, s.code)) return kDecBadTable;
+  if (nib < 0 || !canonical_codes(s.len, sym_end, s.code)) return kDecBadTable;
   uint32_t start[kStreams + 1];
   start[0] = 0;
   for (uint32_t st = 0; st < kStreams; ++st) {
@@ -334,7 +369,10 @@ int32_t decode_block(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
-  for (uint32_t a = 0; a < A; ++a) {
+  // Entry = the symbol's value bits << 16 | code length: a 64-bit shift by the
+  // whole entry shifts by the length (shift counts are taken mod 64), and the
+  // lengths of a refill's 5 symbols are the low 16 bits of their entries' sum.
+  for (uint32_t a = 0; a < sym_end; ++a) {
     const uint32_t l = s.len[a];
     if (!l) continue;
     const uint32_t e = (t.sym_bits(kind, a) << 16) | l;
@@ -361,20 +399,20 @@ int32_t decode_block(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t
   if (len == kBlock) {
     constexpr uint32_t rounds = kStreamLen / kSymsPerRefill;
     for (uint32_t r = 0; r < rounds; ++r) {
-      uint16_t* yr = y + r * kSymsPerRefill;
+      uint16_t* yr = s.sv + r * kSymsPerRefill;
 #pragma GCC unroll 8
       for (uint32_t st = 0; st < kStreams; ++st) {
-        uint32_t q = pos[st];
+        const uint32_t q = pos[st];
         uint64_t buf = refill(q);
+        uint32_t sum = 0;
 #pragma GCC unroll 5
         for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
           const uint32_t e = tab[buf >> (64 - kMaxLen)];
-          const uint32_t l = e & 15;
-          buf <<= l;
-          q += l;
-          yr[st * kStreamLen + i] = (uint16_t)(e >> 16);
+          buf <<= (e & 63);
+          sum += e;
+          store16(yr + st * kStreamLen + i, e >> 16);
         }
-        pos[st] = q;
+        pos[st] = q + (sum & 0xFFFF);
       }
     }
     done = rounds * kSymsPerRefill;
@@ -385,12 +423,53 @@ int32_t decode_block(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t
     for (uint32_t jj = j0 + done; jj < j1; ++jj) {
       const uint32_t e = tab[refill(q) >> (64 - kMaxLen)];
       q += e & 15;
-      y[jj] = (uint16_t)(e >> 16);
+      s.sv[jj] = (uint16_t)(e >> 16);
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
-  or_raw_kind<D>(kind, blk + area_off + ab, len, y);
+  or_raw_kind<D>(kind, blk + area_off + ab, len, s.sv, y);
   return kDecOk;
+}
+
+// ---------------------------------------------------------------------------------
+// ISA dispatch.
+
+template <DtypeCode D>
+uint32_t encode_block_base(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s, bool* raw) {
+  return encode_block_impl<D>(x, len, out, s, raw);
+}
+template <DtypeCode D>
+int32_t decode_block_base(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len, uint16_t* y,
+                          DecScratch& s) {
+  return decode_block_impl<D>(blk, size, avail, len, y, s);
+}
+#if EZ_X86
+template <DtypeCode D>
+EZ_TARGET_FAST uint32_t encode_block_fast(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
+                                          bool* raw) {
+  return encode_block_impl<D>(x, len, out, s, raw);
+}
+template <DtypeCode D>
+EZ_TARGET_FAST int32_t decode_block_fast(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len,
+                                         uint16_t* y, DecScratch& s) {
+  return decode_block_impl<D>(blk, size, avail, len, y, s);
+}
+#endif
+
+template <DtypeCode D>
+uint32_t encode_block(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s, bool* raw) {
+#if EZ_X86
+  if (have_fast_isa()) return encode_block_fast<D>(x, len, out, s, raw);
+#endif
+  return encode_block_base<D>(x, len, out, s, raw);
+}
+template <DtypeCode D>
+int32_t decode_block(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len, uint16_t* y,
+                     DecScratch& s) {
+#if EZ_X86
+  if (have_fast_isa()) return decode_block_fast<D>(blk, size, avail, len, y, s);
+#endif
+  return decode_block_base<D>(blk, size, avail, len, y, s);
 }
 
 // ---------------------------------------------------------------------------------
@@ -486,25 +565,24 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
   // Directory: block offsets, sizes within [4, max], their sum, the RAW count.
   std::vector<uint64_t> off(nb + 1);
   off[0] = doff;
-  uint64_t raws = 0;
   for (uint64_t b = 0; b < nb; ++b) {
     const uint32_t sz = ld16(in + kHeaderBytes + 2 * b);
     if (sz < kBlockHead || sz > max_block_bytes(block_len(n, b))) return kDecBadTable;
     off[b + 1] = off[b] + sz;
     if (off[b + 1] > doff + data_bytes) return kDecBadTable;
-    raws += in[off[b]] == 0;
   }
-  if (off[nb] != doff + data_bytes || raws != raw_blocks) return kDecBadTable;
+  if (off[nb] != doff + data_bytes) return kDecBadTable;
 
   const int nt = n >= kParallelMinElems ? par::threads_for(nb, kMinBlocksPerThread) : 1;
   std::vector<int32_t> tstat(nt, kDecOk);
-  std::vector<uint64_t> tcs(nt, 0);
+  std::vector<uint64_t> tcs(nt, 0), traws(nt, 0);
   par::parallel_for(nt, [&](int t) {
     std::unique_ptr<DecScratch> s(new DecScratch);
     const uint64_t b0 = nb * (uint64_t)t / nt, b1 = nb * (uint64_t)(t + 1) / nt;
-    uint64_t acc = 0;
+    uint64_t acc = 0, raws = 0;
     int32_t worst = kDecOk;
     for (uint64_t b = b0; b < b1; ++b) {
+      raws += in[off[b]] == 0;
       const int32_t st = decode_block<D>(in + off[b], (uint32_t)(off[b + 1] - off[b]), L - off[b],
                                          block_len(n, b), y + b * kBlock, *s);
       if (st != kDecOk && (worst == kDecOk || st < worst)) worst = st;
@@ -515,10 +593,17 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
     }
     tstat[t] = worst;
     tcs[t] = acc;
+    traws[t] = raws;
   });
+  // The RAW count is a directory-level check (status 6), made here so that the
+  // block starts are read while decoding rather than in a separate pass.
+  uint64_t raws = 0;
   int32_t worst = kDecOk;
-  for (int t = 0; t < nt; ++t)
+  for (int t = 0; t < nt; ++t) {
+    raws += traws[t];
     if (tstat[t] != kDecOk && (worst == kDecOk || tstat[t] < worst)) worst = tstat[t];
+  }
+  if (raws != raw_blocks) return kDecBadTable;
   if (worst != kDecOk) return worst;
   uint64_t cs = 0;
   for (int t = 0; t < nt; ++t) cs += tcs[t];

@@ -232,21 +232,22 @@ EZ_HD uint32_t code_lengths(const uint32_t* counts, uint32_t A, uint8_t* len, PM
   s->size[0] = k;
   for (uint32_t L = 1; L < kMaxLen; ++L) {
     const uint32_t np = s->size[L - 1] / 2;
-    uint32_t i = 0, j = 0, o = 0;
-    while (i < k || j < np) {
-      const bool take_leaf =
-          j >= np || (i < k && s->leaf_w[i] <= s->w[L - 1][2 * j] + s->w[L - 1][2 * j + 1]);
-      if (take_leaf) {
-        s->w[L][o] = s->leaf_w[i++];
-        s->leaf[L][o++] = 1;
-      } else {
-        s->w[L][o] = s->w[L - 1][2 * j] + s->w[L - 1][2 * j + 1];
-        ++j;
-        s->leaf[L][o++] = 0;
-      }
-      if (o >= 2 * k - 2 && L == kMaxLen - 1) break;  // only the first 2k-2 are read
+    // Branch-free merge (the leaf/package choice is data-dependent and mispredicts).
+    const uint32_t* prev = s->w[L - 1];
+    // Only the first 2k-2 items of the top list are read (k + np >= 2k - 2 there
+    // whenever 2^kMaxLen >= k; the min keeps the reads inside the list regardless).
+    const uint32_t total = (L == kMaxLen - 1 && 2 * k - 2 < k + np) ? 2 * k - 2 : k + np;
+    uint32_t i = 0, j = 0;
+    for (uint32_t o = 0; o < total; ++o) {
+      const uint32_t lw = i < k ? s->leaf_w[i] : 0xFFFFFFFFu;
+      const uint32_t pw = j < np ? prev[2 * j] + prev[2 * j + 1] : 0xFFFFFFFFu;
+      const uint32_t take_leaf = lw <= pw;
+      s->w[L][o] = take_leaf ? lw : pw;
+      s->leaf[L][o] = (uint8_t)take_leaf;
+      i += take_leaf;
+      j += 1 - take_leaf;
     }
-    s->size[L] = o;
+    s->size[L] = total;
   }
   uint8_t tmp[kMaxAlphabet];
   for (uint32_t i = 0; i < k; ++i) tmp[i] = 0;
@@ -338,13 +339,13 @@ EZ_HD uint32_t write_lengths(const uint8_t* len, uint32_t sym_end, uint8_t* out)
   return (nn + 1) / 2;
 }
 
-// Parses a nibble stream from p[0, avail) into len[0, A) (len zeroed first). Returns
+// Parses a nibble stream from p[0, avail) into len[0, sym_end) (zeroed first). Returns
 // the bytes used, or -1 when invalid: a nibble 12..14, a run past sym_end, sym_end
 // not reached within avail bytes, or the last symbol (sym_end - 1) absent.
 EZ_HD int32_t read_lengths(const uint8_t* p, uint32_t avail, uint32_t sym_end, uint32_t A,
                            uint8_t* len) {
-  for (uint32_t a = 0; a < A; ++a) len[a] = 0;
   if (sym_end == 0 || sym_end > A) return -1;
+  for (uint32_t a = 0; a < sym_end; ++a) len[a] = 0;  // callers read len[0, sym_end) only
   uint32_t nn = 0, a = 0;
   const uint32_t max_nn = 2 * avail;
   auto get = [&](uint32_t* v) -> bool {

@@ -17,6 +17,10 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
+
+# Launched as a script: make `tests.reference` importable from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv) -> int:
@@ -48,6 +52,7 @@ def _run(jax, result):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   import zipccl_jax as zc
+  from tests.reference import ordered_sum
 
   bf16 = np.dtype(ml_dtypes.bfloat16)
   devices = jax.devices()
@@ -72,19 +77,6 @@ def _run(jax, result):
                             out_specs=((P(), P("x"), P("x"), P("x"), P()), P())))
   names = ("all_gather", "all_to_all", "ppermute", "psum_scatter", "psum")
 
-  def ftz(a):   # XLA:CPU flushes subnormals to (signed) zero in float math
-    a = np.asarray(a, np.float32).copy()
-    tiny = np.abs(a) < np.float32(2.0**-126)
-    a[tiny] = np.copysign(np.float32(0), a[tiny])
-    return a
-
-  def ordered_sum(chunks):   # rank order, float32 accumulation, rounded once
-    acc = ftz(np.asarray(chunks[0]).astype(np.float32))
-    with np.errstate(all="ignore"):
-      for c in chunks[1:]:
-        acc = ftz(acc + ftz(np.asarray(c).astype(np.float32)))
-    return acc.astype(bf16)
-
   rng = np.random.default_rng(1234)
   gauss = rng.standard_normal((n * rows, cols)).astype(np.float32).astype(bf16)
   rand = gauss.copy()
@@ -103,8 +95,9 @@ def _run(jax, result):
         np.concatenate([np.concatenate([col_chunks[s][d] for s in range(n)], axis=1)
                         for d in range(n)]),
         np.concatenate([blocks[(d - 1) % n] for d in range(n)]),
-        np.concatenate([ordered_sum([col_chunks[s][d] for s in range(n)]) for d in range(n)]),
-        ordered_sum(blocks),
+        np.concatenate([ordered_sum([col_chunks[s][d] for s in range(n)], bf16)
+                        for d in range(n)]),
+        ordered_sum(blocks, bf16),
     )
     xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
     ys, flags = f(xg)

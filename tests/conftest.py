@@ -3,8 +3,17 @@
 jax_num_cpu_devices must be set before the CPU backend starts; conftest.py is
 imported by pytest before any test module, so this is the place.
 """
+import sys
+from pathlib import Path
+
 import jax
 import pytest
+
+# The repository root: `tests.reference` and `benchmarks.*` import from a checkout
+# whatever the install mode (the package itself is the installed one).
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
 
 jax.config.update("jax_num_cpu_devices", 8)
 

@@ -220,9 +220,11 @@ def encode_block(x: np.ndarray, dcode: int) -> tuple[bytes, bool]:
     sym, raw, counts = info[kind]
     if len(counts) == 1:
       cands.append((4 + raw_nbytes(dcode, kind, length), kind, ("const", kind)))
-  for kind in (0, 1):  # HUFF
+  jc = info[1][2]
+  imbalance = sum(abs(jc.get(2 * e, 0) - jc.get(2 * e + 1, 0)) for e in info[0][2])
+  for kind in (0, 1):  # HUFF; kind J only when the sign is imbalanced enough
     sym, raw, counts = info[kind]
-    if len(counts) >= 2:
+    if len(counts) >= 2 and (kind == 0 or 16 * imbalance >= length):
       lens = package_merge(counts)
       bits = sum(counts[s] * lens[s] for s in counts)
       sym_end = max(counts) + 1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from zipccl_jax import __main__ as cli
-from zipccl_jax._src import io as tio
+from zipccl_jax import io as tio
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

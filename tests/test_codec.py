@@ -5,75 +5,17 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax as zc
-from zipccl_jax._src import ffi as zffi
 from tests import reference_codec as ref
+from tests.reference import BF16, DTYPES, assert_bits_equal, make, words  # noqa: F401
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [BF16, np.dtype(np.float16), np.dtype(np.float32)]
 CODE = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
-WORD = {2: np.uint16, 4: np.uint32}
-NATIVE = zffi.native()
-
-
-def words(x) -> np.ndarray:
-  x = np.asarray(x)
-  return x.reshape(-1).view(WORD[x.dtype.itemsize])
-
-
-def assert_bits_equal(a, b):
-  wa, wb = words(a), words(b)
-  assert wa.shape == wb.shape, (wa.shape, wb.shape)
-  bad = np.flatnonzero(wa != wb)
-  if bad.size:
-    i = bad[0]
-    raise AssertionError(f"{bad.size} words differ; first at {i}: {wa[i]:#x} != {wb[i]:#x}")
-
-
-def make(dist: str, n: int, dtype, seed: int = 0, sigma: float = 1.0) -> np.ndarray:
-  rng = np.random.default_rng(seed)
-  dtype = np.dtype(dtype)
-  if dist == "gauss":
-    x = rng.standard_normal(n) * sigma
-  elif dist == "laplace":
-    x = rng.laplace(size=n) * sigma
-  elif dist == "student_t3":
-    x = rng.standard_t(3, size=n) * sigma
-  elif dist == "relu":
-    x = np.maximum(rng.standard_normal(n), 0) * sigma
-  elif dist == "zeros":
-    x = np.zeros(n)
-  elif dist == "constant":
-    x = np.full(n, 3.25)
-  elif dist == "random_bits":
-    return rng.integers(0, 2**(8 * dtype.itemsize), n, dtype=np.uint64).astype(
-        WORD[dtype.itemsize]).view(dtype)
-  elif dist == "outlier":
-    x = rng.standard_normal(n) * sigma
-    if n:
-      x[rng.integers(n)] = 1e30 if dtype != np.float16 else 6e4
-  elif dist == "specials":
-    w = WORD[dtype.itemsize]
-    ebits, mbits = {BF16: (8, 7), np.dtype(np.float16): (5, 10), np.dtype(np.float32): (8, 23)}[dtype]
-    expo = ((1 << ebits) - 1) << mbits
-    sign = 1 << (8 * dtype.itemsize - 1)
-    pats = [0, sign, expo, expo | sign, expo | 1, expo | (1 << (mbits - 1)) | 5,
-            expo | sign | 3, 1, sign | 1, (1 << mbits) - 1, (1 << mbits) | 1]
-    base = rng.standard_normal(n).astype(dtype)
-    wv = base.view(w).copy()
-    idx = rng.integers(0, max(n, 1), size=min(n, 4 * len(pats)))
-    for k, i in enumerate(idx):
-      wv[i] = pats[k % len(pats)]
-    return wv.view(dtype)
-  else:
-    raise ValueError(dist)
-  return x.astype(dtype)
+NATIVE = zc.native()
 
 
 def roundtrip(x, cap=None):

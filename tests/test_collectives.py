@@ -12,7 +12,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
@@ -20,105 +19,11 @@ from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F16 = np.dtype(np.float16)
-F32 = np.dtype(np.float32)
-DTYPES = [BF16, F16, F32]
+from tests.reference import (BF16, DTYPES, F16, F32, assert_bits_equal, assert_same_or_both_nan,
+                             bad_block, gaussian, ordered_sum, sprinkle_specials, uint)
+
 N = 8
 ALWAYS = dict(policy="always")
-
-
-# ---- data and comparison helpers ------------------------------------------------------------
-
-
-def _uint(dtype):
-  return np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
-
-
-def words(a) -> np.ndarray:
-  a = np.asarray(a)
-  return a.view(_uint(a.dtype))
-
-
-def assert_bits_equal(got, want, what=""):
-  g, w = words(got), words(want)
-  assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
-  bad = np.flatnonzero(g.reshape(-1) != w.reshape(-1))
-  if bad.size:
-    i = bad[0]
-    raise AssertionError(f"{what}: {bad.size} words differ; first at flat index {i}: "
-                         f"got {g.reshape(-1)[i]:#x}, want {w.reshape(-1)[i]:#x}")
-
-
-def gaussian(shape, dtype, seed=0, scale=1.0):
-  rng = np.random.default_rng(seed)
-  return (rng.standard_normal(shape) * scale).astype(np.float32).astype(dtype)
-
-
-def sprinkle_specials(x, seed=1, count=6):
-  """Puts +-0, +-inf, NaNs with distinct payloads, a subnormal into x (few: no overflow)."""
-  x = x.copy()
-  flat = words(x).reshape(-1)
-  u = _uint(x.dtype)
-  bits = {BF16: 16, F16: 16, F32: 32}[x.dtype]
-  ebits = {BF16: 8, F16: 5, F32: 8}[x.dtype]
-  man = bits - 1 - ebits
-  emax = ((1 << ebits) - 1) << man
-  specials = [0, 1 << (bits - 1), emax, emax | (1 << (bits - 1)), emax | 1,
-              emax | (1 << (man - 1)) | 5, 1, (1 << (bits - 1)) | 3]
-  rng = np.random.default_rng(seed)
-  idx = rng.choice(flat.size, size=count * len(specials), replace=False)
-  flat[idx] = np.array(specials * count, dtype=np.uint64).astype(u)
-  return x
-
-
-def bad_block(shape, dtype, kind, seed=7):
-  """Data that does not compress (or compresses oddly): one device gets this."""
-  rng = np.random.default_rng(seed)
-  u = _uint(dtype)
-  if kind == "random_bits":
-    return rng.integers(0, np.iinfo(u).max, size=shape, dtype=u, endpoint=True).view(dtype)
-  if kind == "zeros":
-    return np.zeros(shape, dtype)
-  if kind == "outliers":
-    # Gaussian mantissas with exponents spread over the whole finite range: nearly
-    # every element escapes its window (built from bits: no float overflow).
-    g = words(gaussian(shape, dtype, seed))
-    bits = np.dtype(dtype).itemsize * 8
-    ebits = 5 if np.dtype(dtype) == F16 else 8
-    man = bits - 1 - ebits
-    e = rng.integers(1, (1 << ebits) - 1, size=shape).astype(u)
-    keep = ~np.array(((1 << ebits) - 1) << man, dtype=np.uint64).astype(u)
-    return ((g & keep) | (e << man)).astype(u).view(dtype)
-  raise ValueError(kind)
-
-
-def ftz32(a):
-  """XLA:CPU runs float math with subnormals flushed to (signed) zero."""
-  a = np.asarray(a, np.float32).copy()
-  tiny = np.abs(a) < np.float32(2.0**-126)
-  a[tiny] = np.copysign(np.float32(0), a[tiny])
-  return a
-
-
-def ordered_sum(chunks, dtype):
-  """numpy reference: sum in rank order with float32 accumulation, rounded once."""
-  acc = ftz32(np.asarray(chunks[0]).astype(np.float32))
-  with np.errstate(all="ignore"):
-    for c in chunks[1:]:
-      acc = ftz32(acc + ftz32(np.asarray(c).astype(np.float32)))
-    return acc.astype(dtype)
-
-
-def assert_same_or_both_nan(got, want, what=""):
-  g = np.asarray(got).astype(np.float32)
-  w = np.asarray(want).astype(np.float32)
-  nan = np.isnan(g) & np.isnan(w)
-  same = (words(np.asarray(got)) == words(np.asarray(want))) | nan
-  if not same.all():
-    i = np.flatnonzero(~same.reshape(-1))[0]
-    raise AssertionError(f"{what}: {(~same).sum()} elements differ; first at {i}: "
-                         f"got {g.reshape(-1)[i]!r}, want {w.reshape(-1)[i]!r}")
 
 
 def smap(mesh, in_specs, out_specs, **kw):
@@ -178,7 +83,7 @@ PERM = [(0, 3), (1, 0), (2, 7), (5, 1), (7, 2)]   # partial: 4 and 6 receive not
 
 
 def _gather_family(x, x3, kw):
-  b = lambda v: lax.bitcast_convert_type(v, _uint(v.dtype))
+  b = lambda v: lax.bitcast_convert_type(v, uint(v.dtype))
   ours = (
       zc.compressed_all_gather(x, "x", **kw),
       zc.compressed_all_gather(x, "x", axis=1, tiled=True, **kw),

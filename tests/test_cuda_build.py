@@ -9,7 +9,6 @@ The GPU itself is exercised by benchmarks/gpu_check.py on a GPU machine.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import jax
 import pytest
+
+from benchmarks.gpu_check import parse_ptxas
 
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc")
@@ -45,15 +46,6 @@ def _cmake(build: Path, *defs: str, timeout: int = 600) -> subprocess.CompletedP
   return out
 
 
-def _load_gpu_check():
-  """benchmarks/gpu_check.py owns the ptxas -v parser; the test uses the same one."""
-  spec = importlib.util.spec_from_file_location("_zipccl_gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-parse_ptxas = _load_gpu_check().parse_ptxas
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ directly here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,24 +18,12 @@ import ml_dtypes
 import numpy as np
 
 import zipccl_jax as zc
-from zipccl_jax._src import codec as zcodec
+from benchmarks import gpu_check as gc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
-def _load_gpu_check():
-  saved = sys.path[:]  # the script drops the repository root from sys.path when loaded
-  try:
-    spec = importlib.util.spec_from_file_location("_zipccl_gpu_check_t", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-  finally:
-    sys.path[:] = saved
-
-
-gc = _load_gpu_check()
 
 
 def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
@@ -87,8 +74,8 @@ def test_rehearsal_refuses_the_results_directory():
 
 def _case(dtype, n, rows, cap):
   x = gc.make("gauss", rows * n, dtype, 1).reshape(rows, n)
-  p, s = (np.asarray(a) for a in zcodec.encode_rows(jax.numpy.asarray(x), cap))
-  y, st = (np.asarray(a) for a in zcodec.decode_rows(jax.numpy.asarray(p), n, dtype, cap))
+  p, s = (np.asarray(a) for a in zc.encode_rows(jax.numpy.asarray(x), cap))
+  y, st = (np.asarray(a) for a in zc.decode_rows(jax.numpy.asarray(p), n, dtype, cap))
   return x, p, s, y, st
 
 

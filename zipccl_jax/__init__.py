@@ -3,35 +3,40 @@
 Encode bf16/fp16/fp32 tensors right before a collective and decode right after:
 the wire carries ~30% fewer bytes and the results are bit-identical (gathers,
 permutes) or exactly specified and deterministic (reductions).
+
+Public API: the collectives (`compressed_*`), the codec (`encode`, `decode`, and
+the row-level contract `encode_rows` / `decode_rows` that the collectives use),
+`analyze`, `hlo_wire_bytes`; submodules `zipccl_jax.io` (tensor files) and
+`zipccl_jax.progress` (the progress bar of the CLI and the examples).
 """
+from zipccl_jax._src.analysis import Analysis, analyze
 from zipccl_jax._src.codec import (
     BLOCK,
     CODECS,
     DEFAULT_ESCAPE_RATE,
     FORMAT_VERSION,
-    Analysis,
     Encoded,
-    analyze,
     decode,
     decode_error_message,
+    decode_rows,
     default_escape_capacity,
     encode,
+    encode_rows,
     encoded_nbytes,
     workspace_nbytes,
 )
 from zipccl_jax._src.collectives import (
-    AUTO_MIN_ROW_BYTES,
-    CollectiveStats,
-    HloWireBytes,
     compressed_all_gather,
     compressed_all_to_all,
     compressed_ppermute,
     compressed_psum,
     compressed_psum_scatter,
-    hlo_wire_bytes,
 )
-from zipccl_jax._src.ffi import has_cuda_support
+from zipccl_jax._src.ffi import has_cuda_support, native
+from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
+from zipccl_jax._src.options import AUTO_MIN_ROW_BYTES
+from zipccl_jax._src.stats import CollectiveStats
 
 __version__ = "0.1.0"
 
@@ -53,11 +58,14 @@ __all__ = [
     "compressed_psum_scatter",
     "decode",
     "decode_error_message",
+    "decode_rows",
     "default_escape_capacity",
     "encode",
+    "encode_rows",
     "encoded_nbytes",
     "has_cuda_support",
-    "tune_host_allocator",
     "hlo_wire_bytes",
+    "native",
+    "tune_host_allocator",
     "workspace_nbytes",
 ]

@@ -1,4 +1,4 @@
-"""The zipccl codec: `encode`, `decode`, the static-size contract and `analyze`.
+"""The zipccl window codec: `encode`, `decode` and the static-size contract.
 
 A tensor of n bf16/fp16/fp32 elements becomes one *row* of `encoded_nbytes(dtype,
 n, escape_capacity)` bytes (docs/format.md): sign and mantissa bits verbatim, the
@@ -19,9 +19,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
+from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
 
 # ---- static-size contract (mirror of ffi/codec_format.h) ---------------------------
@@ -33,12 +33,9 @@ _HEADER_BYTES = 128
 _RECORD_BYTES = 8
 _PLANE_BYTES = BLOCK // 8
 
-# dtype -> (format dtype code, raw bytes per element, bit planes per block)
-_DTYPES = {
-    np.dtype(ml_dtypes.bfloat16): (1, 1, 3),
-    np.dtype(np.float16): (2, 1, 6),
-    np.dtype(np.float32): (3, 3, 3),
-}
+# Layout per dtype code (docs/format.md): (sign+mantissa bytes per element in the
+# raw section, bit planes per block). The dtype facts themselves live in dtypes.py.
+_LAYOUT = {1: (1, 3), 2: (1, 6), 3: (3, 3)}
 
 # Default escape capacity, as a fraction of n. Gaussian data escapes ~2.45% with
 # the block window (benchmarks/results/window_calibration.md); pretrained weights
@@ -53,13 +50,9 @@ def _align(x: int) -> int:
 
 
 def _dtype_info(dtype, where: str = "dtype"):
-  try:
-    dt = np.dtype(dtype)
-  except TypeError:
-    dt = None
-  if dt not in _DTYPES:
-    raise TypeError(f"{where} must be bfloat16, float16 or float32, got {dtype}")
-  return _DTYPES[dt]
+  """(format dtype code, raw bytes per element, bit planes per block); TypeError otherwise."""
+  code = dtypes.info(dtype, where).code
+  return (code,) + _LAYOUT[code]
 
 
 def _check_count(value, name: str) -> int:
@@ -294,65 +287,3 @@ def decode(enc: Encoded, *, return_status: bool = False):
         first = int(bad.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
         raise ValueError(f"zipccl decode failed: {decode_error_message(first)} (status {first})")
   return (y, status) if return_status else y
-
-
-# ---- analysis -------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Analysis:
-  """What the codec does to one tensor (all sizes in bytes)."""
-  dtype: str
-  n: int
-  entropy_bits: float          # order-0 entropy per element (bits)
-  entropy_ratio: float         # raw bits / entropy: the order-0 bound on the ratio
-  exponent_entropy_bits: float
-  escape_count: int
-  escape_rate: float           # escapes / n
-  actual_nbytes: int           # encoded size with capacity = the escapes found
-  static_nbytes: int           # encoded size with the default capacity
-  ratio: float                 # raw / actual_nbytes
-  static_ratio: float          # raw / static_nbytes (what a collective moves)
-  overflow: bool               # the default capacity would overflow
-  roundtrip_ok: bool           # decode(encode(x)) == x bit for bit
-
-
-def _entropy(counts: np.ndarray) -> float:
-  p = counts[counts > 0].astype(np.float64)
-  p /= p.sum()
-  return float(-(p * np.log2(p)).sum())
-
-
-def analyze(x) -> Analysis:
-  """Measures the codec on x: entropy bound, ratios, escape rate, round trip.
-
-  Eager only (it reads values back to the host).
-  """
-  x = np.asarray(x)
-  _dtype_info(x.dtype, "analyze: x")
-  n = x.size
-  bits = x.dtype.itemsize * 8
-  words = x.reshape(-1).view(np.uint16 if bits == 16 else np.uint32)
-  man = {16: 7 if x.dtype == np.dtype(ml_dtypes.bfloat16) else 10, 32: 23}[bits]
-  ebits = 8 if man in (7, 23) else 5
-  e = (words >> man) & ((1 << ebits) - 1)
-  h_exp = _entropy(np.bincount(e.astype(np.int64), minlength=1 << ebits)) if n else 0.0
-  if bits == 16:
-    h = _entropy(np.bincount(words.astype(np.int64), minlength=1 << 16)) if n else 0.0
-  else:  # 2^32 symbols is too many for a histogram: exponent entropy + raw bits
-    h = h_exp + (bits - ebits)
-  big = 2**31 - 1
-  cap = min(n, big) if n else 0
-  enc = encode(jnp.asarray(x), escape_capacity=cap)  # capacity n: never overflows
-  esc = int(enc.escape_count)
-  y = decode(enc)
-  ok = np.array_equal(np.asarray(y).reshape(-1).view(words.dtype), words)
-  raw = n * x.dtype.itemsize
-  actual = encoded_nbytes(x.dtype, n, esc)
-  static = encoded_nbytes(x.dtype, n)
-  return Analysis(
-      dtype=x.dtype.name, n=n, entropy_bits=h, entropy_ratio=bits / h if h else float("inf"),
-      exponent_entropy_bits=h_exp, escape_count=esc, escape_rate=esc / n if n else 0.0,
-      actual_nbytes=actual, static_nbytes=static, ratio=raw / actual if n else 0.0,
-      static_ratio=raw / static if n else 0.0, overflow=esc > default_escape_capacity(n),
-      roundtrip_ok=bool(ok))

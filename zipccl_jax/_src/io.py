@@ -25,21 +25,16 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
+from zipccl_jax._src import dtypes
+
 SUPPORTED_SUFFIXES = (".npy", ".npz", ".safetensors")
 
-# safetensors dtype names -> numpy dtypes the codec takes.
-_ST_CODEC_DTYPES = {
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F16": np.dtype(np.float16),
-    "F32": np.dtype(np.float32),
-}
 # Other safetensors dtypes, and their element size in bytes (to validate offsets).
 _ST_OTHER_DTYPES = {
     "F64": 8, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
     "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
     "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75, "C64": 8,
 }
-_CODEC_DTYPES = tuple(_ST_CODEC_DTYPES.values())
 # A JSON header larger than this is not a safetensors file (the format caps it at 100 MB).
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -75,7 +70,7 @@ class Tensor:
 def _from_numpy(name: str, a: np.ndarray, void2: str) -> Tensor:
   """Wraps a numpy array, interpreting 2-byte void data as `void2` (or skipping it)."""
   shape = tuple(a.shape)
-  if a.dtype in _CODEC_DTYPES:
+  if dtypes.is_supported(a.dtype):
     return Tensor(name, a.dtype.name, shape, array=a)
   # ml_dtypes' bfloat16 has no numpy type code: np.save writes it as '|V2' and
   # np.load returns void data. JAX users save bf16 this way, so read it as bf16.
@@ -83,7 +78,7 @@ def _from_numpy(name: str, a: np.ndarray, void2: str) -> Tensor:
     dt = np.dtype(ml_dtypes.bfloat16 if void2 == "bfloat16" else np.float16)
     return Tensor(name, dt.name, shape, array=a.view(dt), note=f"|V2 read as {dt.name}")
   return Tensor(name, str(a.dtype), shape,
-                skip=f"dtype {a.dtype} (the codec takes bfloat16, float16, float32)")
+                skip=f"dtype {a.dtype} (the codec takes {dtypes.NAMES})")
 
 
 def _load_npy(path: str, void2: str) -> Iterator[Tensor]:
@@ -157,8 +152,9 @@ def _load_safetensors(path: str) -> Iterator[Tensor]:
     if any(d < 0 for d in shape) or not 0 <= begin <= end <= data_len:
       raise TensorFileError(f"{path}: tensor {name!r} has offsets [{begin}, {end}) outside the "
                             f"data section of {data_len} bytes")
-    if st_dtype in _ST_CODEC_DTYPES:
-      dt = _ST_CODEC_DTYPES[st_dtype]
+    entry = dtypes.by_safetensors(st_dtype)
+    if entry is not None:
+      dt = entry.dtype
       if end - begin != n * dt.itemsize:
         raise TensorFileError(f"{path}: tensor {name!r} ({st_dtype}{list(shape)}) should take "
                               f"{n * dt.itemsize} bytes, its offsets give {end - begin}")
@@ -166,7 +162,8 @@ def _load_safetensors(path: str) -> Iterator[Tensor]:
       yield Tensor(name, dt.name, shape, array=a)
     elif st_dtype in _ST_OTHER_DTYPES:
       yield Tensor(name, st_dtype, shape,
-                   skip=f"dtype {st_dtype} (the codec takes BF16, F16, F32)")
+                   skip=f"dtype {st_dtype} (the codec takes "
+                   f"{', '.join(d.safetensors for d in dtypes.TABLE)})")
     else:
       yield Tensor(name, st_dtype, shape, skip=f"unknown safetensors dtype {st_dtype!r}")
 
@@ -184,20 +181,32 @@ def iter_tensors(path: str, *, void2: str = "bfloat16") -> Iterator[Tensor]:
   """
   if void2 not in ("bfloat16", "float16", "skip"):
     raise ValueError(f"void2 must be 'bfloat16', 'float16' or 'skip', got {void2!r}")
-  if not os.path.exists(path):
-    raise TensorFileError(f"{path}: no such file")
-  if os.path.isdir(path):
-    raise TensorFileError(f"{path}: is a directory, not a tensor file")
+  problem = check_path(path)
+  if problem:
+    raise TensorFileError(problem)
   suffix = os.path.splitext(path)[1].lower()
   if suffix == ".npy":
     yield from _load_npy(path, void2)
   elif suffix == ".npz":
     yield from _load_npz(path, void2)
-  elif suffix == ".safetensors":
-    yield from _load_safetensors(path)
   else:
-    raise TensorFileError(f"{path}: unknown file kind {suffix or '(no suffix)'!r}; "
-                          f"expected one of {', '.join(SUPPORTED_SUFFIXES)}")
+    yield from _load_safetensors(path)
+
+
+def check_path(path: str) -> str | None:
+  """Why `path` cannot be a tensor file (missing, a directory, unknown suffix), else None.
+
+  Cheap (no read): the CLI checks every file with it before doing any work.
+  """
+  if not os.path.exists(path):
+    return f"{path}: no such file"
+  if os.path.isdir(path):
+    return f"{path}: is a directory, not a tensor file"
+  suffix = os.path.splitext(path)[1].lower()
+  if suffix not in SUPPORTED_SUFFIXES:
+    return (f"{path}: unknown file kind {suffix or '(no suffix)'!r}; "
+            f"expected one of {', '.join(SUPPORTED_SUFFIXES)}")
+  return None
 
 
 def subsample(a: np.ndarray, max_elements: int, chunk: int = 65536) -> np.ndarray:

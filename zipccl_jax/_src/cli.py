@@ -1,0 +1,312 @@
+"""Command line: `python -m zipccl_jax analyze FILE [FILE...]`.
+
+Prints, for every tensor of .npy, .npz and .safetensors files (bfloat16 included),
+what the zipccl codec does to it: the order-0 entropy bound on the ratio, the
+codec's ratio in actual bytes and in the static size a collective moves (default
+escape capacity), the escape rate, whether the default capacity would overflow, and
+whether the bit-exact round trip holds. The first thing to run on a checkpoint.
+
+Exit status: 0 all analyzed tensors round-trip; 1 a round trip failed or a tensor
+could not be analyzed; 2 a file is missing, of an unknown kind or malformed (or
+bad arguments).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from zipccl_jax._src import io as tio
+from zipccl_jax._src.progress import progress_bar
+
+_MANY_TENSORS = 10  # show a progress bar from this many tensors on
+
+
+# ---- analysis of files ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Row:
+  """One tensor's line of the table (JSON-serializable)."""
+  file: str
+  name: str
+  dtype: str
+  shape: list
+  elements: int
+  analyzed_elements: int = 0
+  entropy_ratio: float | None = None
+  ratio: float | None = None
+  static_ratio: float | None = None
+  escape_rate: float | None = None
+  escape_count: int | None = None
+  overflow: bool | int | None = None   # total rows: the count of tensors that overflow
+  roundtrip_ok: bool | None = None
+  raw_nbytes: int = 0
+  actual_nbytes: int = 0
+  static_nbytes: int = 0
+  entropy_bits_total: float = 0.0
+  skipped: str | None = None
+  error: str | None = None
+  note: str | None = None
+
+
+def analyze_tensor(path: str, t: tio.Tensor, max_elements: int) -> Row:
+  """Runs zipccl_jax.analyze on one tensor (subsampled past max_elements)."""
+  import zipccl_jax  # imported late: `--help` and file errors stay fast
+
+  row = Row(file=path, name=t.name, dtype=t.dtype, shape=list(t.shape), elements=t.size,
+            note=t.note)
+  if t.array is None:
+    row.skipped = t.skip
+    return row
+  x = tio.subsample(t.array, max_elements) if max_elements else t.array.reshape(-1)
+  x = np.ascontiguousarray(x)
+  row.analyzed_elements = int(x.size)
+  if x.size >= 2**31 - 2048:
+    row.error = (f"{x.size} elements is more than one encoded row holds (< 2^31); "
+                 "use --max-elements")
+    return row
+  try:
+    a = zipccl_jax.analyze(x)
+  except Exception as e:  # report the tensor, go on with the others
+    row.error = f"{type(e).__name__}: {e}"
+    return row
+  row.raw_nbytes = int(x.nbytes)
+  row.actual_nbytes, row.static_nbytes = a.actual_nbytes, a.static_nbytes
+  row.escape_count, row.escape_rate = a.escape_count, a.escape_rate
+  row.overflow, row.roundtrip_ok = a.overflow, a.roundtrip_ok
+  if a.n:
+    row.entropy_ratio, row.ratio, row.static_ratio = a.entropy_ratio, a.ratio, a.static_ratio
+    row.entropy_bits_total = a.entropy_bits * a.n
+  return row
+
+
+def total_row(rows: Sequence[Row], label: str) -> Row:
+  """The sum over analyzed rows: byte-weighted ratios, escape rate over all elements."""
+  done = [r for r in rows if r.roundtrip_ok is not None]
+  raw = sum(r.raw_nbytes for r in done)
+  n = sum(r.analyzed_elements for r in done)
+  ent = sum(r.entropy_bits_total for r in done)
+  esc = sum(r.escape_count or 0 for r in done)
+  actual = sum(r.actual_nbytes for r in done)
+  static = sum(r.static_nbytes for r in done)
+  dtypes = sorted({r.dtype for r in done})
+  return Row(
+      file="", name=label, dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "-"),
+      shape=[], elements=sum(r.elements for r in done), analyzed_elements=n,
+      entropy_ratio=8 * raw / ent if ent else None, ratio=raw / actual if raw else None,
+      static_ratio=raw / static if raw else None, escape_rate=esc / n if n else None,
+      escape_count=esc, overflow=sum(bool(r.overflow) for r in done) if done else None,
+      roundtrip_ok=all(r.roundtrip_ok for r in done) if done else None, raw_nbytes=raw,
+      actual_nbytes=actual, static_nbytes=static, entropy_bits_total=ent,
+      skipped=f"{len(rows) - len(done)} not analyzed" if len(done) < len(rows) else None)
+
+
+# ---- output ---------------------------------------------------------------------------
+
+_COLUMNS = ("tensor", "dtype", "shape", "elements", "entropy", "zipccl", "static", "escapes",
+            "overflow", "roundtrip")
+_RIGHT = {"elements", "entropy", "zipccl", "static", "escapes"}
+
+
+def _fmt_ratio(v: float | None) -> str:
+  if v is None:
+    return "-"
+  return f"{v:.3f}x" if math.isfinite(v) else "inf"  # inf: a constant tensor (0 bits)
+
+
+def _cells(r: Row, is_total: bool = False) -> list[str]:
+  shape = "" if is_total else "x".join(str(d) for d in r.shape) or "()"
+  elems = f"{r.elements:,}"
+  if r.analyzed_elements and r.analyzed_elements != r.elements:
+    elems += f" (sampled {r.analyzed_elements:,})"
+  dtype = r.dtype + ("*" if r.note else "")
+  if r.skipped and not is_total:
+    return [r.name, dtype, shape, elems, f"skipped: {r.skipped}", "", "", "", "", ""]
+  if r.error:
+    return [r.name, dtype, shape, elems, f"error: {r.error}", "", "", "", "", ""]
+  esc = "-" if r.escape_rate is None else f"{100 * r.escape_rate:.2f}%"
+  if r.overflow is None:
+    ovf = "-"
+  elif is_total:  # a count of overflowing tensors
+    ovf = f"YES ({r.overflow})" if r.overflow else "no"
+  else:
+    ovf = "YES" if r.overflow else "no"
+  rt = "-" if r.roundtrip_ok is None else ("ok" if r.roundtrip_ok else "FAIL")
+  return [r.name, dtype, shape, elems, _fmt_ratio(r.entropy_ratio), _fmt_ratio(r.ratio),
+          _fmt_ratio(r.static_ratio), esc, ovf, rt]
+
+
+def format_table(rows: Sequence[Row], total: Row | None) -> str:
+  """A plain-text table of rows plus a total line."""
+  body = [_cells(r) for r in rows]
+  tot = _cells(total, is_total=True) if total is not None else None
+  allrows = body + ([tot] if tot else [])
+  # Long messages (skipped/error) span the metric columns: do not size columns by them.
+  def spans(c):
+    return c[4].startswith(("skipped:", "error:"))
+  widths = [len(h) for h in _COLUMNS]
+  for c in allrows:
+    for i, v in enumerate(c):
+      if not (spans(c) and i == 4):
+        widths[i] = max(widths[i], len(v))
+
+  def line(c):
+    out = []
+    for i, (v, w, h) in enumerate(zip(c, widths, _COLUMNS)):
+      if spans(c) and i == 4:
+        out.append(v)
+        break
+      out.append(v.rjust(w) if h in _RIGHT else v.ljust(w))
+    return "  ".join(out).rstrip()
+
+  sep = "  ".join("-" * w for w in widths)
+  lines = [line(list(_COLUMNS)), sep] + [line(c) for c in body]
+  if tot:
+    lines += [sep, line(tot)]
+  return "\n".join(lines)
+
+
+_LEGEND = (
+    "entropy: order-0 entropy bound on the ratio (fp32: exponent entropy + raw bits); "
+    "zipccl: raw / encoded bytes with capacity = escapes found; static: raw / encoded bytes "
+    "with the default escape capacity (what a collective moves); escapes: exponents outside "
+    "the block windows; overflow: the default capacity would not hold them (TOTAL: how "
+    "many tensors); "
+    "*: dtype interpreted (see --void2)."
+)
+
+
+# ---- main -----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m zipccl_jax",
+                              description="zipccl_jax: lossless exponent compression tools.")
+  sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+  a = sub.add_parser("analyze", help="what the zipccl codec does to the tensors of files",
+                     description="Analyze every tensor of .npy, .npz and .safetensors files "
+                     "(bfloat16, float16, float32; other dtypes are listed as skipped).")
+  a.add_argument("files", nargs="+", metavar="FILE", help=".npy, .npz or .safetensors file")
+  a.add_argument("--max-elements", type=int, default=0, metavar="N",
+                 help="analyze at most N elements of each tensor (evenly spaced contiguous "
+                 "chunks); 0 = all (default)")
+  a.add_argument("--json", action="store_true", help="print JSON instead of tables")
+  a.add_argument("--void2", choices=("bfloat16", "float16", "skip"), default="bfloat16",
+                 help="how to read 2-byte void arrays of .npy/.npz files, which is how "
+                 "np.save stores ml_dtypes/JAX bfloat16 (default: bfloat16)")
+  g = a.add_mutually_exclusive_group()
+  g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                 help="always show a progress bar on stderr")
+  g.add_argument("--no-progress", dest="progress", action="store_false",
+                 help=f"never show one (default: from {_MANY_TENSORS} tensors on)")
+  return p
+
+
+def _count(path: str) -> int:
+  """How many tensors a file holds, cheaply (for the progress bar)."""
+  try:
+    if path.lower().endswith(".safetensors"):
+      header, _ = tio.read_safetensors_header(path)
+      return sum(1 for k in header if k != "__metadata__")
+    if path.lower().endswith(".npz"):
+      with np.load(path, allow_pickle=False) as z:
+        return len(z.files)
+  except Exception:  # the real load reports the error
+    pass
+  return 1
+
+
+def _json_default(o: Any):
+  if isinstance(o, (np.integer,)):
+    return int(o)
+  if isinstance(o, (np.floating,)):
+    return float(o)
+  return str(o)
+
+
+def _clean(v):
+  return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _row_dict(r: Row) -> dict:
+  d = dataclasses.asdict(r)
+  d.pop("entropy_bits_total")
+  return {k: _clean(v) for k, v in d.items()}
+
+
+def run_analyze(args, out=None, err=None) -> int:
+  """Runs `analyze` on parsed arguments, writing to out/err (default: sys.stdout/stderr)."""
+  out = sys.stdout if out is None else out
+  err = sys.stderr if err is None else err
+  # Fail fast, before any work, on files that cannot be read at all.
+  bad = [p for p in map(tio.check_path, args.files) if p]
+  if bad:
+    for b in bad:
+      print(f"error: {b}", file=err)
+    return 2
+  if args.max_elements < 0:
+    print("error: --max-elements must be >= 0", file=err)
+    return 2
+
+  total = sum(_count(f) for f in args.files)
+  enabled = total >= _MANY_TENSORS if args.progress is None else args.progress
+  bar = progress_bar(total, "analyze", unit="tensor", enabled=enabled, leave=False)
+  status = 0
+  per_file: list[tuple[str, list[Row], Row | None, str | None]] = []
+  try:
+    for f in args.files:
+      rows: list[Row] = []
+      failure = None
+      try:
+        for t in tio.iter_tensors(f, void2=args.void2):
+          rows.append(analyze_tensor(f, t, args.max_elements))
+          bar.update(1)
+      except tio.TensorFileError as e:
+        failure = str(e)
+        status = 2
+      per_file.append((f, rows, total_row(rows, "TOTAL") if rows else None, failure))
+  finally:
+    bar.close()
+
+  all_rows = [r for _, rows, _, _ in per_file for r in rows]
+  if any(r.error or r.roundtrip_ok is False for r in all_rows):
+    status = max(status, 1)
+  grand = total_row(all_rows, "TOTAL (all files)")
+
+  if args.json:
+    doc = {"files": [{"path": f, "error": failure, "tensors": [_row_dict(r) for r in rows],
+                      "total": _row_dict(tot) if tot else None}
+                     for f, rows, tot, failure in per_file],
+           "total": _row_dict(grand), "status": status}
+    json.dump(doc, out, indent=1, default=_json_default)
+    out.write("\n")
+  else:
+    for f, rows, tot, failure in per_file:
+      print(f"== {f}", file=out)
+      if rows:
+        print(format_table(rows, tot), file=out)
+      print(file=out)
+    if len(per_file) > 1:
+      print(format_table([], grand), file=out)
+      print(file=out)
+    print(_LEGEND, file=out)
+  for f, _, _, failure in per_file:
+    if failure:
+      print(f"error: {failure}", file=err)
+  if any(r.roundtrip_ok is False for r in all_rows):
+    print("error: a round trip was not bit-exact (see the roundtrip column)", file=err)
+  return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Entry point of `python -m zipccl_jax` and the `zipccl-jax` script. Returns the exit status."""
+  args = _parser().parse_args(argv)
+  if args.command == "analyze":
+    return run_analyze(args)
+  raise AssertionError(args.command)  # argparse rejects other commands

@@ -1,0 +1,193 @@
+"""`hlo_wire_bytes`: the bytes the collectives of a compiled HLO module move.
+
+A parser of XLA's HLO text (`jax.jit(f).lower(...).compile().as_text()`), so that
+benchmarks and tests measure the wire from what XLA actually runs (after any
+dtype widening), not from what the Python code meant to send.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+_COLLECTIVE_OPCODES = ("all-gather", "all-gather-start", "all-to-all", "collective-permute",
+                       "collective-permute-start", "reduce-scatter", "all-reduce",
+                       "all-reduce-start", "ragged-all-to-all", "collective-broadcast")
+_ELEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ARRAY_RE = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8\w*)\[([\d,]*)\]")
+_INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
+_COMP_RE = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+
+
+def _group_size(attrs: str, default: int) -> int:
+  m = re.search(r"replica_groups=\{\{([\d,\s]*)\}", attrs)
+  if m:
+    return len([v for v in m.group(1).split(",") if v.strip()])
+  m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
+  if m:
+    return int(m.group(2))
+  return default
+
+
+def _sent_model(opcode: str, nbytes: int, group: int) -> float:
+  """Bytes one device sends for a collective of `nbytes` operand bytes over `group`."""
+  base = opcode.removesuffix("-start")
+  if base == "all-gather":
+    return float(nbytes * (group - 1))
+  if base in ("all-to-all", "reduce-scatter", "ragged-all-to-all"):
+    return nbytes * (group - 1) / group
+  if base == "all-reduce":
+    return 2.0 * nbytes * (group - 1) / group
+  return float(nbytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class HloCollective:
+  """One collective instruction of a compiled HLO module."""
+  computation: str
+  opcode: str
+  operand_bytes: int
+  path: str   # "always" (both paths), "common" (branch 0 only), "fallback" (branch 1 only)
+  group_size: int = 1
+  sent_bytes: float = 0.0   # modelled bytes one device sends (see hlo_wire_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class HloWireBytes:
+  """Operand bytes of the collectives in a compiled module.
+
+  common: on the path taken when nothing overflows (conditionals take branch 0,
+    the false branch: every fallback `lax.cond` here is `cond(fell_back, ...)`).
+  fallback: on the path taken when every fallback fires (branch 1).
+  total: every collective in the module, whichever branch it is in.
+  *_sent: the same sums of `HloCollective.sent_bytes`, a model of the bytes that
+    leave one device, which makes different collectives comparable (an
+    all-reduce of B operand bytes sends ~2B(G-1)/G, an all-gather B(G-1)).
+  """
+  common: int
+  fallback: int
+  total: int
+  ops: tuple
+  common_sent: float = 0.0
+  fallback_sent: float = 0.0
+  total_sent: float = 0.0
+
+
+def _shape_bytes(shape: str) -> int:
+  total = 0
+  for dt, dims in _ARRAY_RE.findall(shape):
+    size = _ELEM_BYTES.get(dt, 1)
+    for d in filter(None, dims.split(",")):
+      size *= int(d)
+    total += size
+  return total
+
+
+def _split_top(s: str, open_ch: str, close_ch: str):
+  """Returns (text inside the first balanced open..close group, the rest)."""
+  depth = 0
+  start = s.index(open_ch)
+  for i in range(start, len(s)):
+    if s[i] == open_ch:
+      depth += 1
+    elif s[i] == close_ch:
+      depth -= 1
+      if depth == 0:
+        return s[start + 1:i], s[i + 1:]
+  return s[start + 1:], ""
+
+
+def hlo_wire_bytes(hlo_text: str) -> HloWireBytes:
+  """Sums the operand bytes of every collective in compiled HLO text.
+
+  Use it on `jax.jit(f).lower(*args).compile().as_text()`: the bytes there are
+  what XLA actually moves (after any dtype widening). A while loop body counts
+  once. Async start/done pairs count once (the start).
+
+  Returns:
+    An `HloWireBytes` with the common-case, fallback-case and total sums, and
+    every collective found (`ops`).
+
+  Raises:
+    ValueError: the text has no ENTRY computation.
+  """
+  comps: dict[str, list] = {}
+  m = re.search(r"num_partitions=(\d+)", hlo_text)
+  n_dev = int(m.group(1)) if m else 1
+  if n_dev == 1:
+    m = re.search(r"replica_count=(\d+)", hlo_text)
+    n_dev = int(m.group(1)) if m else 1
+  entry = None
+  cur = None
+  for line in hlo_text.splitlines():
+    m = _COMP_RE.match(line)   # computation headers start in column 0
+    if m:
+      cur = m.group(2)
+      comps[cur] = []
+      if m.group(1):
+        entry = cur
+      continue
+    if cur is None:
+      continue
+    if line.strip() == "}":
+      cur = None
+      continue
+    im = _INSTR_RE.match(line)
+    if not im:
+      continue
+    name, rest = im.group(1), im.group(2)
+    if rest.startswith("("):
+      inner, after = _split_top(rest, "(", ")")
+      shape = "(" + inner + ")"
+      after = after.lstrip()
+    else:
+      shape, _, after = rest.partition(" ")
+    opcode = after.split("(", 1)[0].strip()
+    operands_txt, attrs = _split_top(after, "(", ")") if "(" in after else ("", after)
+    operands = re.findall(r"%([\w.\-]+)", operands_txt)
+    comps[cur].append((name, shape, opcode, operands, attrs))
+  if entry is None:
+    raise ValueError("hlo_wire_bytes: no ENTRY computation found in the HLO text")
+
+  def walk(comp, choose, seen, out):
+    """Collectives reachable from comp; conditionals take branch `choose` (None: all)."""
+    if comp in seen or comp not in comps:
+      return
+    seen = seen | {comp}
+    shapes = {name: shape for name, shape, *_ in comps[comp]}
+    for name, _, opcode, operands, attrs in comps[comp]:
+      if opcode in _COLLECTIVE_OPCODES:
+        nbytes = sum(_shape_bytes(shapes.get(o, "")) for o in operands)
+        group = _group_size(attrs, n_dev)
+        out[(comp, name)] = (opcode, nbytes, group, _sent_model(opcode, nbytes, group))
+      if opcode == "conditional":
+        m = re.search(r"branch_computations=\{([^}]*)\}", attrs)
+        if m:
+          branches = re.findall(r"%([\w.\-]+)", m.group(1))
+        else:
+          t = re.search(r"true_computation=%([\w.\-]+)", attrs)
+          f = re.search(r"false_computation=%([\w.\-]+)", attrs)
+          branches = [f.group(1), t.group(1)] if t and f else []
+        for i, b in enumerate(branches):
+          if choose is None or i == min(choose, len(branches) - 1):
+            walk(b, choose, seen, out)
+        continue
+      for key in ("calls", "to_apply", "body", "condition"):
+        for sub in re.findall(key + r"=%([\w.\-]+)", attrs):
+          walk(sub, choose, seen, out)
+
+  found = {}
+  for choose in (0, 1, None):
+    found[choose] = {}
+    walk(entry, choose, frozenset(), found[choose])
+  ops = []
+  for key, (opcode, nbytes, group, sent) in found[None].items():
+    in0, in1 = key in found[0], key in found[1]
+    path = "always" if in0 and in1 else "common" if in0 else "fallback" if in1 else "other"
+    ops.append(HloCollective(key[0], opcode, nbytes, path, group, sent))
+
+  def total(which, i):
+    return sum(v[i] for v in found[which].values())
+
+  return HloWireBytes(total(0, 1), total(1, 1), total(None, 1), tuple(ops),
+                      total(0, 3), total(1, 3), total(None, 3))

@@ -1,0 +1,84 @@
+"""The codec registry: one entry per codec, so that adding a codec is adding an entry.
+
+A codec is a Python module that implements the codec contract (docs/format.md):
+`max_nbytes(dtype, n)`, `min_nbytes(dtype, n)`, `encode_rows(x)`,
+`decode_rows(payload, n, dtype)`, over the FFI targets `zipccl_<name>_encode` /
+`zipccl_<name>_decode`. The transport looks codecs up here by name and never
+branches on which one it got.
+
+"raw" (the same transport moving uncompressed words) and None (the plain
+`jax.lax` collective) are not codecs: they are the transport's own modes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+
+from zipccl_jax._src import dtypes
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+  """One registered codec.
+
+  Attributes:
+    name: the name users pass as `codec=` ("zipccl").
+    codec_id: the header's codec byte (docs/format.md, offset 6).
+    module: import path of the module implementing the contract functions.
+    dtypes: the dtypes it encodes (entries of dtypes.TABLE).
+  """
+  name: str
+  codec_id: int
+  module: str
+  dtypes: tuple
+
+  @property
+  def impl(self) -> ModuleType:
+    """The implementing module (imported on first use)."""
+    return importlib.import_module(self.module)
+
+  @property
+  def encode_target(self) -> str:
+    return f"zipccl_{self.name}_encode"
+
+  @property
+  def decode_target(self) -> str:
+    return f"zipccl_{self.name}_decode"
+
+  def supports(self, dtype) -> bool:
+    return dtypes.is_supported(dtype) and dtypes.info(dtype) in self.dtypes
+
+  def __getattr__(self, attr):
+    # max_nbytes, min_nbytes, encode_rows, decode_rows, ...: the module's functions.
+    if attr.startswith("_"):
+      raise AttributeError(attr)
+    return getattr(self.impl, attr)
+
+
+_REGISTRY: dict[str, Codec] = {}
+
+
+def register(codec: Codec) -> Codec:
+  """Adds `codec` (its name must be new)."""
+  if codec.name in _REGISTRY or codec.name == "raw":
+    raise ValueError(f"codec {codec.name!r} is already registered")
+  _REGISTRY[codec.name] = codec
+  return codec
+
+
+def names() -> tuple:
+  """Registered codec names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def get(name: str, where: str = "codec") -> Codec:
+  """The codec called `name`; ValueError naming `where` otherwise."""
+  try:
+    return _REGISTRY[name]
+  except (KeyError, TypeError):
+    raise ValueError(f"{where} must be one of {names()}, got {name!r}") from None
+
+
+# The window codec (docs/format.md): every dtype of the table.
+register(Codec("zipccl", 1, "zipccl_jax._src.codec", dtypes.TABLE))
