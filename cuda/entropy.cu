@@ -143,7 +143,8 @@ struct EncSmem {
   uint16_t x[kBlock];
   uint32_t hist[kMaxAlphabet];       // counts of the J symbols
   uint32_t cE[kMaxAlphabet / 2];     // counts of the E symbols
-  uint16_t rank[2][kMaxAlphabet];    // [kind] position of a present symbol in (count, symbol) order
+  uint16_t list[2][kMaxAlphabet];    // [kind] the present symbols, ascending
+  uint16_t rank[2][kMaxAlphabet];    // [kind] rank in (count, symbol) order of list[kind][i]
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
   union {
     PMScratch pm[2];  // while choosing the code
@@ -225,43 +226,58 @@ __global__ void __launch_bounds__(kEncThreads, 4) ent_encode_kernel(EncArgs a) {
   for (uint32_t e = tid; e < AE; e += NT) s.cE[e] = s.hist[2 * e] + s.hist[2 * e + 1];
   __syncthreads();
 
-  // Present symbols (k, sym_end) per kind, and every present symbol's rank in
-  // (count, symbol) order: the package-merge leaves.
+  // Present symbols per kind (their list in symbol order, k, sym_end). Kind J is a
+  // HUFF candidate only when 16 * sum_e |c_J[2e] - c_J[2e+1]| >= len (format rule):
+  // otherwise its k >= 2 is recorded as 0, which skips its package-merge and size.
   if (lane == 0 && warp < 2) {
     const uint32_t A = warp == kKindE ? AE : AJ;
     const uint32_t* c = warp == kKindE ? s.cE : s.hist;
     uint32_t k = 0, se = 0;
     for (uint32_t i = 0; i < A; ++i)
-      if (c[i]) ++k, se = i + 1;
+      if (c[i]) {
+        s.list[warp][k++] = (uint16_t)i;
+        se = i + 1;
+      }
+    if (warp == kKindJ && k >= 2) {
+      uint32_t imb = 0;
+      for (uint32_t e = 0; e < AE; ++e) {
+        const uint32_t p = s.hist[2 * e], m = s.hist[2 * e + 1];
+        imb += p > m ? p - m : m - p;
+      }
+      if (16 * imb < len) k = 0;
+    }
     s.k[warp] = k;
     s.sym_end[warp] = se;
   }
-  for (uint32_t i = tid; i < AE + AJ; i += NT) {
-    const uint32_t kind = i < AE ? kKindE : kKindJ, sym = i < AE ? i : i - AE, A = i < AE ? AE : AJ;
+  for (uint32_t i = tid; i < AE + AJ; i += NT) s.len[i < AE ? kKindE : kKindJ][i < AE ? i : i - AE] = 0;
+  __syncthreads();
+  // The package-merge leaves: every present symbol's rank in (count, symbol) order
+  // (O(k) per symbol, over the present ones only), for the kinds with k >= 2.
+  const uint32_t kE = s.k[kKindE] >= 2 ? s.k[kKindE] : 0, kJ = s.k[kKindJ] >= 2 ? s.k[kKindJ] : 0;
+  for (uint32_t i = tid; i < kE + kJ; i += NT) {
+    const uint32_t kind = i < kE ? kKindE : kKindJ, pos = i < kE ? i : i - kE, k = i < kE ? kE : kJ;
     const uint32_t* c = kind == kKindE ? s.cE : s.hist;
-    const uint32_t ci = c[sym];
-    if (!ci) continue;
+    const uint16_t* list = s.list[kind];
+    const uint32_t ci = c[list[pos]];
     uint32_t r = 0;
-    for (uint32_t o = 0; o < A; ++o) {
-      const uint32_t co = c[o];
-      r += (co != 0) & ((co < ci) | ((co == ci) & (o < sym)));
+    for (uint32_t o = 0; o < k; ++o) {
+      const uint32_t co = c[list[o]];
+      r += (co < ci) | ((co == ci) & (o < pos));  // the list is in symbol order
     }
-    s.rank[kind][sym] = (uint16_t)r;
+    s.rank[kind][pos] = (uint16_t)r;
     s.u.pm[kind].lw[r] = ci;
-    s.u.pm[kind].ls[r] = (uint16_t)sym;
+    s.u.pm[kind].ls[r] = list[pos];
   }
   __syncthreads();
   if (lane == 0 && warp < 2 && s.k[warp] >= 2) package_merge(s.u.pm[warp], s.k[warp], s.cl[warp]);
   __syncthreads();
-  for (uint32_t i = tid; i < AE + AJ; i += NT) {
-    const uint32_t kind = i < AE ? kKindE : kKindJ, sym = i < AE ? i : i - AE;
-    const uint32_t ci = kind == kKindE ? s.cE[sym] : s.hist[sym];
+  // The leaf of rank r gets length #{L : cl[L] > r}.
+  for (uint32_t i = tid; i < kE + kJ; i += NT) {
+    const uint32_t kind = i < kE ? kKindE : kKindJ, pos = i < kE ? i : i - kE;
+    const uint32_t r = s.rank[kind][pos];
     uint32_t l = 0;
-    if (ci && s.k[kind] >= 2) {
-      const uint32_t r = s.rank[kind][sym];
-      for (uint32_t L = 0; L < kMaxLen; ++L) l += s.cl[kind][L] > r;
-    }
-    s.len[kind][sym] = (uint8_t)l;
+    for (uint32_t L = 0; L < kMaxLen; ++L) l += s.cl[kind][L] > r;
+    s.len[kind][s.list[kind][pos]] = (uint8_t)l;
   }
   __syncthreads();
   if (lane == 0 && warp < 2 && s.k[warp] >= 2) {
@@ -555,7 +571,7 @@ struct DecSmem {
   uint32_t cscratch[2 * (kMaxLen + 2)];
   uint64_t red[kDecThreads / 32];
   uint32_t start[kStreams + 1];
-  uint32_t status, coding, kind, area_off, ab, bad;
+  uint32_t status, coding, kind, sym_end, area_off, ab, bad;
 };
 
 // One CTA per block of every row whose header and directory passed.
@@ -594,8 +610,11 @@ __global__ void __launch_bounds__(kDecThreads, 8) ent_decode_blocks(DecArgs a) {
         } else if (size < kHuffHead + rawb) {
           st = kDecBadTable;
         } else {
-          const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, ld16(blk + 2), A, s.len);
-          if (nib < 0 || !canonical_codes(s.len, A, s.code, s.cscratch)) {
+          // read_lengths sets len[0, sym_end) (sym_end <= A when it succeeds); nothing past it is read.
+          const uint32_t sym_end = ld16(blk + 2);
+          const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
+          s.sym_end = sym_end;
+          if (nib < 0 || !canonical_codes(s.len, sym_end, s.code, s.cscratch)) {
             st = kDecBadTable;
           } else {
             s.start[0] = 0;
@@ -634,8 +653,8 @@ __global__ void __launch_bounds__(kDecThreads, 8) ent_decode_blocks(DecArgs a) {
   __syncthreads();
   const uint32_t coding = s.coding, kind = s.kind;
   if (s.status == kDecOk && coding == kHuff) {
-    const uint32_t A = t.alphabet(kind), ab = s.ab;
-    for (uint32_t sym = tid; sym < A; sym += NT) {
+    const uint32_t ab = s.ab;
+    for (uint32_t sym = tid; sym < s.sym_end; sym += NT) {
       const uint32_t l = s.len[sym];
       if (!l) continue;
       const uint32_t e = (t.sym_bits(kind, sym) << 16) | l;
