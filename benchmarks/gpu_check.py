@@ -328,6 +328,34 @@ def compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n, cap) -> tuple[bool, 
   return enc_ok, dec_ok, msg
 
 
+def corrupt_summary(dtype_name: str, sg, scc, same) -> dict:
+  """Logs and summarises one batch of corrupted payloads: `same` says per payload whether the GPU
+  agreed with the CPU (sg, scc: their decoder statuses)."""
+  import numpy as np
+  hist = {int(k): int(v) for k, v in zip(*np.unique(scc, return_counts=True))}
+  ok = bool(same.all())
+  bad = np.flatnonzero(~same)[:8].tolist()
+  log(f"  {'ok  ' if ok else 'FAIL'} {dtype_name}: {len(same)} corrupted payloads, CPU statuses {hist}"
+      + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
+  return {"dtype": dtype_name, "count": int(len(same)), "ok": ok, "cpu_status_hist": hist}
+
+
+def time_calls(jax, fn, args, reps: int, rounds: int) -> tuple[float, float]:
+  """(median, min) seconds per call of fn(*args) over `rounds` rounds of `reps` back-to-back calls,
+  after one warm-up call (compilation)."""
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(rounds):
+    t = time.perf_counter()
+    for _ in range(reps):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t) / reps)
+  del out
+  return statistics.median(times), min(times)
+
+
 def phase_identity(args) -> dict:
   import ml_dtypes
   import numpy as np
@@ -461,14 +489,8 @@ def phase_identity(args) -> dict:
     batch = np.stack(muts)
     _, sg = decode(gpu, batch, n, dt, cap)
     _, scc = decode(cpu, batch, n, dt, cap)
-    same = sg == scc
-    hist = {int(k): int(v) for k, v in zip(*np.unique(scc, return_counts=True))}
-    ok = bool(same.all())
-    failures += not ok
-    bad = np.flatnonzero(~same)[:8].tolist()
-    log(f"  {'ok  ' if ok else 'FAIL'} {np.dtype(dt).name}: {len(muts)} corrupted payloads, CPU statuses {hist}"
-        + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
-    corrupt.append({"dtype": np.dtype(dt).name, "count": len(muts), "ok": ok, "cpu_status_hist": hist})
+    corrupt.append(corrupt_summary(np.dtype(dt).name, sg, scc, sg == scc))
+    failures += not corrupt[-1]["ok"]
   log(f"IDENTITY: {len(results)} cases, {failures} failures")
   os.environ.pop("ZIPCCL_CUDA_GROUPS", None)
   log(f"IDENTITY: GPU calls per tile-kernel variant: {variant_calls}")
@@ -494,17 +516,7 @@ def phase_timing(args) -> dict:
   reps, rounds = (10, 5) if args.quick else (20, 7)
 
   def bench(fn, *a):
-    out = fn(*a)
-    jax.block_until_ready(out)  # compile + warm up
-    times = []
-    for _ in range(rounds):
-      t = time.perf_counter()
-      for _ in range(reps):
-        out = fn(*a)
-      jax.block_until_ready(out)
-      times.append((time.perf_counter() - t) / reps)
-    del out
-    return statistics.median(times), min(times)
+    return time_calls(jax, fn, a, reps, rounds)
 
   rows, key = [], jax.random.PRNGKey(int(time.time()))
   for dt, size in plan:
@@ -669,13 +681,8 @@ def phase_entropy(args) -> dict:
     yg, sg = dec(gpu, batch, n, dt)
     yc, scc = dec(cpu, batch, n, dt)
     same = (sg == scc) & (yg.view(np.uint16) == yc.view(np.uint16)).all(axis=1)
-    hist = {int(k): int(v) for k, v in zip(*np.unique(scc, return_counts=True))}
-    ok = bool(same.all())
-    failures += not ok
-    bad = np.flatnonzero(~same)[:8].tolist()
-    log(f"  {'ok  ' if ok else 'FAIL'} {np.dtype(dt).name}: {len(muts)} corrupted payloads, CPU statuses {hist}"
-        + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
-    corrupt.append({"dtype": np.dtype(dt).name, "count": len(muts), "ok": ok, "cpu_status_hist": hist})
+    corrupt.append(corrupt_summary(np.dtype(dt).name, sg, scc, same))
+    failures += not corrupt[-1]["ok"]
 
   log("ENTROPY: timing")
   rows_t = []
@@ -692,16 +699,7 @@ def phase_entropy(args) -> dict:
     decf = jax.jit(lambda q: ent.decode_rows(q, n, dt))
 
     def bench(fn, *a):
-      out = fn(*a)
-      jax.block_until_ready(out)
-      times = []
-      for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(reps):
-          out = fn(*a)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t) / reps)
-      return statistics.median(times)
+      return time_calls(jax, fn, a, reps, rounds)[0]
 
     t_copy = bench(jax.jit(lambda v, s_: v ^ s_), xb, salt)
     t_enc = bench(encf, xv)
