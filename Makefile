@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 ZIPCCL_CUDA ?= AUTO
 NATIVE_SRC := $(wildcard ffi/* cuda/*) CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench sanitize clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,5 +34,25 @@ bench: setup
 	$(PY) -m pip install -q "torch==2.13.0" ".[bench]"
 	$(PY) benchmarks/codec.py
 
+# The codec tests against a CPU module built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, in a venv of its own ($(SAN_VENV), build dir
+# build/asan-*): any out-of-bounds access, use of freed memory or undefined
+# behaviour aborts the run. Python itself is not instrumented, so the ASan runtime
+# is preloaded; leak checking is off (the interpreter keeps its objects at exit).
+SAN_VENV ?= .venv-asan
+SAN_PY   := $(SAN_VENV)/bin/python
+CXX      ?= c++
+
+sanitize:
+	test -x $(SAN_PY) || $(PYTHON) -m venv $(SAN_VENV)
+	$(SAN_PY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" "jax>=0.10.2"
+	$(SAN_PY) -m pip install -q --no-build-isolation --config-settings=build-dir=build/asan-{wheel_tag} \
+	    --config-settings=cmake.define.ZIPCCL_CUDA=OFF --config-settings=cmake.define.ZIPCCL_SANITIZE=ON \
+	    -e ".[test]"
+	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so)" \
+	    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    $(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_codec.py
+
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(SAN_VENV)

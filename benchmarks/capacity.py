@@ -54,8 +54,8 @@ def cmd_capacity(args) -> int:
     x32 = np.asarray(t.array)
     xb = x32.astype(BF16).reshape(-1)  # round to nearest even, as a bf16 cast does
     n = xb.size
-    esc = int(z.encode(jnp.asarray(xb), escape_capacity=n).escape_count)
-    e32 = int(z.encode(jnp.asarray(x32.reshape(-1)), escape_capacity=n).escape_count) \
+    esc = int(z.encode(jnp.asarray(xb)).escape_count)
+    e32 = int(z.encode(jnp.asarray(x32.reshape(-1))).escape_count) \
         if x32.dtype == np.float32 else None
     pad = -n % BLOCK  # pad the last block with Inf (e = 255: never in a weight's window)
     eb = _blocks_e(np.concatenate([xb, np.full(pad, np.inf, BF16)]))
@@ -69,7 +69,7 @@ def cmd_capacity(args) -> int:
   log(f"{len(rows)} tensors")
   allx = np.concatenate(flat)
   N = allx.size
-  esc_all = int(z.encode(jnp.asarray(allx), escape_capacity=N).escape_count)
+  esc_all = int(z.encode(jnp.asarray(allx)).escape_count)
   big = [r for r in rows if r["n"] >= 65536]
   num, den = z.DEFAULT_ESCAPE_RATE
 

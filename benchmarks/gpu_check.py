@@ -256,7 +256,8 @@ def make(dist: str, n: int, dtype, seed: int):
   return x.astype(dtype)
 
 
-def sections(dtype, n: int, cap: int) -> list[tuple[str, int, int]]:
+def sections(dtype, n: int, nbytes: int) -> list[tuple[str, int, int]]:
+  """The row's sections (format v2) in a row of nbytes bytes: the escape section runs to the end."""
   import numpy as np
   rb, planes = {2: (1, 3), 4: (3, 3)}[np.dtype(dtype).itemsize]
   if np.dtype(dtype) == np.dtype(np.float16):
@@ -267,10 +268,10 @@ def sections(dtype, n: int, cap: int) -> list[tuple[str, int, int]]:
   r0 = t0 + al(8 * nb)
   p0 = r0 + al(rb * n)
   e0 = p0 + nb * planes * 256
-  return [("header", 0, 128), ("table", t0, r0), ("raw", r0, p0), ("planes", p0, e0), ("escapes", e0, e0 + al(cap))]
+  return [("header", 0, 128), ("table", t0, r0), ("raw", r0, p0), ("planes", p0, e0), ("escapes", e0, max(nbytes, e0))]
 
 
-def describe_diff(a, b, dtype, n, cap) -> str:
+def describe_diff(a, b, dtype, n) -> str:
   import numpy as np
   if a.shape != b.shape:
     return f"shape {a.shape} vs {b.shape}"
@@ -279,7 +280,7 @@ def describe_diff(a, b, dtype, n, cap) -> str:
     return "identical"
   nbytes = a.shape[-1]
   parts = []
-  for name, lo, hi in sections(dtype, n, cap):
+  for name, lo, hi in sections(dtype, n, nbytes):
     cols = diff % nbytes
     k = int(((cols >= lo) & (cols < hi)).sum())
     if k:
@@ -291,10 +292,11 @@ def describe_diff(a, b, dtype, n, cap) -> str:
 
 
 def checksum_np(buf):
-  """Format v1 checksum of one row (numpy, for re-sealing corrupted payloads)."""
+  """Format v2 checksum of the bytes given (a row's first used_nbytes; numpy, for re-sealing
+  corrupted payloads): bytes 24..31 read as zero."""
   import numpy as np
   b = buf.copy()
-  b[40:48] = 0
+  b[24:32] = 0
   w = b.view("<u4").astype(np.uint64)
   j = np.arange(w.size, dtype=np.uint64)
   with np.errstate(over="ignore"):
@@ -304,15 +306,16 @@ def checksum_np(buf):
 # ---- phase 3: identity ------------------------------------------------------------------------
 
 
-def compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n, cap) -> tuple[bool, bool, str]:
+def compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n) -> tuple[bool, bool, str]:
   """(encode identical, decode ok, what differs) for one identity case: the GPU's payload and stats
   (pg, sg) against the CPU's (pc, sc), and the GPU's decode (yg, stg) of the CPU payload against the
-  CPU decoder's status stc and the input x. A function of its own so that the mismatch reports, which
-  a CPU-vs-CPU rehearsal never reaches, can be tested (tests/test_gpu_check.py)."""
+  CPU decoder's status stc and the input x (rows that fail must be all-one bits). A function of its
+  own so that the mismatch reports, which a CPU-vs-CPU rehearsal never reaches, can be tested
+  (tests/test_gpu_check.py)."""
   import numpy as np
   word = {2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
   enc_ok = pg.shape == pc.shape and bool((pg == pc).all()) and bool((sg == sc).all())
-  msg = "" if enc_ok else ("payload " + describe_diff(pg, pc, dtype, n, cap) +
+  msg = "" if enc_ok else ("payload " + describe_diff(pg, pc, dtype, n) +
                            ("" if (sg == sc).all() else f"; stats gpu {sg.tolist()} cpu {sc.tolist()}"))
   dec_ok = bool((stg == stc).all())
   if not dec_ok:
@@ -325,6 +328,9 @@ def compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n, cap) -> tuple[bool, 
       i = int(np.flatnonzero(~same.reshape(-1))[0])
       msg += (f" decoded values differ at {i}: {yg[good].view(word).reshape(-1)[i]:#x} != "
               f"{x[good].view(word).reshape(-1)[i]:#x}")
+  if (~good).any() and not (yg[~good].view(word) == np.iinfo(word).max).all():
+    dec_ok = False
+    msg += " a row that failed to decode is not all-one bits"
   return enc_ok, dec_ok, msg
 
 
@@ -378,35 +384,41 @@ def phase_identity(args) -> dict:
     variant_calls[g] += 1
     return g
 
-  def encode(dev, x2d, cap):
-    key = (x2d.shape, x2d.dtype, cap, variant(dev))
+  def encode(dev, x2d):
+    key = (x2d.shape, x2d.dtype, variant(dev))
     if key not in enc_fn:
-      enc_fn[key] = jax.jit(lambda v: zcodec.encode_rows(v, cap))
+      enc_fn[key] = jax.jit(zcodec.encode_rows)
     p, s = enc_fn[key](jax.device_put(x2d, dev))
     return np.asarray(p), np.asarray(s)
 
-  def decode(dev, p2d, n, dtype, cap):
-    key = (p2d.shape, n, dtype, cap, variant(dev))
+  def decode(dev, p2d, n, dtype):
+    key = (p2d.shape, n, dtype, variant(dev))
     if key not in dec_fn:
-      dec_fn[key] = jax.jit(lambda q: zcodec.decode_rows(q, n, dtype, cap))
+      dec_fn[key] = jax.jit(lambda q: zcodec.decode_rows(q, n, dtype))
     y, s = dec_fn[key](jax.device_put(p2d, dev))
     return np.asarray(y), np.asarray(s)
 
   results, failures = [], 0
 
-  def case(dtype, dist, n, cap=None, rows=1, seed=0):
+  def case(dtype, dist, n, rows=1, seed=0):
     nonlocal failures
     t = time.time()
-    name = f"{np.dtype(dtype).name:8s} {dist:8s} rows={rows} n={n} cap={'default' if cap is None else cap}"
+    name = f"{np.dtype(dtype).name:8s} {dist:8s} rows={rows} n={n}"
     if rows * n >= (1 << 20):  # announce big cases (the last line names a case that crashed)
       print(f"  ...  {name}", flush=True)
-    cap = zc.default_escape_capacity(n) if cap is None else cap
     x = make(dist, rows * n, dtype, seed).reshape(rows, n)
-    pg, sg = encode(gpu, x, cap)
-    pc, sc = encode(cpu, x, cap)
-    yg, stg = decode(gpu, pc, n, dtype, cap)
-    _, stc = decode(cpu, pc, n, dtype, cap)
-    enc_ok, dec_ok, msg = compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n, cap)
+    pg, sg = encode(gpu, x)
+    pc, sc = encode(cpu, x)
+    yg, stg = decode(gpu, pc, n, dtype)
+    _, stc = decode(cpu, pc, n, dtype)
+    enc_ok, dec_ok, msg = compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n)
+    # Prefix decoding: the rows cut to the largest used size (rows that do not fit: 4).
+    cut = min(int(sc[:, 2].max(initial=0)) * 128, pc.shape[1]) if rows else 0
+    yg2, stg2 = decode(gpu, pc[:, :cut], n, dtype)
+    _, stc2 = decode(cpu, pc[:, :cut], n, dtype)
+    _, dec2_ok, msg2 = compare_case(x, pc, sc, pc, sc, yg2, stg2, stc2, dtype, n)
+    dec_ok = dec_ok and dec2_ok
+    msg += (" prefix:" + msg2) if msg2 else ""
     ok = enc_ok and dec_ok
     failures += not ok
     print(f"  {'ok  ' if ok else 'FAIL'} {name} status={sc[:, 0].tolist()[:4]} "
@@ -421,12 +433,11 @@ def phase_identity(args) -> dict:
     for dist in ["laplace", "zeros", "bits", "relu", "outlier", "specials"]:
       for n in ([2049, 300001] if not args.quick else [4099]):
         case(dt, dist, n, seed=n)
-    case(dt, "bits", 50000, cap=7)     # overflow: tiny capacity
-    case(dt, "bits", 50000, cap=0)     # overflow: no capacity
-    case(dt, "gauss", 0, cap=200)      # n = 0 with escape slots
+    case(dt, "bits", 50000)            # does not fit (random bits)
+    case(dt, "gauss", 0, rows=2)       # n = 0
     case(dt, "gauss", 2049, rows=3)    # several rows, misaligned (odd n)
     case(dt, "outlier", 7, rows=5)     # tiny misaligned rows
-    case(dt, "bits", 3001, rows=4, cap=50)  # overflow in several rows
+    case(dt, "bits", 3001, rows=4)     # rows that do not fit, several at once
   # Large cases. A rehearsal caps them at 1M elements (4 MiB of fp32), same odd tails, same overflow.
   big = (lambda v: min(v, 1 << 20)) if args.rehearse else (lambda v: v)  # noqa: E731
   if not args.quick:
@@ -434,61 +445,63 @@ def phase_identity(args) -> dict:
     case(f32, "laplace", big(1 << 22) + 5)
   case(bf16, "gauss", big(1 << 28) + 3)   # 256M+ elements
   if not args.quick:
-    case(bf16, "bits", big(1 << 24) + 1, cap=big(1 << 24) >> 4)  # 16M random bits, overflow at scale (cap 1M)
+    case(bf16, "bits", big(1 << 24) + 1)  # 16M random bits: does not fit, at scale
 
   log("IDENTITY: corrupted payloads (GPU status == CPU status)")
   corrupt = []
   for dt in dtypes:
     n = 50001
     x = make("gauss", n, dt, 7).reshape(1, n)
-    cap = zc.default_escape_capacity(n)
-    pc, sc = encode(cpu, x, cap)
+    pc, sc = encode(cpu, x)
     row = pc[0]
-    secs = {k: (lo, hi) for k, lo, hi in sections(dt, n, cap)}
+    used = int(sc[0, 2]) * 128
+    secs = {k: (lo, hi) for k, lo, hi in sections(dt, n, used)}
     nb = -(-n // 2048)
     esc_used = int(sc[0, 1])
     muts = []
 
-    def flip(pos, bit=0, reseal=False):
+    def reseal(b):
+      b[24:32] = np.frombuffer(np.uint64(checksum_np(b[:used])).tobytes(), np.uint8)
+      return b
+
+    def flip(pos, bit=0, reseal_=False):
       b = row.copy()
       b[pos] ^= np.uint8(1 << bit)
-      if reseal:
-        b[40:48] = np.frombuffer(np.uint64(checksum_np(b)).tobytes(), np.uint8)
-      return b
+      return reseal(b) if reseal_ else b
 
-    def setbytes(pos, vals, reseal=True):
+    def setbytes(pos, vals, reseal_=True):
       b = row.copy()
       b[pos:pos + len(vals)] = np.array(vals, np.uint8)
-      if reseal:
-        b[40:48] = np.frombuffer(np.uint64(checksum_np(b)).tobytes(), np.uint8)
-      return b
+      return reseal(b) if reseal_ else b
 
-    for pos in [0, 3, 4, 5, 6, 7, 8, 16, 24, 32, 40, 47, 48, 100, 127]:
-      muts += [flip(pos), flip(pos, 1, reseal=True)]
-    muts += [setbytes(7, [1]), setbytes(7, [2]), setbytes(24, list(np.uint64(cap + 1).tobytes())),
-             setbytes(24, list(np.uint64(esc_used + 1).tobytes()))]
+    for pos in [0, 3, 4, 5, 6, 7, 8, 16, 24, 32, 33, 40, 47, 48, 100, 127]:
+      muts += [flip(pos), flip(pos, 1, reseal_=True)]
+    muts += [setbytes(7, [1]), setbytes(7, [2]), setbytes(40, list(np.uint64(esc_used - 1).tobytes())),
+             setbytes(48, list(np.uint64(esc_used + 1).tobytes())),
+             setbytes(16, list(np.uint64(used + 128).tobytes())), setbytes(16, list(np.uint64(2**64 - 128).tobytes()))]
     t0, _ = secs["table"]
     for b in [0, nb // 2, nb - 1]:
       for off, bit in [(0, 0), (4, 0), (4, 3), (5, 2), (6, 0), (6, 7), (7, 0), (7, 1)]:
-        muts += [flip(t0 + 8 * b + off, bit), flip(t0 + 8 * b + off, bit, reseal=True)]
+        muts += [flip(t0 + 8 * b + off, bit), flip(t0 + 8 * b + off, bit, reseal_=True)]
     t1 = secs["table"][1]
     if t0 + 8 * nb < t1:
-      muts += [flip(t0 + 8 * nb, 0), flip(t1 - 1, 4, reseal=True)]
+      muts += [flip(t0 + 8 * nb, 0), flip(t1 - 1, 4, reseal_=True)]
     for name in ["raw", "planes", "escapes"]:
       lo, hi = secs[name]
       rng = np.random.default_rng(sum(map(ord, name)))
       for _ in range(6):
         p = int(rng.integers(lo, hi))
-        muts += [flip(p, int(rng.integers(8))), flip(p, int(rng.integers(8)), reseal=True)]
+        muts += [flip(p, int(rng.integers(8))), flip(p, int(rng.integers(8)), reseal_=True)]
     pl0, pl1 = secs["planes"]
-    muts += [flip(pl1 - 1, 7, reseal=True), flip(pl1 - 1, 7)]  # padding bit of the last block
+    muts += [flip(pl1 - 1, 7, reseal_=True), flip(pl1 - 1, 7)]  # padding bit of the last block
     e0, e1 = secs["escapes"]
-    muts += [flip(e0, 0, reseal=True), flip(e0 + esc_used, 0), flip(e1 - 1, 0, reseal=True)]
+    muts += [flip(e0, 0, reseal_=True), flip(e0 + esc_used, 0), flip(e1 - 1, 0, reseal_=True)]
+    muts += [setbytes(e0, [200]), flip(e1, 3), flip(len(row) - 1, 5)]  # fp16: escape > 31 (7); past used: OK
     r0, r1 = secs["raw"]
-    muts += [flip(r1 - 1, 0), flip(r1 - 1, 0, reseal=True)]  # raw padding
+    muts += [flip(r1 - 1, 0), flip(r1 - 1, 0, reseal_=True)]  # raw padding
     batch = np.stack(muts)
-    _, sg = decode(gpu, batch, n, dt, cap)
-    _, scc = decode(cpu, batch, n, dt, cap)
+    _, sg = decode(gpu, batch, n, dt)
+    _, scc = decode(cpu, batch, n, dt)
     corrupt.append(corrupt_summary(np.dtype(dt).name, sg, scc, sg == scc))
     failures += not corrupt[-1]["ok"]
   log(f"IDENTITY: {len(results)} cases, {failures} failures")
@@ -521,8 +534,7 @@ def phase_timing(args) -> dict:
   rows, key = [], jax.random.PRNGKey(int(time.time()))
   for dt, size in plan:
     n = size // dt.itemsize
-    cap = zc.default_escape_capacity(n)
-    nbytes = zc.encoded_nbytes(dt, n, cap)
+    nbytes = zc.max_nbytes(dt, n)
     label = next(f"{size >> k} {u}" for k, u in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B")) if size >> k)
     log(f"TIMING: {label} {dt.name} (n = {n}), fresh Gaussian data")
     key, sub = jax.random.split(key)
@@ -535,15 +547,15 @@ def phase_timing(args) -> dict:
     t_copy, t_copy_min = bench(cpy, xb, salt)
     in_bytes = n * dt.itemsize
     copy_bw = 2 * in_bytes / t_copy
-    pc, sc = zcodec.encode_rows(jax.device_put(x, cpu), cap)  # the CPU codec's bytes for this data
+    pc, sc = zcodec.encode_rows(jax.device_put(x, cpu))  # the CPU codec's bytes for this data
     pc, sc = np.asarray(pc), np.asarray(sc)
     # Every variant of the tile kernels (ZIPCCL_CUDA_GROUPS, docs/cuda.md): fresh jitted
     # functions per variant, since the handler reads the variable when XLA runs (or
     # captures into a CUDA graph) the call.
     for groups in GROUP_VARIANTS:
       os.environ["ZIPCCL_CUDA_GROUPS"] = str(groups)
-      enc = jax.jit(lambda v: zcodec.encode_rows(v, cap))
-      dec = jax.jit(lambda p: zcodec.decode_rows(p, n, dt, cap))
+      enc = jax.jit(zcodec.encode_rows)
+      dec = jax.jit(lambda p: zcodec.decode_rows(p, n, dt))
       t_enc, t_enc_min = bench(enc, x)
       payload, stats = enc(x)
       t_dec, t_dec_min = bench(dec, payload)
@@ -551,11 +563,12 @@ def phase_timing(args) -> dict:
       y, st = dec(payload)
       roundtrip = bool(jnp.array_equal(jax.lax.bitcast_convert_type(y, xb.dtype), xb)) and int(st[0]) == 0
       identical = bool(np.array_equal(np.asarray(payload), pc)) and bool(np.array_equal(np.asarray(stats), sc))
-      esc = int(np.asarray(stats)[0, 1])
+      esc, used = int(np.asarray(stats)[0, 1]), int(np.asarray(stats)[0, 2]) * 128
+      # The encoder writes its whole max_nbytes buffer; the decoder reads the used bytes.
       for op, t, tmin, moved in [("encode", t_enc, t_enc_min, in_bytes + nbytes),
-                                 ("decode", t_dec, t_dec_min, nbytes + in_bytes)]:
+                                 ("decode", t_dec, t_dec_min, used + in_bytes)]:
         r = {"size": label, "dtype": dt.name, "op": op, "groups": groups, "n": n, "input_bytes": in_bytes,
-             "payload_bytes": nbytes, "escapes": esc, "time_us": t * 1e6, "time_min_us": tmin * 1e6,
+             "payload_bytes": nbytes, "used_bytes": used, "escapes": esc, "time_us": t * 1e6, "time_min_us": tmin * 1e6,
              "gbps_input": in_bytes / t / 1e9, "gbps_moved": moved / t / 1e9, "copy_gbps": copy_bw / 1e9,
              "copy_time_us": t_copy * 1e6, "roofline_share": (moved / t) / copy_bw,
              "bit_identical": identical if op == "encode" else roundtrip}

@@ -43,6 +43,7 @@
 #include "codec_cuda.h"
 #include "codec_format.h"
 #include "codec_tile.h"
+#include "handler_common.h"
 
 namespace zipccl {
 namespace gpu {
@@ -433,7 +434,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
     while (m) {
       const int k = __ffs(m) - 1;
       m &= m - 1;
-      if (ei < g.cap) {  // overflow: only the first cap escapes are stored
+      if (ei < g.cap) {  // does not fit: only the first cap escapes are stored
         // Exponent word k >> 2 of the thread by a tree of selects on the bits of k
         // (a compare chain, or indexing, is compiled to a local-memory table).
         uint32_t v[G];
@@ -482,17 +483,18 @@ __global__ void __launch_bounds__(kThreads) encode_finalize(EncArgs a, int32_t* 
       *reinterpret_cast<uint4*>(esc + i) = make_uint4(0, 0, 0, 0);
   }
   if (k == 0 && tid < 16) {
-    const uint8_t status = total > g.cap ? kEncOverflow : kEncOk;
+    // A row that fits uses esc_off + align128(total) bytes (the escape bytes past
+    // `total` are zero, so the tiles' checksum terms are those of [0, used)); one
+    // that does not fit "uses" the whole buffer.
+    const uint8_t status = total > g.cap ? kEncDoesNotFit : kEncOk;
+    const Header h{T::kCode, status, g.n, status == kEncOk ? g.esc_off + align_up(total) : g.total, g.cap, total};
     uint64_t v;
     if (tid == (int)(kOffChecksum / 8))
-      v = ld_u64(ws + kWsSum) + header_cs(T::kCode, status, g.n, g.cap, total, g.total);
+      v = ld_u64(ws + kWsSum) + header_cs(h);
     else
-      v = header_word(tid, T::kCode, status, g.n, g.cap, total, g.total);  // 0 for reserved words
+      v = header_word(tid, h);  // 0 for reserved words
     st_u64(out + 8 * tid, v);
-    if (tid == 0) {
-      stats[2 * (uint64_t)row] = status;
-      stats[2 * (uint64_t)row + 1] = (int32_t)(total < 0x7FFFFFFFull ? total : 0x7FFFFFFFull);
-    }
+    if (tid == 0) store_row_stats(stats + 4 * (uint64_t)row, status, total, h.used, g.total);
   }
 }
 
@@ -505,7 +507,8 @@ struct DecArgs {
   uint64_t in_row;    // bytes per payload row
   uint64_t y_row;     // bytes per output row
   uint64_t ws_row;
-  Geom g;
+  Geom g;              // the fixed part's offsets (g.cap, g.total, g.esc_size unused)
+  uint64_t esc_room;   // in_row - esc_off: escape bytes the buffer can hold (0 if none)
   uint32_t total_tiles;
   uint64_t esc_chunk;  // escape-section bytes each tile folds into the checksum
 };
@@ -572,7 +575,10 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
   uint32_t acc_row = (uint32_t)gt / g.tiles;  // gt < total < 2^31: 32-bit divisions
   uint64_t csum = 0;
   uint32_t bad = 0;  // bit 6: a bad record, bit 7: planes disagree with a record
+  // The row's escape count and checksummed escape bytes by its header (validated by
+  // decode_finalize; here they only bound every read to the buffer).
   uint64_t esc_total = ld_u64(a.in + (uint64_t)acc_row * a.in_row + kOffEscCount);
+  uint64_t span = esc_span(a.in + (uint64_t)acc_row * a.in_row, g.esc_off, a.in_row);
   int stage = 0;
 
   for (;;) {
@@ -583,6 +589,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
       bad = 0;
       acc_row = row;
       esc_total = ld_u64(a.in + (uint64_t)row * a.in_row + kOffEscCount);
+      span = esc_span(a.in + (uint64_t)row * a.in_row, g.esc_off, a.in_row);
     }
     const uint8_t* in = a.in + (uint64_t)row * a.in_row;
     uint8_t* yr = a.y + (uint64_t)row * a.y_row;
@@ -656,7 +663,8 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
       m &= m - 1;
       // Reads stay inside the escape section whatever the record says; a block whose
       // record failed is reported as BAD_TABLE and its values are not meaningful.
-      const uint32_t e = (ok && idx < g.cap) ? (uint32_t)in[g.esc_off + idx] : 0u;
+      const uint32_t e = (ok && idx < span) ? (uint32_t)in[g.esc_off + idx] : 0u;
+      if (T::kExpMax < 255u && e > T::kExpMax) bad |= 1u << kDecBadEscapes;  // fp16: would reach the sign
       const int sh = 8 * (k & 3);
 #pragma unroll
       for (int j = 0; j < 2 * G; ++j)  // selects: no dynamically indexed (local) array
@@ -711,7 +719,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
     }
     {
       const uint64_t lo = (uint64_t)b * a.esc_chunk;
-      const uint64_t hi = g.esc_size < lo + a.esc_chunk ? g.esc_size : lo + a.esc_chunk;
+      const uint64_t hi = span < lo + a.esc_chunk ? span : lo + a.esc_chunk;
       for (uint64_t i = lo + 16ull * tid; i < hi; i += 16ull * NT) {
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(in + g.esc_off + i));
         const uint64_t o = g.esc_off + i;
@@ -725,55 +733,81 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
   dec_flush(a, acc_row, csum, bad, lane);
 }
 
-// Header checks in the CPU decoder's order (statuses 1..5), 0 if the header is fine.
+// One CTA per row: the header checks (statuses 1..5, codec_format.h check_header),
+// the header's (and, for n = 0, the escape section's) part of the checksum, the
+// padding check, the final status in the CPU's priority, and on any error the row
+// of y filled with all-one bits.
 template <typename T>
-__device__ int32_t header_status(const uint8_t* in, const Geom& g, bool size_ok) {
-  return check_header<T>(in, g.n, g.cap, g.total, size_ok);
-}
-
-// One CTA per row: header checks, the header's (and, for n = 0, the escape
-// section's) part of the checksum, and the final status in the CPU's priority.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* status, int size_ok) {
+__global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* status) {
   ZC_SHARED(uint64_t, s_x, [kWarps]);
+  ZC_SHARED(uint32_t, s_pad, [kWarps]);
+  ZC_SHARED(int32_t, s_status, );
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t row = blockIdx.x;
   const Geom& g = a.g;
   const uint8_t* in = a.in + (uint64_t)row * a.in_row;
   uint64_t x = 0;
-  if (size_ok) {
+  uint32_t pad = 0;
+  if (a.in_row >= g.esc_off) {  // (>= 128: the header is in the buffer)
+    const uint64_t span = esc_span(in, g.esc_off, a.in_row);
     if (g.nb == 0) {
-      for (uint64_t i = 16ull * tid; i < g.esc_size; i += 16ull * kThreads) {
+      for (uint64_t i = 16ull * tid; i < span; i += 16ull * kThreads) {
         const uint4 v = *reinterpret_cast<const uint4*>(in + g.esc_off + i);
         const uint64_t o = g.esc_off + i;
         x += cs_word(o, v.x) + cs_word(o + 4, v.y) + cs_word(o + 8, v.z) + cs_word(o + 12, v.w);
       }
     }
     if (tid < 16 && tid != (int)(kOffChecksum / 8)) x += cs_u64(8ull * tid, ld_u64(in + 8 * tid));
+    // Padding bytes (each section's padding is < 128 bytes): table, raw, escapes.
+    if (tid < (int)kAlign) {
+      const uint64_t t = g.table_off + 8ull * g.nb + tid, r = g.raw_off + g.n * (uint64_t)T::kRawBytes + tid;
+      if (t < g.raw_off) pad |= in[t];
+      if (r < g.plane_off) pad |= in[r];
+      const uint64_t ec = load_u64(in + kOffEscCount);
+      if (ec < span && ec + tid < span) pad |= in[g.esc_off + ec + tid];
+    }
   }
   x = warp_sum64(x);
-  if (lane == 0) s_x[warp] = x;
+  pad = __reduce_or_sync(kFull, pad);
+  if (lane == 0) {
+    s_x[warp] = x;
+    s_pad[warp] = pad;
+  }
   __syncthreads();
   if (tid == 0) {
-    int32_t s;
-    if (a.in_row < kHeaderBytes) {
-      s = kDecBadSize;
-    } else {
-      s = header_status<T>(in, g, size_ok != 0);
-    }
+    int32_t s = kDecBadSize;
+    HeaderInfo hi;
+    if (a.in_row >= kHeaderBytes) s = check_header<T>(in, g.n, a.in_row, &hi);
     if (s == kDecOk) {
       const uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
       const uint32_t bad = *reinterpret_cast<const uint32_t*>(ws + kWsBad);
       uint64_t cs = ld_u64(ws + kWsSum);
-      for (int i = 0; i < kWarps; ++i) cs += s_x[i];
-      if ((g.nb == 0 && load_u64(in + kOffEscCount) != 0) || (bad & (1u << kDecBadTable)))
+      uint32_t p = 0;
+      for (int i = 0; i < kWarps; ++i) {
+        cs += s_x[i];
+        p |= s_pad[i];
+      }
+      if ((g.nb == 0 && hi.esc_count != 0) || (bad & (1u << kDecBadTable)))
         s = kDecBadTable;
       else if (bad & (1u << kDecBadEscapes))
         s = kDecBadEscapes;
       else if (cs != load_u64(in + kOffChecksum))
         s = kDecBadChecksum;
+      else if (p)
+        s = kDecBadPadding;
     }
     status[row] = s;
+    s_status = s;
+  }
+  __syncthreads();
+  if (s_status != kDecOk) {  // uniform: all-one bits, element by element (rows may be misaligned)
+    uint8_t* yr = a.y + (uint64_t)row * a.y_row;
+    for (uint64_t i = tid; i < g.n; i += kThreads) {
+      if (Cfg<T>::kEsize == 2)
+        reinterpret_cast<unsigned short*>(yr)[i] = 0xFFFFu;
+      else
+        reinterpret_cast<unsigned int*>(yr)[i] = 0xFFFFFFFFu;
+    }
   }
 }
 
@@ -863,162 +897,117 @@ ffi::Error check_launch(const char* target, const char* what) {
   return ffi::Error::Success();
 }
 
-bool dtype_code(ffi::DataType t, DtypeCode* d) {
-  switch (t) {
-    case ffi::DataType::BF16: *d = kBF16; return true;
-    case ffi::DataType::F16: *d = kF16; return true;
-    case ffi::DataType::F32: *d = kF32; return true;
-    default: return false;
-  }
-}
-
-void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
-  uint64_t r = 1;
-  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
-  *rows = r;
-  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
-}
-
-std::string str(uint64_t v) { return std::to_string(v); }
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-constexpr const char* kEnc = "zipccl_zipccl_encode";
-constexpr const char* kDec = "zipccl_zipccl_decode";
+using handler::kDecodeTarget;
+using handler::kEncodeTarget;
+using handler::Shape;
 
 template <typename T>
 ffi::Error encode_launch(cudaStream_t stream, const uint8_t* x, uint8_t* out, int32_t* stats, uint8_t* ws,
-                         uint64_t rows, uint64_t n, uint64_t cap, uint64_t ws_row) {
+                         const Shape& s) {
   EncArgs a;
   a.x = x;
   a.out = out;
   a.ws = ws;
-  a.g = geom_of<T>(n, cap);
-  a.x_row = n * (uint64_t)Cfg<T>::kEsize;
+  a.g = geom_of<T>(s.n, max_escape_capacity(T::kCode, s.n));
+  a.x_row = s.n * (uint64_t)Cfg<T>::kEsize;
   a.out_row = a.g.total;
-  a.ws_row = ws_row;
-  const uint64_t total_tiles = rows * a.g.tiles;
+  a.ws_row = s.ws_row;
+  const uint64_t total_tiles = s.rows * a.g.tiles;
   // Tickets overshoot the end by at most S + 1 per CTA: keep them far from 2^32.
-  if (total_tiles > kMaxGridX) return ffi::Error::InvalidArgument(std::string(kEnc) + ": too many tiles");
+  if (total_tiles > kMaxGridX) return handler::invalid(kEncodeTarget, "too many tiles");
   a.total_tiles = (uint32_t)total_tiles;
   const uint64_t chunks = std::max<uint64_t>(1, (a.g.esc_size + kZeroChunk - 1) / kZeroChunk);
-  if (rows * chunks > kMaxGridX) return ffi::Error::InvalidArgument(std::string(kEnc) + ": rows too large");
+  if (s.rows * chunks > kMaxGridX) return handler::invalid(kEncodeTarget, "rows too large");
 
-  if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
-    return cuda_error(kEnc, "workspace memset", e);
+  if (const cudaError_t e = cudaMemsetAsync(ws, 0, s.rows * s.ws_row, stream); e != cudaSuccess)
+    return cuda_error(kEncodeTarget, "workspace memset", e);
   if (total_tiles) {
     launch_tiles<T>(encode_kernel<T, 1>, encode_kernel<T, 2>, encode_kernel<T, 4>, total_tiles, stream, a);
-    ffi::Error e = check_launch(kEnc, "encode_kernel launch");
+    ffi::Error e = check_launch(kEncodeTarget, "encode_kernel launch");
     if (e.failure()) return e;
   }
-  ZC_LAUNCH(encode_finalize<T>, rows * chunks, kThreads, stream, a, stats, (uint32_t)chunks);
-  return check_launch(kEnc, "encode_finalize launch");
+  ZC_LAUNCH(encode_finalize<T>, s.rows * chunks, kThreads, stream, a, stats, (uint32_t)chunks);
+  return check_launch(kEncodeTarget, "encode_finalize launch");
 }
 
 template <typename T>
 ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int32_t* status, uint8_t* ws,
-                         uint64_t rows, uint64_t nbytes, uint64_t n, uint64_t cap, uint64_t ws_row) {
+                         const Shape& s) {
   DecArgs a;
   a.in = in;
   a.y = y;
   a.ws = ws;
-  a.g = geom_of<T>(n, cap);
-  a.in_row = nbytes;
-  a.y_row = n * (uint64_t)Cfg<T>::kEsize;
-  a.ws_row = ws_row;
-  const bool size_ok = nbytes == a.g.total;
-  const uint64_t total_tiles = size_ok ? rows * a.g.tiles : 0;
-  if (total_tiles > kMaxGridX || rows > kMaxGridX)
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": too many tiles");
+  a.g = geom_of<T>(s.n, 0);
+  a.in_row = s.nbytes;
+  a.y_row = s.n * (uint64_t)Cfg<T>::kEsize;
+  a.ws_row = s.ws_row;
+  // The tiles read the fixed part of every row: only when the buffer holds it (else
+  // every row is BAD_SIZE, found by decode_finalize alone).
+  const bool fixed_ok = s.nbytes >= a.g.esc_off;
+  a.esc_room = fixed_ok ? s.nbytes - a.g.esc_off : 0;
+  const uint64_t total_tiles = fixed_ok ? s.rows * a.g.tiles : 0;
+  if (total_tiles > kMaxGridX || s.rows > kMaxGridX) return handler::invalid(kDecodeTarget, "too many tiles");
   a.total_tiles = (uint32_t)total_tiles;
-  a.esc_chunk = esc_chunk_of(a.g.esc_size, a.g.tiles);
+  a.esc_chunk = esc_chunk_of(a.esc_room, a.g.tiles);
 
-  if (const cudaError_t e = cudaMemsetAsync(ws, 0, rows * ws_row, stream); e != cudaSuccess)
-    return cuda_error(kDec, "workspace memset", e);
+  if (const cudaError_t e = cudaMemsetAsync(ws, 0, s.rows * s.ws_row, stream); e != cudaSuccess)
+    return cuda_error(kDecodeTarget, "workspace memset", e);
   if (total_tiles) {
     launch_tiles<T>(decode_kernel<T, 1>, decode_kernel<T, 2>, decode_kernel<T, 4>, total_tiles, stream, a);
-    ffi::Error e = check_launch(kDec, "decode_kernel launch");
+    ffi::Error e = check_launch(kDecodeTarget, "decode_kernel launch");
     if (e.failure()) return e;
   }
-  ZC_LAUNCH(decode_finalize<T>, rows, kThreads, stream, a, status, size_ok ? 1 : 0);
-  return check_launch(kDec, "decode_finalize launch");
+  ZC_LAUNCH(decode_finalize<T>, s.rows, kThreads, stream, a, status);
+  return check_launch(kDecodeTarget, "decode_finalize launch");
 }
 
 ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
-                          ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
-                          int64_t escape_capacity) {
-  DtypeCode d;
-  if (!dtype_code(x.element_type(), &d))
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": x must be bfloat16, float16 or float32");
-  if (escape_capacity < 0)
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": escape_capacity must be >= 0, got " +
-                                       std::to_string(escape_capacity));
-  uint64_t rows, n, prow, nbytes, srow, two, wrow, wbytes;
-  split_dims(x.dimensions(), &rows, &n);
-  split_dims(payload->dimensions(), &prow, &nbytes);
-  split_dims(stats->dimensions(), &srow, &two);
-  split_dims(workspace->dimensions(), &wrow, &wbytes);
-  if (n >= (1ull << 32))
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": rows of >= 2^32 elements are not supported");
-  const uint64_t cap = (uint64_t)escape_capacity;
-  const uint64_t want = encoded_nbytes(d, n, cap);
-  if (prow != rows || nbytes != want)
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": payload must be [" + str(rows) + ", " + str(want) +
-                                       "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
-  if (srow != rows || two != 2)
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": stats must be [" + str(rows) + ", 2]");
-  const uint64_t wneed = workspace_nbytes(n);
-  if (wrow != rows || wbytes != wneed)
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": workspace must be [" + str(rows) + ", " +
-                                       str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
-  if (rows == 0) return ffi::Error::Success();
+                          ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  Shape s;
+  if (ffi::Error e = handler::check_encode(x.element_type(), x.dimensions(), payload->dimensions(),
+                                           stats->dimensions(), workspace->dimensions(), &s);
+      e.failure())
+    return e;
+  if (s.rows == 0) return ffi::Error::Success();
   uint8_t* out = payload->typed_data();
   uint8_t* ws = workspace->typed_data();
   if (!aligned16(out) || !aligned16(ws))
-    return ffi::Error::InvalidArgument(std::string(kEnc) + ": payload and workspace must be 16-byte aligned");
+    return handler::invalid(kEncodeTarget, "payload and workspace must be 16-byte aligned");
   const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
   int32_t* st = stats->typed_data();
-  switch (d) {
-    case kBF16: return encode_launch<BF16Traits>(stream, xb, out, st, ws, rows, n, cap, wbytes);
-    case kF16: return encode_launch<F16Traits>(stream, xb, out, st, ws, rows, n, cap, wbytes);
-    default: return encode_launch<F32Traits>(stream, xb, out, st, ws, rows, n, cap, wbytes);
+  switch (s.d) {
+    case kBF16: return encode_launch<BF16Traits>(stream, xb, out, st, ws, s);
+    case kF16: return encode_launch<F16Traits>(stream, xb, out, st, ws, s);
+    default: return encode_launch<F32Traits>(stream, xb, out, st, ws, s);
   }
 }
 
 ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
-                          ffi::Result<ffi::Buffer<ffi::S32>> status, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
-                          int64_t escape_capacity) {
-  DtypeCode d;
-  if (!dtype_code(y->element_type(), &d))
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": output must be bfloat16, float16 or float32");
-  if (escape_capacity < 0) return ffi::Error::InvalidArgument(std::string(kDec) + ": escape_capacity must be >= 0");
-  uint64_t rows, nbytes, yrows, n, wrow, wbytes;
-  split_dims(payload.dimensions(), &rows, &nbytes);
-  split_dims(y->dimensions(), &yrows, &n);
-  split_dims(workspace->dimensions(), &wrow, &wbytes);
-  if (yrows != rows)
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": payload has " + str(rows) +
-                                       " rows but the output has " + str(yrows));
-  if (status->element_count() != (size_t)rows)
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": status must have one entry per row");
-  if (n >= (1ull << 32))
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": rows of >= 2^32 elements are not supported");
-  const uint64_t wneed = workspace_nbytes(n);
-  if (wrow != rows || wbytes != wneed)
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": workspace must be [" + str(rows) + ", " +
-                                       str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
-  if (rows == 0) return ffi::Error::Success();
+                          ffi::Result<ffi::Buffer<ffi::S32>> status, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  Shape s;
+  if (ffi::Error e = handler::check_decode(payload.dimensions(), y->element_type(), y->dimensions(),
+                                           status->element_count(), workspace->dimensions(), &s);
+      e.failure())
+    return e;
+  if (s.rows == 0) return ffi::Error::Success();
+  // Rows are read with 16-byte loads: each must start 16-byte aligned (decode_rows
+  // cuts a row length that is not a multiple of 16 to a multiple of 128, which
+  // loses nothing: used_nbytes is a multiple of 128).
+  if (s.nbytes % 16 != 0)
+    return handler::invalid(kDecodeTarget, "on the GPU, payload rows must be a multiple of 16 bytes, got " +
+                                               handler::str(s.nbytes));
   const uint8_t* in = payload.typed_data();
   uint8_t* ws = workspace->typed_data();
-  if (!aligned16(in) || !aligned16(ws))
-    return ffi::Error::InvalidArgument(std::string(kDec) + ": payload and workspace must be 16-byte aligned");
+  if ((s.nbytes && !aligned16(in)) || !aligned16(ws))
+    return handler::invalid(kDecodeTarget, "payload and workspace must be 16-byte aligned");
   uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
   int32_t* st = status->typed_data();
-  const uint64_t cap = (uint64_t)escape_capacity;
-  switch (d) {
-    case kBF16: return decode_launch<BF16Traits>(stream, in, yb, st, ws, rows, nbytes, n, cap, wbytes);
-    case kF16: return decode_launch<F16Traits>(stream, in, yb, st, ws, rows, nbytes, n, cap, wbytes);
-    default: return decode_launch<F32Traits>(stream, in, yb, st, ws, rows, nbytes, n, cap, wbytes);
+  switch (s.d) {
+    case kBF16: return decode_launch<BF16Traits>(stream, in, yb, st, ws, s);
+    case kF16: return decode_launch<F16Traits>(stream, in, yb, st, ws, s);
+    default: return decode_launch<F32Traits>(stream, in, yb, st, ws, s);
   }
 }
 
@@ -1053,18 +1042,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, zipccl::gpu::EncodeCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::AnyBuffer>()                     // x [..., n]
-                                  .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., nbytes]
-                                  .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 2]
-                                  .Ret<ffi::Buffer<ffi::U8>>()               // workspace [..., W]
-                                  .Attr<int64_t>("escape_capacity"),
+                                  .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., max_nbytes]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 4]
+                                  .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, zipccl::gpu::DecodeCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., nbytes]
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., L]
                                   .Ret<ffi::AnyBuffer>()                     // y [..., n]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // status [...]
-                                  .Ret<ffi::Buffer<ffi::U8>>()               // workspace [..., W]
-                                  .Attr<int64_t>("escape_capacity"),
+                                  .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
                               {ffi::Traits::kCmdBufferCompatible});

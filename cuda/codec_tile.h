@@ -414,27 +414,36 @@ ZC_TD uint64_t cs_u64(uint64_t off, uint64_t v) {  // off % 8 == 0
 }
 ZC_TD uint64_t cs_byte(uint64_t off, uint32_t b) { return cs_word(off, (b & 0xFFu) << (8 * (off & 3))); }
 
-// The header's first 48 bytes as six u64 words (word 5, the checksum, is 0 here).
-ZC_TD uint64_t header_word(int i, DtypeCode d, uint8_t status, uint64_t n, uint64_t cap, uint64_t esc_count,
-                           uint64_t total) {
+// The header's first 56 bytes as seven u64 words (word 3, the checksum, is 0 here;
+// words 7..15 are reserved, 0).
+ZC_TD uint64_t header_word(int i, const Header& f) {
   switch (i) {
     case 0:
-      return (uint64_t)kMagic | ((uint64_t)kVersion << 32) | ((uint64_t)d << 40) |
-             ((uint64_t)kBlockLog2 << 48) | ((uint64_t)status << 56);
-    case 1: return n;
-    case 2: return cap;
-    case 3: return esc_count;
-    case 4: return total;
+      return (uint64_t)kMagic | ((uint64_t)kVersion << 32) | ((uint64_t)f.dtype << 40) |
+             ((uint64_t)kCodecWindow << 48) | ((uint64_t)f.status << 56);
+    case 1: return f.n;
+    case 2: return f.used;
+    case 4: return (uint64_t)kBlockLog2;
+    case 5: return f.capacity;
+    case 6: return f.esc_count;
     default: return 0;
   }
 }
 
 // = header_checksum() of codec_format.h, without a byte array (no local memory).
-ZC_TD uint64_t header_cs(DtypeCode d, uint8_t status, uint64_t n, uint64_t cap, uint64_t esc_count,
-                         uint64_t total) {
+ZC_TD uint64_t header_cs(const Header& f) {
   uint64_t s = 0;
-  for (int i = 0; i < 5; ++i) s += cs_u64(8ull * i, header_word(i, d, status, n, cap, esc_count, total));
+  for (int i = 0; i < (int)(kHeaderUsed / 8); ++i) s += cs_u64(8ull * i, header_word(i, f));
   return s;
+}
+
+// Decoder: the escape bytes of a row that the checksum covers, [esc_off, esc_off +
+// span): used_nbytes - esc_off when the header's used_nbytes is one a valid row can
+// have in an L-byte buffer (a multiple of 128 in [esc_off, L]), else 0 (the header
+// check then reports the row). Never reaches past the buffer.
+ZC_TD uint64_t esc_span(const uint8_t* in, uint64_t esc_off, uint64_t L) {
+  const uint64_t used = load_u64(in + kOffUsed);
+  return (used % kAlign == 0 && used >= esc_off && used <= L) ? used - esc_off : 0;
 }
 
 // Decoder: escape-section bytes that each tile of a row folds into the checksum

@@ -38,6 +38,7 @@
 
 #include "entropy_cuda.h"
 #include "entropy_format.h"
+#include "handler_common.h"  // split_dims, str (shared with the window codec's handlers)
 
 namespace zipccl {
 namespace ent {
@@ -770,14 +771,8 @@ bool ent_dtype(ffi::DataType t, DtypeCode* d) {
   }
 }
 
-void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
-  uint64_t r = 1;
-  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
-  *rows = r;
-  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
-}
-
-std::string str(uint64_t v) { return std::to_string(v); }
+using ::zipccl::handler::split_dims;
+using ::zipccl::handler::str;
 
 bool aligned(const void* p, uintptr_t k) { return (reinterpret_cast<uintptr_t>(p) & (k - 1)) == 0; }
 

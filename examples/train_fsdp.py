@@ -254,7 +254,7 @@ def _watch_fwd(full, probe, capacity):
 
 def _watch_bwd(capacity, _, ct):
   rows = ct.reshape(lax.axis_size(AXIS), -1)
-  esc = jax.vmap(lambda r: zipccl_jax.encode(r, escape_capacity=r.size).escape_count)(rows)
+  esc = jax.vmap(lambda r: zipccl_jax.encode(r).escape_count)(rows)
   return ct, jnp.stack([esc.sum(), esc.max(), (esc > capacity).sum()]).astype(jnp.float32)
 
 

@@ -11,6 +11,9 @@
 // whole blocks.
 #include "codec_cpu.h"
 
+#include "env.h"
+#include "handler_common.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -71,12 +74,7 @@ inline uint64_t cs_span(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
 
 int num_threads_for(uint64_t n) {
   if (n < kParallelMinElems) return 1;
-  static const int hw = [] {
-    const char* env = std::getenv("ZIPCCL_NUM_THREADS");
-    int v = env ? std::atoi(env) : 0;
-    if (v <= 0) v = (int)std::thread::hardware_concurrency();
-    return std::max(1, std::min(v, 256));
-  }();
+  const int hw = env::num_threads();
   uint64_t by_size = std::max<uint64_t>(1, num_blocks(n) / kMinBlocksPerThread);
   return (int)std::min<uint64_t>(hw, by_size);
 }
@@ -292,7 +290,7 @@ BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, u
                       uint8_t* esc, uint64_t esc_have, uint64_t esc_cap) {
 #if ZIPCCL_X86
   if constexpr (std::is_same<T, BF16Traits>::value) {
-    if (len == kBlock && have_avx2() && !std::getenv("ZIPCCL_DISABLE_SIMD"))
+    if (len == kBlock && have_avx2() && !env::simd_disabled())
       return encode_block_bf16_avx2(x, raw, planes, esc, esc_have, esc_cap);
   }
 #endif
@@ -383,15 +381,20 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
     }
   });
 
-  const uint8_t status = total > capacity ? kEncOverflow : kEncOk;
-  uint64_t cs = header_checksum(d, status, n, capacity, total, L.total);
+  // A row that fits uses esc_off + align128(total) bytes; the escape bytes past
+  // `total` are zero (above), so the checksum over the whole escape section equals
+  // the one over [0, used). A row that does not fit "uses" its whole buffer.
+  const uint8_t status = total > capacity ? kEncDoesNotFit : kEncOk;
+  const Header h{d, status, n, status == kEncOk ? L.esc_off + align_up(total) : L.total, capacity, total};
+  uint64_t cs = header_checksum(h);
   for (int t = 0; t < nt; ++t) cs += t_cs[t];
   cs += cs_span(out + L.table_off, L.table_off, L.raw_off - L.table_off);  // table + padding
   cs += cs_span(esc_sec, L.esc_off, align_up(capacity));
-  store_header(out, d, status, n, capacity, total, L.total, cs);
+  store_header(out, h, cs);
   RowStats s;
   s.status = status;
   s.escape_count = total;
+  s.used_nbytes = h.used;
   return s;
 }
 
@@ -418,6 +421,10 @@ bool decode_block_generic(const uint8_t* raw, const uint8_t* planes, const uint8
     count += __builtin_popcount(~(p0[t] | p1[t] | p2[t]) & valid);
   }
   if (count != r.esc_count) return false;
+  if constexpr (T::kExpMax < 255) {  // fp16: an escape byte > 31 would spill into the sign
+    for (uint32_t k = 0; k < count; ++k)
+      if (esc[k] > T::kExpMax) return false;
+  }
   uint8_t lut[8];
   for (uint32_t c = 0; c < 8; ++c) lut[c] = c ? (uint8_t)exp_of(c, w) : 0;
   uint32_t used = 0;
@@ -524,23 +531,30 @@ bool decode_block(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc,
                   uint32_t len, typename T::bits_t* y) {
 #if ZIPCCL_X86
   if constexpr (std::is_same<T, BF16Traits>::value) {
-    if (len == kBlock && have_avx2() && !std::getenv("ZIPCCL_DISABLE_SIMD"))
+    if (len == kBlock && have_avx2() && !env::simd_disabled())
       return decode_block_bf16_avx2(raw, planes, esc, r, y);
   }
 #endif
   return decode_block_generic<T>(raw, planes, esc, r, len, y);
 }
 
+// True when bytes [lo, hi) are all zero.
+inline bool all_zero(const uint8_t* p, uint64_t lo, uint64_t hi) {
+  for (uint64_t i = lo; i < hi; ++i)
+    if (p[i]) return false;
+  return true;
+}
+
 template <typename T>
-int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t capacity,
-                     typename T::bits_t* y) {
+int32_t decode_row_checked(const uint8_t* in, uint64_t nbytes, uint64_t n, typename T::bits_t* y) {
   const DtypeCode d = T::kCode;
-  const Layout L = layout_of(d, n, capacity);
-  if (nbytes < kHeaderBytes) return kDecBadSize;
-  // 1-5: header.
-  const int32_t hs = check_header<T>(in, n, capacity, L.total, nbytes == L.total);
+  Layout L;  // offsets of the fixed part (the escape section's size is the header's)
+  if (nbytes < kHeaderBytes || !layout_checked(d, n, 0, &L)) return kDecBadSize;
+  // 1-5: header; afterwards used <= nbytes, and [0, used) holds every section.
+  HeaderInfo hi;
+  const int32_t hs = check_header<T>(in, n, nbytes, &hi);
   if (hs != kDecOk) return hs;
-  const uint64_t esc_total = load_u64(in + kOffEscCount);
+  const uint64_t esc_total = hi.esc_count;
   // 6: block table (sequential, nb records).
   const uint64_t nb = num_blocks(n);
   uint64_t run = 0;
@@ -551,7 +565,7 @@ int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t ca
     run += r.esc_count;
   }
   if (run != esc_total) return kDecBadTable;
-  // 7: blocks (parallel); every escape read is within [0, esc_total).
+  // 7: blocks (parallel); every escape read is within [0, esc_total), inside [0, used).
   const int nt = num_threads_for(n);
   const uint32_t P = T::kPlanes;
   std::atomic<bool> bad{false};
@@ -577,14 +591,27 @@ int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t ca
     t_cs[t] = acc;
   });
   if (bad.load()) return kDecBadEscapes;
-  // 8: checksum over everything (header with its checksum field as zero).
+  // 8: checksum over [0, used) (header with its checksum field as zero).
   uint64_t cs = 0;
   for (int t = 0; t < nt; ++t) cs += t_cs[t];
   cs += cs_span(in, 0, kOffChecksum);
   cs += cs_span(in + kOffChecksum + 8, kOffChecksum + 8, L.raw_off - kOffChecksum - 8);
-  cs += cs_span(in + L.esc_off, L.esc_off, L.total - L.esc_off);
+  cs += cs_span(in + L.esc_off, L.esc_off, hi.used - L.esc_off);
   if (cs != load_u64(in + kOffChecksum)) return kDecBadChecksum;
+  // 9: the padding of the table, raw and escape sections (< 128 bytes each).
+  if (!all_zero(in, L.table_off + nb * kRecordBytes, L.raw_off) ||
+      !all_zero(in, L.raw_off + n * T::kRawBytes, L.plane_off) || !all_zero(in, L.esc_off + esc_total, hi.used))
+    return kDecBadPadding;
   return kDecOk;
+}
+
+// On any error the row is filled with all-one bits (a NaN of every dtype): the
+// output is deterministic, never partly decoded or uninitialised.
+template <typename T>
+int32_t decode_row_t(const uint8_t* in, uint64_t nbytes, uint64_t n, typename T::bits_t* y) {
+  const int32_t s = decode_row_checked<T>(in, nbytes, n, y);
+  if (s != kDecOk) std::memset(y, 0xFF, n * sizeof(typename T::bits_t));
+  return s;
 }
 
 }  // namespace
@@ -597,12 +624,11 @@ RowStats encode_row(DtypeCode d, const void* x, uint64_t n, uint64_t capacity, u
   }
 }
 
-int32_t decode_row(DtypeCode d, const uint8_t* in, uint64_t nbytes, uint64_t n, uint64_t capacity,
-                   void* y) {
+int32_t decode_row(DtypeCode d, const uint8_t* in, uint64_t nbytes, uint64_t n, void* y) {
   switch (d) {
-    case kBF16: return decode_row_t<BF16Traits>(in, nbytes, n, capacity, static_cast<uint16_t*>(y));
-    case kF16: return decode_row_t<F16Traits>(in, nbytes, n, capacity, static_cast<uint16_t*>(y));
-    default: return decode_row_t<F32Traits>(in, nbytes, n, capacity, static_cast<uint32_t*>(y));
+    case kBF16: return decode_row_t<BF16Traits>(in, nbytes, n, static_cast<uint16_t*>(y));
+    case kF16: return decode_row_t<F16Traits>(in, nbytes, n, static_cast<uint16_t*>(y));
+    default: return decode_row_t<F32Traits>(in, nbytes, n, static_cast<uint32_t*>(y));
   }
 }
 
@@ -610,32 +636,14 @@ int32_t decode_row(DtypeCode d, const uint8_t* in, uint64_t nbytes, uint64_t n, 
 }  // namespace zipccl
 
 // ---------------------------------------------------------------------------------
-// XLA FFI handlers. Shapes: x [..., n] -> payload u8 [..., nbytes], stats s32 [..., 2]
-// (status, escape count saturated to INT32_MAX), workspace u8 [..., W] (unused on the
-// CPU; the CUDA handlers of the same name use it). Every leading dimension is a row.
+// XLA FFI handlers (signatures and shape checks: handler_common.h). The workspace is
+// unused on the CPU; the CUDA handlers of the same name use it.
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-bool dtype_code(ffi::DataType t, zipccl::DtypeCode* d) {
-  switch (t) {
-    case ffi::DataType::BF16: *d = zipccl::kBF16; return true;
-    case ffi::DataType::F16: *d = zipccl::kF16; return true;
-    case ffi::DataType::F32: *d = zipccl::kF32; return true;
-    default: return false;
-  }
-}
-
-// rows = product of all but the last dimension; last = the last dimension.
-void split_dims(ffi::Span<const int64_t> dims, uint64_t* rows, uint64_t* last) {
-  uint64_t r = 1;
-  for (size_t i = 0; i + 1 < dims.size(); ++i) r *= (uint64_t)dims[i];
-  *rows = r;
-  *last = dims.size() == 0 ? 1 : (uint64_t)dims[dims.size() - 1];
-}
-
-std::string str(uint64_t v) { return std::to_string(v); }
+using zipccl::handler::Shape;
 
 // XLA:CPU allocates every call's outputs afresh; glibc gives allocations over its
 // mmap threshold (<= 32 MiB) a new mapping each time, so a handler would first-touch
@@ -647,8 +655,7 @@ void advise_hugepages(void* p, uint64_t nbytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uint64_t kHuge = 2ull << 20;
   if (nbytes < 4 * kHuge) return;
-  static const bool off = std::getenv("ZIPCCL_NO_HUGEPAGES") != nullptr;
-  if (off) return;
+  if (zipccl::env::no_hugepages()) return;
   const uint64_t a = ((uint64_t)p + kHuge - 1) & ~(kHuge - 1);
   const uint64_t b = ((uint64_t)p + nbytes) & ~(kHuge - 1);
   if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
@@ -657,65 +664,41 @@ void advise_hugepages(void* p, uint64_t nbytes) {
 
 ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats,
-                         ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t escape_capacity) {
-  zipccl::DtypeCode d;
-  if (!dtype_code(x.element_type(), &d))
-    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: x must be bfloat16, float16 or float32");
-  if (escape_capacity < 0)
-    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: escape_capacity must be >= 0, got " +
-                                       std::to_string(escape_capacity));
-  uint64_t rows, n, prow, nbytes, srow, two;
-  split_dims(x.dimensions(), &rows, &n);
-  split_dims(payload->dimensions(), &prow, &nbytes);
-  split_dims(stats->dimensions(), &srow, &two);
-  if (n >= (1ull << 32))
-    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: rows of >= 2^32 elements are not supported");
-  const uint64_t want = zipccl::encoded_nbytes(d, n, (uint64_t)escape_capacity);
-  if (prow != rows || nbytes != want)
-    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: payload must be [" + str(rows) + ", " +
-                                       str(want) + "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
-  if (srow != rows || two != 2)
-    return ffi::Error::InvalidArgument("zipccl_zipccl_encode: stats must be [" + str(rows) + ", 2]");
+                         ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  Shape s;
+  if (ffi::Error e = zipccl::handler::check_encode(x.element_type(), x.dimensions(), payload->dimensions(),
+                                                   stats->dimensions(), workspace->dimensions(), &s);
+      e.failure())
+    return e;
   const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
-  const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(d);
+  const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(s.d);
+  const uint64_t cap = zipccl::max_escape_capacity(s.d, s.n);
   uint8_t* out = payload->typed_data();
-  advise_hugepages(out, rows * nbytes);
+  advise_hugepages(out, s.rows * s.nbytes);
   int32_t* st = stats->typed_data();
-  for (uint64_t r = 0; r < rows; ++r) {
-    zipccl::cpu::RowStats s =
-        zipccl::cpu::encode_row(d, xb + r * n * esize, n, (uint64_t)escape_capacity, out + r * nbytes);
-    st[2 * r] = s.status;
-    st[2 * r + 1] = (int32_t)std::min<uint64_t>(s.escape_count, 0x7FFFFFFF);
+  for (uint64_t r = 0; r < s.rows; ++r) {
+    const zipccl::cpu::RowStats rs = zipccl::cpu::encode_row(s.d, xb + r * s.n * esize, s.n, cap, out + r * s.nbytes);
+    zipccl::store_row_stats(st + zipccl::handler::kStatsWidth * r, rs.status, rs.escape_count, rs.used_nbytes,
+                            s.nbytes);
   }
   return ffi::Error::Success();
 }
 
 ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::Buffer<ffi::S32>> status,
-                         ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t escape_capacity) {
-  zipccl::DtypeCode d;
-  if (!dtype_code(y->element_type(), &d))
-    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: output must be bfloat16, float16 or float32");
-  if (escape_capacity < 0)
-    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: escape_capacity must be >= 0");
-  uint64_t rows, nbytes, yrows, n;
-  split_dims(payload.dimensions(), &rows, &nbytes);
-  split_dims(y->dimensions(), &yrows, &n);
-  if (yrows != rows)
-    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: payload has " + str(rows) +
-                                       " rows but the output has " + str(yrows));
-  if (status->element_count() != (size_t)rows)
-    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: status must have one entry per row");
-  if (n >= (1ull << 32))
-    return ffi::Error::InvalidArgument("zipccl_zipccl_decode: rows of >= 2^32 elements are not supported");
+                         ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  Shape s;
+  if (ffi::Error e = zipccl::handler::check_decode(payload.dimensions(), y->element_type(), y->dimensions(),
+                                                   status->element_count(), workspace->dimensions(), &s);
+      e.failure())
+    return e;
   const uint8_t* in = payload.typed_data();
   uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
-  const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(d);
-  advise_hugepages(yb, rows * n * esize);
+  const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(s.d);
+  advise_hugepages(yb, s.rows * s.n * esize);
   int32_t* st = status->typed_data();
-  for (uint64_t r = 0; r < rows; ++r)
-    st[r] = zipccl::cpu::decode_row(d, in + r * nbytes, nbytes, n, (uint64_t)escape_capacity,
-                                    yb + r * n * esize);
+  for (uint64_t r = 0; r < s.rows; ++r)
+    st[r] = zipccl::cpu::decode_row(s.d, in + r * s.nbytes, s.nbytes, s.n, yb + r * s.n * esize);
   return ffi::Error::Success();
 }
 
@@ -724,15 +707,13 @@ ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffe
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeCpuImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()            // x [..., n]
-                                  .Ret<ffi::Buffer<ffi::U8>>()      // payload [..., nbytes]
-                                  .Ret<ffi::Buffer<ffi::S32>>()     // stats [..., 2]
-                                  .Ret<ffi::Buffer<ffi::U8>>()      // workspace [..., W]
-                                  .Attr<int64_t>("escape_capacity"));
+                                  .Ret<ffi::Buffer<ffi::U8>>()      // payload [..., max_nbytes]
+                                  .Ret<ffi::Buffer<ffi::S32>>()     // stats [..., 4]
+                                  .Ret<ffi::Buffer<ffi::U8>>());    // workspace [..., W]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeCpuImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::U8>>()      // payload [..., nbytes]
+                                  .Arg<ffi::Buffer<ffi::U8>>()      // payload [..., L]
                                   .Ret<ffi::AnyBuffer>()            // y [..., n]
                                   .Ret<ffi::Buffer<ffi::S32>>()     // status [...]
-                                  .Ret<ffi::Buffer<ffi::U8>>()      // workspace [..., W]
-                                  .Attr<int64_t>("escape_capacity"));
+                                  .Ret<ffi::Buffer<ffi::U8>>());    // workspace [..., W]

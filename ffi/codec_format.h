@@ -1,19 +1,23 @@
-// zipccl encoded format, version 1: layout constants, per-dtype traits and the
-// static-size contract, shared by the CPU codec (ffi/codec_cpu.cc) and the CUDA
-// codec (cuda/codec.cu). docs/format.md is the normative text; this header is
-// its executable form. Everything here is __host__ __device__ so that the CPU
-// output is the bit-exact reference for the GPU.
+// zipccl encoded format, version 2 (the window codec, codec id 1): layout
+// constants, per-dtype traits and the static-size contract, shared by the CPU codec
+// (ffi/codec_cpu.cc) and the CUDA codec (cuda/codec.cu). docs/format.md is the
+// normative text; this header is its executable form. Everything here is
+// __host__ __device__ so that the CPU output is the bit-exact reference for the GPU.
 //
 // One encoded row (one tensor of n elements), all integers little-endian, every
 // section starting on a 128-byte boundary:
 //
-//   [0]            header            128 bytes (64 used, 64 reserved = 0)
+//   [0]            header            128 bytes (56 used, the rest reserved = 0)
 //   [128]          block table       nb records of 8 bytes, padded to 128
 //   [..]           raw section       n * kRawBytes bytes, padded to 128
 //   [..]           plane section     nb * kPlanes * 256 bytes
-//   [..]           escape section    capacity bytes, padded to 128
+//   [esc_off]      escape section    escape_count bytes, padded to 128   <- last
 //
-// with nb = ceil(n / 2048). See docs/format.md for every field and bit.
+// with nb = ceil(n / 2048). The escape section is last and its size is recorded in
+// the header (used_nbytes = esc_off + align128(escape_count)), so the first
+// used_nbytes bytes of a row decode on their own ("prefix-decodable"): the encoder
+// writes into a max_nbytes(d, n) buffer and a transport may send any prefix of at
+// least used_nbytes bytes. See docs/format.md for every field and bit.
 #pragma once
 
 #include <stddef.h>
@@ -27,10 +31,11 @@
 
 namespace zipccl {
 
-// ---- constants of format version 1 -------------------------------------------
+// ---- constants of format version 2 -------------------------------------------
 
 constexpr uint32_t kMagic = 0x4C43435Au;  // bytes 'Z' 'C' 'C' 'L'
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
+constexpr uint8_t kCodecWindow = 1;                 // codec id of this (window) codec
 constexpr uint32_t kBlockLog2 = 11;
 constexpr uint32_t kBlock = 1u << kBlockLog2;       // elements per block (2048)
 constexpr uint32_t kPlaneBytes = kBlock / 8;        // bytes per bit plane (256)
@@ -39,36 +44,47 @@ constexpr uint32_t kHeaderBytes = 128;              // header section size (byte
 constexpr uint32_t kRecordBytes = 8;                // block-table record size (bytes)
 constexpr uint32_t kCodePlanes = 3;                 // exponent code: 3 bit planes
 
-// Header byte offsets.
+// Header byte offsets. Bytes 0..31 are the prefix common to every codec of the
+// project (docs/format.md, "Common row header"); 32..55 are this codec's.
 constexpr uint32_t kOffMagic = 0;        // u32
-constexpr uint32_t kOffVersion = 4;      // u8
+constexpr uint32_t kOffVersion = 4;      // u8  = kVersion
 constexpr uint32_t kOffDtype = 5;        // u8  (DtypeCode)
-constexpr uint32_t kOffBlockLog2 = 6;    // u8
+constexpr uint32_t kOffCodec = 6;        // u8  = kCodecWindow
 constexpr uint32_t kOffStatus = 7;       // u8  (EncodeStatus)
 constexpr uint32_t kOffN = 8;            // u64 element count
-constexpr uint32_t kOffCapacity = 16;    // u64 escape capacity (slots = bytes)
-constexpr uint32_t kOffEscCount = 24;    // u64 escapes found (may exceed capacity)
-constexpr uint32_t kOffTotalBytes = 32;  // u64 encoded size, = encoded_nbytes()
-constexpr uint32_t kOffChecksum = 40;    // u64 position-weighted word sum (see checksum_span)
-constexpr uint32_t kHeaderUsed = 48;     // bytes [48, 128) are reserved, zero
+constexpr uint32_t kOffUsed = 16;        // u64 used_nbytes: the decodable prefix (multiple of 128)
+constexpr uint32_t kOffChecksum = 24;    // u64 position-weighted word sum over [0, used_nbytes)
+constexpr uint32_t kOffBlockLog2 = 32;   // u8  = kBlockLog2 (bytes 33..39 reserved, zero)
+constexpr uint32_t kOffCapacity = 40;    // u64 escape bytes the encoder's buffer had room for
+constexpr uint32_t kOffEscCount = 48;    // u64 escapes found (exceeds the capacity when status = 1)
+constexpr uint32_t kHeaderUsed = 56;     // bytes [56, 128) are reserved, zero
+
+// Largest n and escape capacity the layout arithmetic accepts: below these every
+// offset fits in 63 bits (n * 3 + nb * 1536 < 2^59, align128(capacity) <= 2^62), so
+// no size computation can wrap (layout_checked).
+constexpr uint64_t kMaxElems = 1ull << 56;
+constexpr uint64_t kMaxCapacity = 1ull << 62;
 
 enum DtypeCode : uint8_t { kBF16 = 1, kF16 = 2, kF32 = 3 };
 
 // Status written by the encoder into the header and its stats output.
-enum EncodeStatus : uint8_t { kEncOk = 0, kEncOverflow = 1 };
+// kEncDoesNotFit: the row needs more escape bytes than its buffer has (the row is
+// not decodable; a transport sends such data uncompressed).
+enum EncodeStatus : uint8_t { kEncOk = 0, kEncDoesNotFit = 1 };
 
 // Status returned by the decoder (one int32 per row). Keep in sync with
 // zipccl_jax/_src/codec.py (_DECODE_ERRORS) and docs/format.md.
 enum DecodeStatus : int32_t {
   kDecOk = 0,
-  kDecBadMagic = 1,        // magic or version wrong
+  kDecBadMagic = 1,        // magic, version or codec id wrong
   kDecBadDtype = 2,        // dtype or block size differ from what the caller expects
-  kDecBadSize = 3,         // n, capacity or total size differ from the caller's / the buffer
-  kDecOverflowed = 4,      // the encoder overflowed: this payload is not decodable
-  kDecBadHeader = 5,       // status byte, escape count or reserved bytes invalid
+  kDecBadSize = 3,         // n differs; used_nbytes > buffer, not a multiple of 128 or < min
+  kDecNotDecodable = 4,    // status byte 1: the encoder reported DOES_NOT_FIT
+  kDecBadHeader = 5,       // status byte, escape count/capacity/used_nbytes or reserved bytes
   kDecBadTable = 6,        // a block record is inconsistent (base, mode, offset, count)
-  kDecBadEscapes = 7,      // code planes disagree with the block table's escape counts
-  kDecBadChecksum = 8,     // XOR-64 checksum mismatch (corrupted bytes)
+  kDecBadEscapes = 7,      // planes disagree with the table, or an escape byte > the exponent max
+  kDecBadChecksum = 8,     // checksum mismatch (corrupted bytes)
+  kDecBadPadding = 9,      // checksum fine, but a padding byte of a section is not zero
 };
 
 // ---- per-dtype traits ----------------------------------------------------------
@@ -119,11 +135,13 @@ ZC_HD int planes_of(DtypeCode d) { return d == kF16 ? 6 : 3; }
 ZC_HD int elem_bytes_of(DtypeCode d) { return d == kF32 ? 4 : 2; }
 
 // ---- static size contract -----------------------------------------------------
-// Mirrored exactly by zipccl_jax/_src/codec.py:encoded_nbytes (tested to agree).
+// Mirrored exactly by zipccl_jax/_src/codec.py:max_nbytes / min_nbytes (tested to agree).
 
 ZC_HD uint64_t align_up(uint64_t x) { return (x + (kAlign - 1)) / kAlign * kAlign; }
 ZC_HD uint64_t num_blocks(uint64_t n) { return (n + kBlock - 1) / kBlock; }
 
+// Section offsets of a row of n elements whose escape section has room for
+// `capacity` escape bytes; total = esc_off + align128(capacity) is the buffer size.
 struct Layout {
   uint64_t table_off, raw_off, plane_off, esc_off, total;
 };
@@ -139,8 +157,45 @@ ZC_HD Layout layout_of(DtypeCode d, uint64_t n, uint64_t capacity) {
   return l;
 }
 
-ZC_HD uint64_t encoded_nbytes(DtypeCode d, uint64_t n, uint64_t capacity) {
-  return layout_of(d, n, capacity).total;
+// layout_of for untrusted sizes: false (and *l untouched) when n or capacity is so
+// large that an offset would wrap around 2^64.
+ZC_HD bool layout_checked(DtypeCode d, uint64_t n, uint64_t capacity, Layout* l) {
+  if (n > kMaxElems || capacity > kMaxCapacity) return false;
+  *l = layout_of(d, n, capacity);
+  return true;
+}
+
+// The fixed part of a row (header, table, raw, planes): the smallest used_nbytes.
+ZC_HD uint64_t min_nbytes(DtypeCode d, uint64_t n) { return layout_of(d, n, 0).esc_off; }
+
+// Escape bytes of the encoder's buffer: what brings the row to align128(raw bytes),
+// at least one 128-byte unit when n > 0 (so that a small row with a few specials,
+// e.g. one Inf, still fits). A row that needs more is DOES_NOT_FIT: sending it raw
+// is cheaper anyway.
+ZC_HD uint64_t max_escape_capacity(DtypeCode d, uint64_t n) {
+  const uint64_t raw = align_up(n * (uint64_t)elem_bytes_of(d));
+  const uint64_t fixed = min_nbytes(d, n);
+  const uint64_t area = raw > fixed ? raw - fixed : 0;
+  return (n > 0 && area < kAlign) ? kAlign : area;
+}
+
+// The static payload row size of the FFI encoder (= layout total at the max capacity).
+ZC_HD uint64_t max_nbytes(DtypeCode d, uint64_t n) { return min_nbytes(d, n) + max_escape_capacity(d, n); }
+
+// used_nbytes of a row with esc_count escapes that fits.
+ZC_HD uint64_t used_nbytes_of(DtypeCode d, uint64_t n, uint64_t esc_count) {
+  return min_nbytes(d, n) + align_up(esc_count);
+}
+
+// The encoder's stats row (s32 x 4): status, escapes (saturated at INT32_MAX),
+// used_units = used_nbytes / 128, 0. For a row that does not fit, used_units is
+// max_nbytes / 128 + 1, so that a max over rows also detects it.
+ZC_HD void store_row_stats(int32_t* st, uint8_t status, uint64_t escapes, uint64_t used, uint64_t max_bytes) {
+  const uint64_t units = status == kEncOk ? used / kAlign : max_bytes / kAlign + 1;
+  st[0] = status;
+  st[1] = (int32_t)(escapes < 0x7FFFFFFFull ? escapes : 0x7FFFFFFFull);
+  st[2] = (int32_t)(units < 0x7FFFFFFFull ? units : 0x7FFFFFFFull);
+  st[3] = 0;
 }
 
 // ---- block window ---------------------------------------------------------------
@@ -303,11 +358,11 @@ ZC_HD Record load_record(const uint8_t* p) {
 }
 
 // ---- checksum ----------------------------------------------------------------------
-// checksum = sum over the row's little-endian u32 words w_j (j = byte offset / 4)
-// of w_j * (2j + 1), modulo 2^64, with the header's checksum field (bytes 40..47,
-// words 10 and 11) read as zero. Integer addition is order-independent, so any
-// split across threads or CTAs gives the same value; the odd position weights make
-// every single-bit and every double-bit error change the sum.
+// checksum = sum over the little-endian u32 words w_j (j = byte offset / 4) of the
+// row's first used_nbytes bytes of w_j * (2j + 1), modulo 2^64, with the header's
+// checksum field (bytes 24..31, words 6 and 7) read as zero. Integer addition is
+// order-independent, so any split across threads or CTAs gives the same value; the
+// odd position weights make every single-bit and every double-bit error change the sum.
 // Span helper: words w[0..count) starting at row word index j0:
 //   sum (2(j0+i)+1) w_i = (2 j0 + 1) * sum w_i + 2 * sum i w_i   (mod 2^64)
 ZC_HD uint64_t checksum_span(const uint8_t* p, uint64_t j0, uint64_t count) {
@@ -320,47 +375,68 @@ ZC_HD uint64_t checksum_span(const uint8_t* p, uint64_t j0, uint64_t count) {
   return (2 * j0 + 1) * s0 + 2 * s1;
 }
 
-// The header's first 48 bytes (checksum: see above).
-ZC_HD void store_header(uint8_t* h, DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
-                        uint64_t esc_count, uint64_t total, uint64_t checksum) {
+// Header fields of one row (everything the header holds besides magic/version).
+struct Header {
+  DtypeCode dtype;
+  uint8_t status;
+  uint64_t n, used, capacity, esc_count;
+};
+
+// The header's first kHeaderUsed bytes (bytes [kHeaderUsed, 128) are the caller's:
+// zero). checksum: see checksum_span.
+ZC_HD void store_header(uint8_t* h, const Header& f, uint64_t checksum) {
+  for (uint32_t i = 0; i < kHeaderUsed; ++i) h[i] = 0;
   store_u32(h + kOffMagic, kMagic);
   h[kOffVersion] = kVersion;
-  h[kOffDtype] = (uint8_t)d;
-  h[kOffBlockLog2] = (uint8_t)kBlockLog2;
-  h[kOffStatus] = status;
-  store_u64(h + kOffN, n);
-  store_u64(h + kOffCapacity, capacity);
-  store_u64(h + kOffEscCount, esc_count);
-  store_u64(h + kOffTotalBytes, total);
+  h[kOffDtype] = (uint8_t)f.dtype;
+  h[kOffCodec] = kCodecWindow;
+  h[kOffStatus] = f.status;
+  store_u64(h + kOffN, f.n);
+  store_u64(h + kOffUsed, f.used);
   store_u64(h + kOffChecksum, checksum);
+  h[kOffBlockLog2] = (uint8_t)kBlockLog2;
+  store_u64(h + kOffCapacity, f.capacity);
+  store_u64(h + kOffEscCount, f.esc_count);
 }
 
 // Checksum contribution of the header (its checksum field as zero).
-ZC_HD uint64_t header_checksum(DtypeCode d, uint8_t status, uint64_t n, uint64_t capacity,
-                               uint64_t esc_count, uint64_t total) {
+ZC_HD uint64_t header_checksum(const Header& f) {
   uint8_t h[kHeaderUsed];
-  for (uint32_t i = 0; i < kHeaderUsed; ++i) h[i] = 0;
-  store_header(h, d, status, n, capacity, esc_count, total, 0);
+  store_header(h, f, 0);
   return checksum_span(h, 0, kHeaderUsed / 4);
 }
 
+// What the decoder learns from a header that passed check_header.
+struct HeaderInfo {
+  uint64_t used;       // used_nbytes (<= the buffer, >= min_nbytes, multiple of 128)
+  uint64_t esc_count;  // escapes (used = min_nbytes + align128(esc_count))
+};
 
-// Decoder checks 1-5 (docs/format.md, "Decoding") on a header of at least 128
-// bytes, in the normative order; size_ok = the buffer holds exactly `total` bytes.
-// Shared by the CPU decoder, the CUDA decoder and its host emulation.
+// Decoder checks 1-5 (docs/format.md, "Decoding") on a row buffer of L >= 128
+// bytes that is expected to hold n elements of T, in the normative order. Fills
+// *info when the result is kDecOk. Shared by the CPU decoder, the CUDA decoder and
+// its host emulation. Every size comparison is written so that no field value
+// (up to 2^64 - 1) can wrap.
 template <typename T>
-ZC_HD int32_t check_header(const uint8_t* in, uint64_t n, uint64_t capacity, uint64_t total,
-                           bool size_ok) {
-  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion) return kDecBadMagic;
+ZC_HD int32_t check_header(const uint8_t* in, uint64_t n, uint64_t L, HeaderInfo* info) {
+  if (load_u32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion || in[kOffCodec] != kCodecWindow)
+    return kDecBadMagic;
   if (in[kOffDtype] != (uint8_t)T::kCode || in[kOffBlockLog2] != kBlockLog2) return kDecBadDtype;
-  if (load_u64(in + kOffN) != n || load_u64(in + kOffCapacity) != capacity ||
-      load_u64(in + kOffTotalBytes) != total || !size_ok)
-    return kDecBadSize;
+  const uint64_t used = load_u64(in + kOffUsed);
+  const uint64_t fixed = min_nbytes(T::kCode, n);  // the caller checked n <= kMaxElems
+  if (load_u64(in + kOffN) != n || used > L || used % kAlign != 0 || used < fixed) return kDecBadSize;
   const uint8_t st = in[kOffStatus];
-  if (st == kEncOverflow) return kDecOverflowed;
-  if (st != kEncOk || load_u64(in + kOffEscCount) > capacity) return kDecBadHeader;
+  if (st == kEncDoesNotFit) return kDecNotDecodable;
+  if (st != kEncOk) return kDecBadHeader;
+  const uint64_t esc = load_u64(in + kOffEscCount), area = used - fixed;
+  // used = fixed + align128(esc) <=> esc <= area < esc + 128 (area is a multiple of 128)
+  if (esc > load_u64(in + kOffCapacity) || esc > area || area - esc >= kAlign) return kDecBadHeader;
+  for (uint32_t i = kOffBlockLog2 + 1; i < kOffCapacity; ++i)
+    if (in[i]) return kDecBadHeader;
   for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
     if (in[i]) return kDecBadHeader;
+  info->used = used;
+  info->esc_count = esc;
   return kDecOk;
 }
 

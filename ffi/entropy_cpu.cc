@@ -60,6 +60,13 @@ inline void store16(uint16_t* p, uint32_t v) {
 #endif
 }
 
+// Hides a value's constness from the optimizer (keeps it in a register).
+inline void opaque(uint32_t& v) {
+#if defined(__GNUC__)
+  asm("" : "+r"(v));
+#endif
+}
+
 inline uint64_t load64(const uint8_t* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
@@ -169,7 +176,8 @@ struct EncScratch {
   uint32_t c[2][kMaxAlphabet];       // [kind] counts
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
   uint16_t code[kMaxAlphabet];
-  uint32_t ctab[kMaxAlphabet];       // code << 4 | length
+  uint32_t ccode[kMaxAlphabet];      // [J symbol] code (separate arrays: no unpacking
+  uint8_t clen[kMaxAlphabet];        //  shifts in the writer's loop)
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
 };
 
@@ -266,12 +274,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   uint8_t* nib_out = out + kHuffHead;
   write_lengths(s.len[kind], sym_end[kind], nib_out);
   canonical_codes(s.len[kind], sym_end[kind], s.code);
-  // ctab is indexed by the J symbol (s.sym) for both kinds: code << 4 | length
-  // (entries of absent symbols are never read).
+  // Indexed by the J symbol (s.sym) for both kinds (entries of absent symbols are
+  // never read).
   const uint32_t jend = kind == kKindE ? 2 * sym_end[kind] : sym_end[kind];
   for (uint32_t a = 0; a < jend; ++a) {
     const uint32_t c = kind == kKindE ? a >> 1 : a;
-    s.ctab[a] = ((uint32_t)s.code[c] << 4) | s.len[kind][c];
+    s.ccode[a] = s.code[c];
+    s.clen[a] = s.len[kind][c];
   }
 
   // One MSB-first writer for the 8 streams back to back; a flush after every <= 5
@@ -284,9 +293,9 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
     uint32_t jj = j0;
     auto push = [&](uint32_t idx) {
-      const uint32_t e = s.ctab[s.sym[idx]];
-      const uint32_t l = e & 15;
-      acc = (acc << l) | (e >> 4);
+      const uint32_t a = s.sym[idx];
+      const uint32_t l = s.clen[a];
+      acc = (acc << l) | s.ccode[a];
       nacc += l;
     };
     auto flush = [&]() {
@@ -320,13 +329,13 @@ struct DecScratch {
   uint8_t len[kMaxAlphabet];
   uint16_t code[kMaxAlphabet];
   uint32_t tab[kTableSize];  // sym_bits << 16 | code length
-  uint8_t area[kMaxAreaBytes + 16];
+  uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
 };
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
-template <DtypeCode D>
+template <DtypeCode D, bool Fast>
 EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len,
                                     uint16_t* y, DecScratch& s) {
   constexpr Traits t = traits<D>();
@@ -380,19 +389,23 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     const uint32_t cnt = 1u << (kMaxLen - l);
     for (uint32_t i = 0; i < cnt; ++i) dst[i] = e;
   }
-  // Reads take 8 bytes at p + min(bitpos / 8, ab): a corrupt stream may run past
-  // its area, and the clamp keeps every read inside p[0, ab + 8).
+  // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
+  // of <= kMaxLen bits from its start (<= T), so even a corrupt one reads inside
+  // p[0, ab + kOverrun); when the buffer ends sooner (the row's last blocks) the
+  // area is decoded from a zero-padded copy.
+  constexpr uint32_t kOverrun = kStreamLen * kMaxLen / 8 + 8;
   const uint8_t* p = blk + area_off;
-  if ((uint64_t)area_off + ab + 8 > avail) {
+  if ((uint64_t)area_off + ab + kOverrun > avail) {
     std::memcpy(s.area, p, ab);
-    std::memset(s.area + ab, 0, 16);
+    std::memset(s.area + ab, 0, kOverrun);
     p = s.area;
   }
   const uint32_t* tab = s.tab;
-  auto refill = [p, ab](uint32_t q) -> uint64_t {
-    const uint32_t o = std::min(q >> 3, ab);
-    return __builtin_bswap64(load64(p + o)) << (q & 7);
-  };
+  auto refill = [p](uint32_t q) -> uint64_t { return __builtin_bswap64(load64(p + (q >> 3))) << (q & 7); };
+  // The index shift count lives in a register so that BMI2 code shifts with one
+  // non-destructive shrx instead of mov + shr.
+  uint32_t top = 64 - kMaxLen;
+  if (Fast) opaque(top);
   uint32_t pos[kStreams];
   for (uint32_t st = 0; st < kStreams; ++st) pos[st] = start[st];
   uint32_t done = 0;  // symbols decoded per stream so far (full blocks)
@@ -407,7 +420,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
         uint32_t sum = 0;
 #pragma GCC unroll 5
         for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-          const uint32_t e = tab[buf >> (64 - kMaxLen)];
+          const uint32_t e = tab[buf >> top];
           buf <<= (e & 63);
           sum += e;
           store16(yr + st * kStreamLen + i, e >> 16);
@@ -441,7 +454,7 @@ uint32_t encode_block_base(const uint16_t* x, uint32_t len, uint8_t* out, EncScr
 template <DtypeCode D>
 int32_t decode_block_base(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len, uint16_t* y,
                           DecScratch& s) {
-  return decode_block_impl<D>(blk, size, avail, len, y, s);
+  return decode_block_impl<D, false>(blk, size, avail, len, y, s);
 }
 #if EZ_X86
 template <DtypeCode D>
@@ -452,7 +465,7 @@ EZ_TARGET_FAST uint32_t encode_block_fast(const uint16_t* x, uint32_t len, uint8
 template <DtypeCode D>
 EZ_TARGET_FAST int32_t decode_block_fast(const uint8_t* blk, uint32_t size, uint64_t avail, uint32_t len,
                                          uint16_t* y, DecScratch& s) {
-  return decode_block_impl<D>(blk, size, avail, len, y, s);
+  return decode_block_impl<D, true>(blk, size, avail, len, y, s);
 }
 #endif
 

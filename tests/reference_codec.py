@@ -1,4 +1,4 @@
-"""A second, independent implementation of the zipccl v1 format in numpy.
+"""A second, independent implementation of the zipccl v2 (window codec) format in numpy.
 
 Written from docs/format.md alone (not from the C++), so that the tests compare two
 implementations of the text: the C++/CUDA encoders must produce exactly these bytes,
@@ -35,22 +35,48 @@ def layout(dtype, n: int, cap: int):
   return dict(nb=nb, table=table, raw=raw, plane=plane, esc=esc, total=esc + align(cap))
 
 
+def min_nbytes(dtype, n: int) -> int:
+  return layout(dtype, n, 0)["esc"]
+
+
+def max_capacity(dtype, n: int) -> int:
+  """max_escape_capacity of docs/format.md, "Row layout"."""
+  area = max(align(np.dtype(dtype).itemsize * n) - min_nbytes(dtype, n), 0)
+  return 128 if n > 0 and area < 128 else area
+
+
+def max_nbytes(dtype, n: int) -> int:
+  return min_nbytes(dtype, n) + max_capacity(dtype, n)
+
+
 def checksum(buf: np.ndarray) -> int:
-  """sum_j w_j (2j+1) mod 2^64 over u32 words, bytes 40..47 read as zero."""
+  """sum_j w_j (2j+1) mod 2^64 over the u32 words of buf, bytes 24..31 read as zero."""
   b = buf.copy()
-  b[40:48] = 0
+  b[24:32] = 0
   w = b.view("<u4").astype(np.uint64)
   j = np.arange(w.size, dtype=np.uint64)
   with np.errstate(over="ignore"):
     return int(np.sum(w * (np.uint64(2) * j + np.uint64(1)), dtype=np.uint64))
 
 
-def encode(x: np.ndarray, cap: int) -> tuple[np.ndarray, int, int]:
-  """Returns (payload uint8, status, escape_count)."""
+def reseal(buf: np.ndarray) -> np.ndarray:
+  """buf with its checksum field recomputed over its first used_nbytes bytes."""
+  b = buf.copy()
+  used = min(int(b[16:24].view("<u8")[0]), b.size)
+  b[24:32] = np.frombuffer(np.uint64(checksum(b[:used // 4 * 4])).tobytes(), np.uint8)
+  return b
+
+
+def encode(x: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, int, int, int]:
+  """Returns (buffer uint8[esc + align128(cap)], status, escape_count, used_nbytes).
+
+  cap = None: the FFI encoder's capacity, max_capacity(dtype, n).
+  """
   x = np.ascontiguousarray(x).reshape(-1)
   code, wdt, eb, mb, rb, nplanes = SPECS[x.dtype]
   w = x.view(wdt).astype(np.int64)
   n = w.size
+  cap = max_capacity(x.dtype, n) if cap is None else cap
   L = layout(x.dtype, n, cap)
   nb = L["nb"]
   emax = (1 << eb) - 1
@@ -125,26 +151,36 @@ def encode(x: np.ndarray, cap: int) -> tuple[np.ndarray, int, int]:
 
   buf[L["esc"]:L["esc"] + escapes.size] = escapes
 
-  hdr = np.zeros(48, np.uint8)
+  used = L["esc"] + align(total) if status == 0 else L["total"]
+  hdr = np.zeros(56, np.uint8)
   hdr[0:4] = np.frombuffer(np.uint32(MAGIC).tobytes(), np.uint8)
-  hdr[4], hdr[5], hdr[6], hdr[7] = 1, code, 11, status
-  for off, v in ((8, n), (16, cap), (24, total), (32, L["total"])):
+  hdr[4], hdr[5], hdr[6], hdr[7] = 2, code, 1, status
+  hdr[32] = 11
+  for off, v in ((8, n), (16, used), (40, cap), (48, total)):
     hdr[off:off + 8] = np.frombuffer(np.uint64(v).tobytes(), np.uint8)
-  buf[:48] = hdr
-  buf[40:48] = np.frombuffer(np.uint64(checksum(buf)).tobytes(), np.uint8)
-  return buf, status, total
+  buf[:56] = hdr
+  buf[24:32] = np.frombuffer(np.uint64(checksum(buf[:used])).tobytes(), np.uint8)
+  return buf, status, total, used
 
 
-def decode(buf: np.ndarray, dtype, n: int, cap: int) -> np.ndarray:
-  """Decodes a valid payload (raises ValueError on the first failed check)."""
+def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
+  """Decodes a valid row from any buffer holding its first used_nbytes bytes.
+
+  Raises ValueError on the first failed check (a subset of the decoder's checks).
+  """
   code, wdt, eb, mb, rb, nplanes = SPECS[np.dtype(dtype)]
-  L = layout(dtype, n, cap)
   u64 = lambda o: int(buf[o:o + 8].view("<u8")[0])
-  if buf.size != L["total"] or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 1:
-    raise ValueError("bad size/magic")
-  if buf[5] != code or buf[7] != 0 or u64(8) != n or u64(16) != cap or u64(32) != L["total"]:
-    raise ValueError("bad header")
-  if checksum(buf) != u64(40):
+  if buf.size < 128 or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 2 or buf[6] != 1:
+    raise ValueError("bad size/magic/version/codec")
+  used, count = u64(16), u64(48)
+  L = layout(dtype, n, count)
+  if (buf[5] != code or buf[32] != 11 or u64(8) != n or used > buf.size
+      or used != L["total"]):
+    raise ValueError("bad header/size")
+  if buf[7] != 0 or count > u64(40):
+    raise ValueError("not decodable")
+  buf = buf[:used]
+  if checksum(buf) != u64(24):
     raise ValueError("bad checksum")
   nb = L["nb"]
   rec = buf[L["table"]:L["table"] + 8 * nb].reshape(nb, 8)

@@ -1,6 +1,7 @@
 """The zipccl codec: bit-exact round trips, byte-identity with the reference
-implementation of docs/format.md, the static-size contract, overflow, malformed
-payloads, and the JAX transformations (jit, vmap, shard_map)."""
+implementation of docs/format.md, the static-size contract, rows that do not fit,
+prefix decoding, malformed payloads, and the JAX transformations (jit, vmap,
+shard_map)."""
 from __future__ import annotations
 
 import jax
@@ -12,31 +13,57 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax as zc
 from tests import reference_codec as ref
-from tests.reference import BF16, DTYPES, assert_bits_equal, make, words  # noqa: F401
+from tests.reference import BF16, DTYPES, assert_bits_equal, make, uint, words  # noqa: F401
 
 CODE = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
 NATIVE = zc.native()
 
 
-def roundtrip(x, cap=None):
-  enc = zc.encode(jnp.asarray(x), escape_capacity=cap)
+def roundtrip(x):
+  enc = zc.encode(jnp.asarray(x))
   return enc, zc.decode(enc)
 
 
+def host_encode(x, cap):
+  """The C++ row codec with another escape capacity than max_nbytes' (host buffers)."""
+  x = np.ascontiguousarray(x)
+  out = np.empty(NATIVE.row_nbytes(CODE[x.dtype], x.size, cap), np.uint8)
+  status, count, used = NATIVE.encode_into(CODE[x.dtype], x.reshape(-1).view(np.uint8), x.size, cap, out)
+  return out, status, count, used
+
+
 def check_against_reference(x, cap=None):
+  """Encodes x (the FFI encoder, or the host codec with escape capacity `cap`),
+  compares every byte and stat with the reference, and decodes a fitting row back
+  from its used prefix (C++ and reference). Returns (status, escapes, used)."""
   x = np.asarray(x)
-  cap = zc.default_escape_capacity(x.size) if cap is None else cap
-  enc = zc.encode(jnp.asarray(x), escape_capacity=cap)
-  want, status, count = ref.encode(x, cap)
-  got = np.asarray(enc.payload)
+  want, status, count, used = ref.encode(x, cap)
+  if cap is None:
+    enc = zc.encode(jnp.asarray(x))
+    got = np.asarray(enc.payload)
+    stats = (int(enc.status), int(enc.escape_count), int(enc.used_units))
+    want_units = used // 128 if status == 0 else want.size // 128 + 1
+    assert stats == (status, count, want_units), (stats, status, count, want_units)
+  else:
+    got, hstatus, hcount, hused = host_encode(x, cap)
+    assert (hstatus, hcount, hused) == (status, count, used)
   assert got.shape == want.shape
   diff = np.flatnonzero(got != want)
   assert diff.size == 0, f"payload differs from the reference at byte {diff[:8]}"
-  assert int(enc.status) == status and int(enc.escape_count) == count
+  assert not got[used:].any(), "bytes past used_nbytes must be zero"
   if status == 0:
-    assert_bits_equal(zc.decode(enc), x)
-    assert_bits_equal(ref.decode(got, x.dtype, x.size, cap), x)
-  return enc
+    prefix = got[:used]
+    if cap is None:
+      assert_bits_equal(zc.decode(enc), x)
+      cut = zc.Encoded(jnp.asarray(prefix), enc.escape_count, enc.status, enc.used_units, enc.shape,
+                       enc.dtype)
+      assert_bits_equal(zc.decode(cut), x)
+    else:
+      st, y = _decode_status(x.dtype, prefix, x.size)
+      assert st == 0
+      assert_bits_equal(y.view(x.dtype), x)
+    assert_bits_equal(ref.decode(prefix, x.dtype, x.size), x)
+  return status, count, used
 
 
 # ---- round trips, byte-identical to the reference --------------------------------------
@@ -49,16 +76,21 @@ DISTS = ["gauss", "laplace", "student_t3", "relu", "zeros", "constant", "random_
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("n", SIZES)
 def test_sizes_match_reference(dtype, n):
-  check_against_reference(make("gauss", n, dtype, seed=n, sigma=0.02))
+  status, _, _ = check_against_reference(make("gauss", n, dtype, seed=n, sigma=0.02))
+  assert status == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("dist", DISTS)
 def test_distributions_match_reference(dtype, dist):
   x = make(dist, 9000, dtype, seed=7)
-  # random bits and Laplace need more escape room than the default: give them all of it
-  enc = check_against_reference(x, cap=x.size)
-  assert int(enc.status) == 0
+  # The FFI encoder's bytes (random bits do not fit: DOES_NOT_FIT, still byte-exact)...
+  status, count, _ = check_against_reference(x)
+  assert status == (1 if count > ref.max_capacity(dtype, x.size) else 0)
+  if dist not in ("random_bits", "specials", "laplace", "student_t3"):
+    assert status == 0
+  # ...and every distribution round-trips with room for all escapes.
+  assert check_against_reference(x, cap=x.size)[0] == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -67,9 +99,9 @@ def test_sigma_sweep(dtype):
   hi = 3 if dtype != np.float16 else 3
   for k, sigma in enumerate(np.logspace(lo, hi, 12)):
     x = make("gauss", 5000, dtype, seed=k, sigma=sigma)
-    enc = check_against_reference(x)
+    _, count, _ = check_against_reference(x)
     if dtype != np.float16 or 1e-3 < sigma < 1e3:  # fp16 under/overflows outside
-      assert int(enc.escape_count) < 0.05 * x.size, (sigma, int(enc.escape_count))
+      assert count < 0.05 * x.size, (sigma, count)
 
 
 def test_gaussian_escape_rate_and_ratio():
@@ -79,22 +111,23 @@ def test_gaussian_escape_rate_and_ratio():
   assert_bits_equal(y, x)
   rate = int(enc.escape_count) / n
   assert 0.015 < rate < 0.03, rate
-  assert 2 * n / enc.payload.size > 1.40
+  assert 2 * n / int(enc.used_nbytes) > 1.40
+  assert enc.payload.size == zc.max_nbytes(BF16, n) >= 2 * n
 
 
 def test_outlier_block_does_not_escape_whole_block():
   x = make("gauss", 2048, BF16, seed=3, sigma=0.01)
   x[100] = np.float32(1e30)
-  enc = check_against_reference(x)
-  assert int(enc.escape_count) < 0.05 * 2048
+  _, count, _ = check_against_reference(x)
+  assert count < 0.05 * 2048
 
 
 def test_relu_uses_zero_mode():
   x = make("relu", 8192, BF16, seed=5)
-  enc = check_against_reference(x)
+  status, count, _ = check_against_reference(x)
   # half the elements are zero: zero mode codes them instead of escaping them
-  assert int(enc.escape_count) < 0.05 * x.size
-  rec = np.asarray(enc.payload)[128:128 + 8 * 4].reshape(4, 8)
+  assert status == 0 and count < 0.05 * x.size
+  rec = np.asarray(zc.encode(jnp.asarray(x)).payload)[128:128 + 8 * 4].reshape(4, 8)
   assert (rec[:, 7] == 1).all()
 
 
@@ -102,7 +135,18 @@ def test_nan_payloads_and_signed_zeros_bit_exact():
   pats = np.array([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFFF, 0x7FA5, 0x0001,
                    0x8001, 0x007F, 0x3F80], np.uint16)
   x = np.tile(pats, 500).view(BF16)
-  check_against_reference(x, cap=x.size)
+  check_against_reference(x)
+  assert check_against_reference(x, cap=x.size)[0] == 0
+
+
+def test_small_rows_with_specials_fit():
+  """max_nbytes leaves >= 128 escape bytes, so a small row with a few specials fits."""
+  for dtype in DTYPES:
+    w = uint(dtype)
+    inf = {BF16: 0x7F80, np.dtype(np.float16): 0x7C00, np.dtype(np.float32): 0x7F800000}[dtype]
+    x = np.array([inf], w).view(dtype)
+    status, count, used = check_against_reference(x)
+    assert (status, count) == (0, 1) and used == zc.min_nbytes(dtype, 1) + 128
 
 
 def test_large_row_16m():
@@ -118,10 +162,9 @@ def test_large_row_16m():
        st.sampled_from([0, 1, 64, None]))
 def test_property_any_bf16_bits(vals, cap):
   x = np.array(vals, np.uint16).view(BF16)
-  cap = x.size if cap is None else cap
-  enc = check_against_reference(x, cap)
-  count = int(enc.escape_count)
-  assert int(enc.status) == (1 if count > cap else 0)
+  status, count, _ = check_against_reference(x, cap)
+  room = ref.max_capacity(BF16, x.size) if cap is None else cap
+  assert status == (1 if count > room else 0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -130,7 +173,8 @@ def test_property_any_bf16_bits(vals, cap):
 def test_property_any_floats(vals, dtype):
   with np.errstate(over="ignore"):
     x = np.array(vals, np.float32).astype(dtype)
-  check_against_reference(x, x.size)
+  check_against_reference(x)
+  assert check_against_reference(x, x.size)[0] == 0
 
 
 # ---- static-size contract ------------------------------------------------------------------
@@ -138,11 +182,23 @@ def test_property_any_floats(vals, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_size_contract_python_matches_cpp(dtype):
-  for n in [0, 1, 2, 7, 2047, 2048, 2049, 10**6, 2**31 - 1, 2**40 + 5]:
+  for n in [0, 1, 2, 7, 2047, 2048, 2049, 4097, 10**6 + 1, 2**31 - 1, 2**40 + 5, 2**56]:
+    mx, mn = zc.max_nbytes(dtype, n), zc.min_nbytes(dtype, n)
+    assert (mx, mn) == (NATIVE.max_nbytes(CODE[dtype], n), NATIVE.min_nbytes(CODE[dtype], n)), n
+    assert (mx, mn) == (ref.max_nbytes(dtype, n), ref.min_nbytes(dtype, n)), n
+    assert mx % 128 == 0 and mn % 128 == 0 and mn <= mx
+    assert mx >= -(-n * dtype.itemsize // 128) * 128          # at least the raw size
+    assert mx - mn >= (128 if n else 0)
     for cap in [0, 1, 127, 128, 129, zc.default_escape_capacity(n), n]:
-      assert zc.encoded_nbytes(dtype, n, cap) == NATIVE.encoded_nbytes(CODE[dtype], n, cap)
-      assert zc.encoded_nbytes(dtype, n, cap) % 128 == 0
+      assert NATIVE.row_nbytes(CODE[dtype], n, cap) == mn + -(-cap // 128) * 128
+      assert zc.encoded_nbytes(dtype, n, cap) == min(mn + -(-cap // 128) * 128, mx)
     assert zc.workspace_nbytes(n) == NATIVE.workspace_nbytes(n)
+  # Beyond the layout's range both refuse instead of wrapping.
+  for n in [2**56 + 1, 2**64 - 1]:
+    with pytest.raises(ValueError, match="n"):
+      zc.max_nbytes(dtype, n)
+    with pytest.raises(ValueError, match="n must be"):
+      NATIVE.max_nbytes(CODE[dtype], n)
 
 
 def test_default_capacity():
@@ -151,38 +207,40 @@ def test_default_capacity():
   n = 32 * 1024 * 1024
   cap = zc.default_escape_capacity(n)
   assert cap % 128 == 0 and 0.0375 <= cap / n < 0.0376
-  assert zc.encoded_nbytes(BF16, n) == zc.encoded_nbytes(BF16, n, cap)
+  assert zc.encoded_nbytes(BF16, n) == zc.encoded_nbytes(BF16, n, cap) == zc.min_nbytes(BF16, n) + cap
 
 
-# ---- overflow --------------------------------------------------------------------------------
+# ---- rows that do not fit ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_overflow_guard_bytes_and_refusal(dtype):
+def test_does_not_fit_guard_bytes_and_refusal(dtype):
   x = make("random_bits", 5000, dtype, seed=2)
   cap = 128
-  nbytes = zc.encoded_nbytes(dtype, x.size, cap)
+  nbytes = NATIVE.row_nbytes(CODE[dtype], x.size, cap)
   guard = 4096
   out = np.full(nbytes + guard, 0xA5, np.uint8)
-  status, count = NATIVE.encode_into(CODE[dtype], x.view(np.uint8), x.size, cap, out)
-  assert status == 1 and count > cap
+  status, count, used = NATIVE.encode_into(CODE[dtype], x.view(np.uint8), x.size, cap, out)
+  assert status == 1 and count > cap and used == nbytes
   assert (out[nbytes:] == 0xA5).all(), "encoder wrote past its output"
-  want, rstatus, rcount = ref.encode(x, cap)
-  assert (rstatus, rcount) == (status, count)
+  want, rstatus, rcount, rused = ref.encode(x, cap)
+  assert (rstatus, rcount, rused) == (status, count, used)
   assert (out[:nbytes] == want).all()
-  y = np.zeros(x.size * dtype.itemsize, np.uint8)
-  assert NATIVE.decode_into(CODE[dtype], out[:nbytes], x.size, cap, y) == 4
-  enc = zc.encode(jnp.asarray(x), escape_capacity=cap)
+  assert _decode_status(dtype, out[:nbytes], x.size)[0] == 4
+  # The FFI encoder: DOES_NOT_FIT at max_nbytes, used_units one past the payload.
+  enc = zc.encode(jnp.asarray(x))
   assert int(enc.status) == 1 and bool(enc.overflowed)
-  with pytest.raises(ValueError, match="overflowed"):
+  assert int(enc.used_units) == zc.max_nbytes(dtype, x.size) // 128 + 1
+  assert int(enc.used_nbytes) > enc.payload.size
+  with pytest.raises(ValueError, match="DOES_NOT_FIT"):
     zc.decode(enc)
 
 
 def test_exact_capacity_boundary():
   x = make("gauss", 4096, BF16, seed=9)
-  count = int(zc.encode(jnp.asarray(x), escape_capacity=4096).escape_count)
-  assert int(zc.encode(jnp.asarray(x), escape_capacity=count).status) == 0
-  assert int(zc.encode(jnp.asarray(x), escape_capacity=count - 1).status) == 1
+  count = int(zc.encode(jnp.asarray(x)).escape_count)
+  assert host_encode(x, count)[1] == 0
+  assert host_encode(x, count - 1)[1] == 1
   check_against_reference(x, count)
   check_against_reference(x, count - 1)
 
@@ -190,76 +248,229 @@ def test_exact_capacity_boundary():
 # ---- malformed payloads ------------------------------------------------------------------
 
 
-def _payload(dtype=BF16, n=5000, seed=4):
-  x = make("gauss", n, dtype, seed=seed)
-  cap = zc.default_escape_capacity(n)
-  return x, cap, np.asarray(zc.encode(jnp.asarray(x), escape_capacity=cap).payload).copy()
+def _payload(dtype=BF16, n=5000, seed=4, dist="gauss"):
+  """(x, used_nbytes, the FFI encoder's whole row)."""
+  x = make(dist, n, dtype, seed=seed)
+  enc = zc.encode(jnp.asarray(x))
+  assert int(enc.status) == 0
+  return x, int(enc.used_nbytes), np.asarray(enc.payload).copy()
 
 
-def _decode_status(dtype, payload, n, cap):
-  y = np.zeros(n * np.dtype(dtype).itemsize, np.uint8)
-  return NATIVE.decode_into(CODE[np.dtype(dtype)], np.ascontiguousarray(payload), n, cap, y), y
+def _decode_status(dtype, payload, n):
+  y = np.full(n * np.dtype(dtype).itemsize, 0x5A, np.uint8)
+  return NATIVE.decode_into(CODE[np.dtype(dtype)], np.ascontiguousarray(payload), n, y), y
+
+
+def _assert_filled(status, y):
+  if status != 0:
+    assert (y == 0xFF).all(), f"status {status}: the row is not filled with all-one bits"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_every_single_bit_flip_is_detected(dtype):
-  x, cap, p = _payload(dtype, n=2500)
-  assert _decode_status(dtype, p, x.size, cap)[0] == 0
-  nbits = p.size * 8
-  for bit in range(0, nbits, 1 if dtype == BF16 else 3):
+  x, used, p = _payload(dtype, n=2500)
+  assert _decode_status(dtype, p, x.size)[0] == 0
+  for bit in range(0, used * 8, 1 if dtype == BF16 else 3):
     q = p.copy()
     q[bit // 8] ^= 1 << (bit % 8)
-    status, _ = _decode_status(dtype, q, x.size, cap)
+    status, y = _decode_status(dtype, q, x.size)
     assert status != 0, f"flip of bit {bit} (byte {bit // 8}) not detected"
+    _assert_filled(status, y)
+  # Bytes past used_nbytes are never read.
+  q = p.copy()
+  q[used:] = 0xEE
+  assert _decode_status(dtype, q, x.size)[0] == 0
 
 
-def test_every_truncation_is_rejected():
-  x, cap, p = _payload(n=3000)
-  for k in range(0, p.size):
-    assert _decode_status(BF16, p[:k], x.size, cap)[0] == 3
-  assert _decode_status(BF16, np.concatenate([p, p[:8]]), x.size, cap)[0] == 3
+def test_every_truncation_is_rejected_and_every_longer_buffer_accepted():
+  x, used, p = _payload(n=3000)
+  for k in range(0, used):
+    status, y = _decode_status(BF16, p[:k], x.size)
+    assert status == 3, k
+    _assert_filled(status, y)
+  for k in range(used, p.size + 1, 37):
+    status, y = _decode_status(BF16, p[:k], x.size)
+    assert status == 0, k
+    assert_bits_equal(y.view(BF16), x)
+  assert _decode_status(BF16, np.concatenate([p, p[:8]]), x.size)[0] == 0
 
 
 def test_random_corruption_never_gives_a_wrong_answer():
-  x, cap, p = _payload(n=20_000, seed=6)
+  x, used, p = _payload(n=20_000, seed=6)
   rng = np.random.default_rng(0)
   for trial in range(400):
     q = p.copy()
     k = int(rng.integers(1, 16))
-    pos = rng.integers(0, q.size, k)
+    pos = rng.integers(0, used, k)
     q[pos] = rng.integers(0, 256, k).astype(np.uint8)
-    status, y = _decode_status(BF16, q, x.size, cap)
+    status, y = _decode_status(BF16, q, x.size)
     if np.array_equal(q, p):
       assert status == 0
     else:
       assert status != 0 or np.array_equal(y.view(np.uint16), words(x)), trial
+    _assert_filled(status, y)
+
+
+def _set_u64(q, off, v):
+  q[off:off + 8] = np.frombuffer(np.uint64(v).tobytes(), np.uint8)
 
 
 def test_specific_defects_report_their_status():
-  x, cap, p = _payload(n=5000)
+  x, used, p = _payload(n=5000)
   n = x.size
+  esc_off = zc.min_nbytes(BF16, n)
+  count = int(p[48:56].view("<u8")[0])
 
-  def st_of(mutate):
+  def st_of(mutate, reseal=False):
     q = p.copy()
     mutate(q)
-    return _decode_status(BF16, q, n, cap)[0]
+    if reseal:
+      q = ref.reseal(q)
+    status, y = _decode_status(BF16, q, n)
+    _assert_filled(status, y)
+    return status
 
   assert st_of(lambda q: q.__setitem__(0, ord("X"))) == 1         # magic
-  assert st_of(lambda q: q.__setitem__(4, 2)) == 1                # version
+  assert st_of(lambda q: q.__setitem__(4, 1)) == 1                # version 1
+  assert st_of(lambda q: q.__setitem__(6, 2)) == 1                # codec id (entropy)
   assert st_of(lambda q: q.__setitem__(5, 3)) == 2                # dtype
-  assert st_of(lambda q: q.__setitem__(6, 12)) == 2               # block size
+  assert st_of(lambda q: q.__setitem__(32, 12)) == 2              # block size
   assert st_of(lambda q: q.__setitem__(8, q[8] ^ 1)) == 3         # n
-  assert st_of(lambda q: q.__setitem__(7, 1)) == 4                # overflow flag
+  assert st_of(lambda q: _set_u64(q, 16, p.size + 128)) == 3      # used_nbytes > buffer
+  assert st_of(lambda q: _set_u64(q, 16, used + 8)) == 3          # not a multiple of 128
+  assert st_of(lambda q: _set_u64(q, 16, esc_off - 128)) == 3     # below min_nbytes
+  assert st_of(lambda q: _set_u64(q, 16, 2**64 - 128)) == 3       # huge: must not wrap
+  assert st_of(lambda q: q.__setitem__(7, 1)) == 4                # DOES_NOT_FIT flag
   assert st_of(lambda q: q.__setitem__(7, 9)) == 5                # bad status byte
   assert st_of(lambda q: q.__setitem__(100, 1)) == 5              # reserved byte
+  assert st_of(lambda q: q.__setitem__(35, 1)) == 5               # reserved byte after block_log2
+  assert st_of(lambda q: _set_u64(q, 40, count - 1)) == 5         # escape_count > capacity
+  assert st_of(lambda q: _set_u64(q, 48, 2**64 - 1)) == 5         # huge escape count
+  assert st_of(lambda q: _set_u64(q, 16, used + 128)) == 5        # used != esc_off + align(count)
   assert st_of(lambda q: q.__setitem__(128 + 6, 255)) == 6        # invalid window base
   assert st_of(lambda q: q.__setitem__(128 + 8, q[128 + 8] + 1)) == 6  # offset of block 1
-  assert _decode_status(BF16, p, n + 1, cap)[0] == 3              # caller expects other n
-  assert _decode_status(np.float16, p, n, cap)[0] == 2            # caller expects fp16
+  assert _decode_status(BF16, p, n + 1)[0] == 3                   # caller expects other n
+  assert _decode_status(np.float16, p, n)[0] == 2                 # caller expects fp16
+  assert st_of(lambda q: q.__setitem__(used - 1, q[used - 1] ^ 0x10)) == 8   # escape padding
+  assert st_of(lambda q: q.__setitem__(used - 1, 1), reseal=True) == 9       # ... resealed
+  raw_pad = 128 + 128 + n                                          # bf16: 1 raw byte per element
+  assert st_of(lambda q: q.__setitem__(raw_pad, 1), reseal=True) == 9
+  assert st_of(lambda q: q.__setitem__(128 + 8 * 3, 1), reseal=True) == 9    # table padding
   with pytest.raises(ValueError, match="checksum"):
     q = p.copy()
-    q[-200] ^= 0x10  # an unused escape byte: only the checksum sees it
-    zc.decode(zc.Encoded(jnp.asarray(q), jnp.int32(0), jnp.int32(0), (n,), BF16, cap))
+    q[used - 1] ^= 0x10
+    zc.decode(zc.Encoded(jnp.asarray(q), jnp.int32(0), jnp.int32(0), jnp.int32(0), (n,), BF16))
+
+
+def test_fp16_escape_byte_above_31_is_rejected():
+  f16 = np.dtype(np.float16)
+  x, used, p = _payload(f16, n=3000, seed=1)
+  esc_off = zc.min_nbytes(f16, x.size)
+  count = int(p[48:56].view("<u8")[0])
+  assert count > 0
+  for bad in (32, 0x80, 0xFF):
+    q = p.copy()
+    q[esc_off] = bad      # the first escape: its bits above 4 would land in the sign
+    status, y = _decode_status(f16, ref.reseal(q), x.size)
+    assert status == 7, (bad, status)
+    _assert_filled(status, y)
+
+
+def test_jit_decode_of_bad_payloads_is_all_ones():
+  """Under jit no error is raised: the status says it, and the row is all-one bits."""
+  for dtype in DTYPES:
+    x, used, p = _payload(dtype, n=3001)
+    bad = np.stack([p, p, p])
+    bad[1, 0] ^= 1            # magic
+    bad[2, used - 1] ^= 1     # checksum
+    dec = jax.jit(lambda q, _d=dtype: zc.decode_rows(q, 3001, _d))
+    y, status = (np.asarray(a) for a in dec(jnp.asarray(bad)))
+    assert status.tolist() == [0, 1, 8]
+    assert_bits_equal(y[0], x)
+    ones = np.full(3001, np.iinfo(uint(dtype)).max, uint(dtype))
+    assert (words(y[1]) == ones).all() and (words(y[2]) == ones).all()
+    # A buffer shorter than the header, and one of length 0.
+    for L in (0, 100):
+      y, status = dec(jnp.asarray(p[None, :L]))
+      assert int(status[0]) == 3 and (words(np.asarray(y)) == ones).all()
+
+
+# ---- decoder fuzz ------------------------------------------------------------------------------
+
+
+def _fuzz_cases(rng, q, used, n, code):
+  """One mutation of a valid row q (in place or a new buffer); returns the buffer."""
+  kind = int(rng.integers(6))
+  if kind == 0:    # bit flips anywhere in the used prefix: the checksum sees every one
+    for _ in range(int(rng.integers(1, 9))):
+      i = int(rng.integers(used))
+      q[i] ^= np.uint8(1 << int(rng.integers(8)))
+  elif kind == 1:  # truncation, or extension by random bytes
+    k = int(rng.integers(0, used + 1))
+    q = q[:k] if rng.integers(2) else np.concatenate([q, rng.integers(0, 256, k, np.uint8)])
+  elif kind == 2:  # a random header, sometimes keeping magic/version/codec/dtype to get past them
+    hdr = rng.integers(0, 256, 128, np.uint8)
+    keep = int(rng.integers(0, 9))
+    hdr[:keep] = q[:keep]
+    q[:128] = hdr
+    if rng.integers(2):
+      q = ref.reseal(q)
+  elif kind == 3:  # one header field set to a random or extreme value, re-sealed
+    off = [8, 16, 40, 48][int(rng.integers(4))]
+    vals = [0, 1, 127, 128, used, used + 128, 2**32, 2**63, 2**64 - 1, int(rng.integers(0, 2**63))]
+    q[off:off + 8] = np.frombuffer(vals[int(rng.integers(len(vals)))].to_bytes(8, "little"), np.uint8)
+    q = ref.reseal(q)
+  elif kind == 4:  # a random escape offset/count byte of a record (sometimes re-sealed), or a
+    nb = -(-n // 2048)  # random window byte (not re-sealed: a consistent window shift that is
+    if nb:              # re-sealed is a valid row of other values, which no checksum can see)
+      rec = 128 + 8 * int(rng.integers(nb))
+      k = int(rng.integers(8))
+      q[rec + k] = rng.integers(256)
+      if k < 6 and rng.integers(2):
+        q = ref.reseal(q)
+  else:            # random bytes in the whole used prefix (not re-sealed)
+    k = int(rng.integers(1, 32))
+    q[rng.integers(0, used, k)] = rng.integers(0, 256, k, np.uint8)
+  return q
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_decoder_fuzz(dtype):
+  """Seeded fuzzing of the decoder on valid rows of every dtype: bit flips,
+  truncations and extensions, random and extreme headers (re-sealed so that the
+  checks behind the checksum are reached), random table bytes. Every result is a
+  status in 1..9 with the row all-one bits, or status 0 with exactly the original
+  values; the FFI handler agrees with the host decoder on every buffer of the
+  row's own length."""
+  rng = np.random.default_rng(20261130 + CODE[dtype])
+  rows = []
+  for dist, n in [("gauss", 1), ("gauss", 2049), ("outlier", 5000), ("relu", 777),
+                  ("specials", 3001), ("gauss", 0), ("laplace", 4096)]:
+    x = make(dist, n, dtype, seed=n)
+    enc = zc.encode(jnp.asarray(x))
+    if int(enc.status) == 0:
+      rows.append((x, int(enc.used_nbytes), np.asarray(enc.payload)))
+  ones = np.iinfo(uint(dtype)).max
+  same_len = {}
+  for trial in range(1500):
+    x, used, p = rows[trial % len(rows)]
+    n = x.size
+    q = _fuzz_cases(rng, p.copy(), used, n, CODE[dtype])
+    status, y = _decode_status(dtype, q, n)
+    assert 0 <= status <= 9, status
+    if status == 0:
+      assert np.array_equal(words(y.view(dtype)), words(x)), f"trial {trial}: wrong values, status 0"
+    else:
+      assert (y.view(uint(dtype)) == ones).all(), f"trial {trial}: status {status}, row not all-ones"
+    if q.size == p.size:
+      same_len.setdefault(n, []).append((q, status, y))
+  # The FFI decoder (jit) on the same buffers: same statuses, same values.
+  for n, items in same_len.items():
+    qs = np.stack([q for q, _, _ in items])
+    y, status = (np.asarray(a) for a in jax.jit(lambda b, _n=n: zc.decode_rows(b, _n, dtype))(qs))
+    assert status.tolist() == [s for _, s, _ in items]
+    assert np.array_equal(words(y).reshape(len(items), -1).view(np.uint8),
+                          np.stack([yy for _, _, yy in items]).reshape(len(items), -1))
 
 
 # ---- Python API -------------------------------------------------------------------------
@@ -268,14 +479,27 @@ def test_specific_defects_report_their_status():
 def test_api_errors_name_the_argument():
   with pytest.raises(TypeError, match="encode: x must be bfloat16, float16 or float32, got int8"):
     zc.encode(jnp.zeros(4, jnp.int8))
-  with pytest.raises(ValueError, match="escape_capacity"):
-    zc.encode(jnp.zeros(4, jnp.bfloat16), escape_capacity=-1)
   with pytest.raises(ValueError, match="codec"):
     zc.encode(jnp.zeros(4, jnp.bfloat16), codec="zstd")
-  with pytest.raises(TypeError, match="static"):
-    jax.jit(lambda c: zc.encode(jnp.zeros(4, jnp.bfloat16), escape_capacity=c))(3)
   with pytest.raises(TypeError, match="Encoded"):
     zc.decode(np.zeros(4))
+  with pytest.raises(TypeError, match="decode_rows: dtype"):
+    zc.decode_rows(jnp.zeros((1, 256), jnp.uint8), 4, jnp.int8)
+  with pytest.raises(TypeError, match="payload must be uint8"):
+    zc.decode_rows(jnp.zeros((1, 256), jnp.int32), 4, jnp.bfloat16)
+
+
+def test_escape_capacity_is_deprecated_and_ignored():
+  x = jnp.asarray(make("gauss", 3000, BF16))
+  plain = zc.encode(x)
+  for cap in (0, 5, 10**12):
+    with pytest.warns(DeprecationWarning, match="sized automatically"):
+      enc = zc.encode(x, escape_capacity=cap)
+    assert (np.asarray(enc.payload) == np.asarray(plain.payload)).all()
+  with pytest.warns(DeprecationWarning, match="sized automatically"):
+    payload, _ = zc.encode_rows(x[None], 7)
+  with pytest.warns(DeprecationWarning, match="sized automatically"):
+    assert_bits_equal(zc.decode_rows(payload, 3000, BF16, 7)[0][0], x)
 
 
 def test_raw_codec_is_identity_bytes():
@@ -297,13 +521,14 @@ def test_jit_and_shapes():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_vmap(dtype):
-  x = np.stack([make(d, 3000, dtype, seed=i) for i, d in enumerate(["gauss", "laplace", "relu"])])
-  enc = jax.vmap(lambda r: zc.encode(r, escape_capacity=3000))(jnp.asarray(x))
-  assert enc.payload.shape == (3, zc.encoded_nbytes(dtype, 3000, 3000))
+  x = np.stack([make(d, 3000, dtype, seed=i) for i, d in enumerate(["gauss", "outlier", "relu"])])
+  enc = jax.vmap(zc.encode)(jnp.asarray(x))
+  assert enc.payload.shape == (3, zc.max_nbytes(dtype, 3000))
   for i in range(3):
-    want, _, count = ref.encode(x[i], 3000)
+    want, status, count, used = ref.encode(x[i])
     assert (np.asarray(enc.payload[i]) == want).all()
-    assert int(enc.escape_count[i]) == count
+    assert (int(enc.status[i]), int(enc.escape_count[i]), int(enc.used_units[i])) == (
+        status, count, used // 128)
   y = jax.vmap(zc.decode)(enc)
   assert_bits_equal(y, x)
   y2 = jax.jit(jax.vmap(lambda r: zc.decode(zc.encode(r))))(jnp.asarray(x))
@@ -319,26 +544,29 @@ def test_shard_map_keeps_varying_type():
   mesh = _mesh()
   ndev = mesh.devices.size
   per = 3000
-  x = np.concatenate([make(["gauss", "random_bits", "zeros", "laplace"][i % 4], per, BF16, seed=i)
-                      for i in range(ndev)])
+  kinds = ["gauss", "random_bits", "zeros", "laplace"]
+  x = np.concatenate([make(kinds[i % 4], per, BF16, seed=i) for i in range(ndev)])
   xs = jax.device_put(jnp.asarray(x), NamedSharding(mesh, P("x")))
 
   def body(xb):
-    enc = zc.encode(xb, escape_capacity=per)
+    enc = zc.encode(xb)
     assert jax.typeof(enc.payload).mat.varying == frozenset({"x"})
     return enc.payload[None], zc.decode(enc), enc.status[None]
 
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=(P("x"), P("x"), P("x"))))
   payload, y, status = (np.asarray(a) for a in f(xs))
-  assert_bits_equal(y, x)
-  assert (np.asarray(status) == 0).all()
   for i in range(ndev):
-    want, _, _ = ref.encode(x[i * per:(i + 1) * per], per)
+    xi, yi = x[i * per:(i + 1) * per], y[i * per:(i + 1) * per]
+    want, wstatus, _, _ = ref.encode(xi)
     assert (payload[i] == want).all(), f"device {i}"
+    assert status[i] == wstatus == (1 if kinds[i % 4] == "random_bits" else 0)
+    if wstatus == 0:
+      assert_bits_equal(yi, xi)
+    else:  # random bits do not fit: not decodable, the row is all-one bits
+      assert (words(yi) == 0xFFFF).all()
   if ndev > 1:
     # A replicated out_spec for a per-device payload must be rejected, not return device 0's.
-    bad = jax.shard_map(lambda xb: zc.encode(xb, escape_capacity=per).payload, mesh=mesh,
-                        in_specs=P("x"), out_specs=P())
+    bad = jax.shard_map(lambda xb: zc.encode(xb).payload, mesh=mesh, in_specs=P("x"), out_specs=P())
     with pytest.raises(Exception):
       jax.jit(bad)(xs)
 
@@ -349,9 +577,11 @@ def test_shard_map_keeps_varying_type():
 def test_analyze_gaussian():
   x = make("gauss", 200_000, BF16, seed=12, sigma=0.02)
   a = zc.analyze(x)
-  assert a.roundtrip_ok and not a.overflow
+  assert a.roundtrip_ok and not a.overflow and a.fits
   assert 1.45 < a.entropy_ratio < 1.6
   assert 1.38 < a.static_ratio <= a.ratio < a.entropy_ratio
   assert 0.015 < a.escape_rate < 0.03
   z = zc.analyze(np.zeros(10, np.float32))
   assert z.roundtrip_ok and z.escape_count == 0
+  r = zc.analyze(make("random_bits", 5000, BF16))  # does not fit, still measured exactly
+  assert r.roundtrip_ok and not r.fits and r.actual_nbytes > zc.max_nbytes(BF16, 5000)

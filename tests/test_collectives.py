@@ -274,8 +274,7 @@ def test_stats_fields(mesh8):
   assert 0.01 < float(s.escape_rate) < 0.035
   # all_gather reads escape counts from the gathered headers (docs/format.md offsets):
   # they must equal what the encoder reported for each block.
-  want = sum(int(zc.encode(jnp.asarray(b), escape_capacity=zc.default_escape_capacity(n))
-                 .escape_count) for b in _blocks(x))
+  want = sum(int(zc.encode(jnp.asarray(b)).escape_count) for b in _blocks(x))
   assert int(s.escape_count) == want
   assert "ratio=" in s.summary()
 

@@ -5,6 +5,7 @@ transformations (jit, vmap, shard_map)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -354,3 +355,70 @@ def test_shard_map(mesh8):
   assert not np.asarray(status).any()
   assert_bits_equal(y, x)
   assert np.asarray(used).shape == (8, 1)
+
+
+def test_registry_entry():
+  from zipccl_jax._src import registry
+  c = registry.get("entropy")
+  assert c.codec_id == 2 and c.encode_target == ent.ENCODE_TARGET
+  assert c.decode_target == ent.DECODE_TARGET
+  assert c.supports(BF16) and c.supports(F16) and not c.supports(np.float32)
+  assert c.max_nbytes(BF16, 5000) == ent.max_nbytes(BF16, 5000)
+
+
+def test_collectives_refuse_entropy_until_the_transport_moves_it(mesh8):
+  import zipccl_jax as zc
+
+  def f(x):
+    return zc.compressed_all_gather(x, "x", codec="entropy")
+
+  g = jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P())
+  with pytest.raises(NotImplementedError, match="transport does not move it yet"):
+    jax.jit(g)(jnp.zeros((8, 64), jnp.bfloat16))
+
+
+def test_threads_give_identical_bytes(tmp_path):
+  """A row big enough for several threads, with RAW blocks in every thread's range:
+  the bytes equal a single-threaded encoding (run in a subprocess, since the thread
+  count is read once per process), and it round-trips."""
+  import subprocess
+  import sys
+  n = (1 << 21) + 4096 * 3 + 17
+  x = make("gauss", n, BF16, seed=11)
+  w = words(x).copy()
+  w[::4096 * 7] = 0x7FC1                     # a NaN payload now and then
+  w[4096 * 5:4096 * 6] = np.random.default_rng(2).integers(0, 1 << 16, 4096)  # one RAW block
+  w[-4096 * 300:-4096 * 299] = np.random.default_rng(3).integers(0, 1 << 16, 4096)
+  x = w.view(BF16)
+  out, status, raws, used = native_encode(x)
+  assert status == 0 and raws >= 2  # (+ the 17-element tail block, RAW when smaller)
+  y, st = native_decode(out[:used], n, BF16)
+  assert st == 0
+  assert_bits_equal(y, x)
+  np.save(tmp_path / "x.npy", w)
+  code = ("import numpy as np, sys; from zipccl_jax._src import ffi, entropy; import ml_dtypes;"
+          "w = np.load(sys.argv[1]); N = ffi.native();"
+          "out = np.zeros(entropy.max_nbytes(ml_dtypes.bfloat16, w.size), np.uint8);"
+          "s = N.entropy_encode_into(1, w.view(np.uint8), w.size, out);"
+          "out.tofile(sys.argv[2])")
+  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
+  subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.npy"), str(tmp_path / "one")],
+                 check=True, env=env, timeout=120)
+  one = np.fromfile(tmp_path / "one", np.uint8)
+  assert one.size == out.size
+  bad = np.flatnonzero(one != out)
+  assert bad.size == 0, f"{bad.size} bytes differ from the 1-thread encoding; first at {bad[0]}"
+
+
+def test_short_payload_under_jit():
+  """L = 0 and L < used through XLA: status 3 (BAD_SIZE), rows all-one bits."""
+  dec = jax.jit(ent.decode_rows, static_argnums=(1, 2))
+  y, st = dec(jnp.zeros((2, 0), jnp.uint8), 5, BF16)
+  assert np.asarray(st).tolist() == [3, 3]
+  assert (words(y) == 0xFFFF).all()
+  p, s = jax.jit(ent.encode_rows)(jnp.asarray(make("gauss", 3000, F16))[None])
+  used = int(s[0, 2]) * 128
+  y, st = dec(p[:, :used - 128], 3000, F16)
+  assert int(st[0]) == 3 and (words(y) == 0xFFFF).all()
+  y, st = dec(p, 3000, BF16)  # the wrong dtype
+  assert int(st[0]) == 2 and (words(y) == 0xFFFF).all()

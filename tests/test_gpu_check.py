@@ -47,13 +47,13 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
   assert ident["ok"] is True and ident["failures"] == 0 and ident["exit"] == 0, ident.get("error")
   assert len(ident["cases"]) >= 60 and all(c["ok"] for c in ident["cases"])
   names = {" ".join(c["case"]) for c in ident["cases"]}
-  # Overflow, several rows, misaligned rows and the (shrunk) large case all ran.
-  assert any("cap=0" in s for s in names) and any("rows=4" in s for s in names)
+  # Rows that do not fit, several rows, misaligned rows and the (shrunk) large case all ran.
+  assert any("bits" in s and "rows=4" in s for s in names) and any("n=0" in s for s in names)
   assert any("rows=5 n=7" in s for s in names) and any("n=1048579" in s for s in names)
   assert [c["dtype"] for c in ident["corrupt"]] == ["bfloat16", "float16", "float32"]
   assert all(c["ok"] and c["count"] > 100 for c in ident["corrupt"])
   hist = {int(k) for c in ident["corrupt"] for k in c["cpu_status_hist"]}
-  assert hist == set(range(9)), hist  # the corrupted payloads reach every decoder status
+  assert hist == set(range(10)), hist  # the corrupted payloads reach every decoder status
 
   tim = rep["timing"]
   assert tim["ok"] is True and tim["exit"] == 0, tim.get("error")
@@ -84,10 +84,10 @@ def test_rehearsal_refuses_the_results_directory():
   assert res.returncode == 2 and "must not be benchmarks/results" in res.stderr, res.stderr
 
 
-def _case(dtype, n, rows, cap):
+def _case(dtype, n, rows):
   x = gc.make("gauss", rows * n, dtype, 1).reshape(rows, n)
-  p, s = (np.asarray(a) for a in zc.encode_rows(jax.numpy.asarray(x), cap))
-  y, st = (np.asarray(a) for a in zc.decode_rows(jax.numpy.asarray(p), n, dtype, cap))
+  p, s = (np.asarray(a) for a in zc.encode_rows(jax.numpy.asarray(x)))
+  y, st = (np.asarray(a) for a in zc.decode_rows(jax.numpy.asarray(p), n, dtype))
   return x, p, s, y, st
 
 
@@ -95,37 +95,48 @@ def test_mismatch_reports():
   """What a GPU run prints when the GPU and the CPU disagree (never reached by CPU vs CPU)."""
   for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)):
     n, rows = 5001, 3
-    cap = zc.default_escape_capacity(n)
-    x, p, s, y, st = _case(dtype, n, rows, cap)
-    assert gc.compare_case(x, p, s, p, s, y, st, st, dtype, n, cap) == (True, True, "")
+    x, p, s, y, st = _case(dtype, n, rows)
+    assert gc.compare_case(x, p, s, p, s, y, st, st, dtype, n) == (True, True, "")
 
-    secs = dict((k, (lo, hi)) for k, lo, hi in gc.sections(dtype, n, cap))
-    assert secs["escapes"][1] == p.shape[1] == zc.encoded_nbytes(dtype, n, cap)
+    secs = dict((k, (lo, hi)) for k, lo, hi in gc.sections(dtype, n, p.shape[1]))
+    assert secs["escapes"] == (zc.min_nbytes(dtype, n), p.shape[1]) and p.shape[1] == zc.max_nbytes(dtype, n)
     pg = p.copy()
     pg[1, secs["planes"][0] + 3] ^= 4
     pg[2, secs["table"][0]] ^= 1
     sg = s.copy()
     sg[2, 1] += 1
-    enc_ok, dec_ok, msg = gc.compare_case(x, pg, sg, p, s, y, st, st, dtype, n, cap)
+    enc_ok, dec_ok, msg = gc.compare_case(x, pg, sg, p, s, y, st, st, dtype, n)
     assert (enc_ok, dec_ok) == (False, True)
     assert "2 bytes differ (table: 1, planes: 1); first at row 1" in msg and "stats gpu" in msg, msg
 
     stg, yg = st.copy(), y.copy()
     stg[0] = 8
     yg.view(np.uint8)[2, 7] ^= 1
-    enc_ok, dec_ok, msg = gc.compare_case(x, p, s, p, s, yg, stg, st, dtype, n, cap)
+    enc_ok, dec_ok, msg = gc.compare_case(x, p, s, p, s, yg, stg, st, dtype, n)
     assert (enc_ok, dec_ok) == (True, False)
     assert "decode status gpu [8, 0, 0] cpu [0, 0, 0]" in msg and "decoded values differ at" in msg, msg
 
-  assert gc.describe_diff(p[:, :-128], p, dtype, n, cap).startswith("shape")
+    # A row that failed on both sides must be all-one bits on the GPU too.
+    stf = st.copy()
+    stf[1] = 8
+    yf = y.copy()
+    yf.view(np.uint8)[1] = 0xFF
+    assert gc.compare_case(x, p, s, p, s, yf, stf, stf, dtype, n)[1] is True
+    yf.view(np.uint8)[1, 5] = 0
+    enc_ok, dec_ok, msg = gc.compare_case(x, p, s, p, s, yf, stf, stf, dtype, n)
+    assert (enc_ok, dec_ok) == (True, False) and "not all-one bits" in msg, msg
+
+  assert gc.describe_diff(p[:, :-128], p, dtype, n).startswith("shape")
 
 
 def test_checksum_matches_the_codec():
   """checksum_np re-seals the corrupted payloads of the identity phase: it must be the format's checksum."""
   for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)):
-    _, p, _, _, _ = _case(dtype, 4099, 2, 200)
-    for row in p:
-      assert gc.checksum_np(row) == int.from_bytes(row[40:48].tobytes(), "little")
+    _, p, s, _, _ = _case(dtype, 4099, 2)
+    for row, st in zip(p, s):
+      used = int(st[2]) * 128
+      assert gc.checksum_np(row[:used]) == int.from_bytes(row[24:32].tobytes(), "little")
+      assert gc.checksum_np(row) == gc.checksum_np(row[:used])  # bytes past used are zero
 
 
 def _report(**phases):

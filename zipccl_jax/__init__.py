@@ -23,6 +23,8 @@ from zipccl_jax._src.codec import (
     encode,
     encode_rows,
     encoded_nbytes,
+    max_nbytes,
+    min_nbytes,
     workspace_nbytes,
 )
 from zipccl_jax._src.collectives import (
@@ -65,6 +67,8 @@ __all__ = [
     "encoded_nbytes",
     "has_cuda_support",
     "hlo_wire_bytes",
+    "max_nbytes",
+    "min_nbytes",
     "native",
     "tune_host_allocator",
     "workspace_nbytes",

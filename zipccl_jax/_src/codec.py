@@ -1,11 +1,14 @@
-"""The zipccl window codec: `encode`, `decode` and the static-size contract.
+"""The zipccl codec: `encode`, `decode`, the static-size contract and `analyze`.
 
-A tensor of n bf16/fp16/fp32 elements becomes one *row* of `encoded_nbytes(dtype,
-n, escape_capacity)` bytes (docs/format.md): sign and mantissa bits verbatim, the
-exponent as a 3-bit code (three bit planes) against a per-block window of 7
-exponents, and escaped exponents (outside the window) in a capacity-bounded
-escape section. The size is a pure function of (dtype, n, capacity), so the row is
-an XLA static shape that collectives can move.
+A tensor of n bf16/fp16/fp32 elements becomes one *row* (docs/format.md, version 2):
+sign and mantissa bits verbatim, the exponent as a 3-bit code (three bit planes)
+against a per-block window of 7 exponents, and the escaped exponents (outside the
+window) in an escape section that comes last. The encoder writes into a static
+buffer of `max_nbytes(dtype, n)` bytes and records in the header how many it used
+(`used_nbytes`, a multiple of 128): the first `used_nbytes` bytes decode on their
+own, so a transport may send any prefix at least that long. A row that needs more
+escape bytes than the buffer holds reports DOES_NOT_FIT (status 1; its data barely
+compresses, a transport sends it uncompressed).
 
 The work is done by the XLA FFI custom calls "zipccl_zipccl_encode" /
 "zipccl_zipccl_decode" (C++ on CPU, CUDA on GPU), which treat every leading
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -26,23 +30,33 @@ from zipccl_jax._src import ffi as _ffi
 
 # ---- static-size contract (mirror of ffi/codec_format.h) ---------------------------
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CODEC_ID = 1            # the window codec's id in the common row header (byte 6)
 BLOCK = 2048            # elements per block
-_ALIGN = 128            # section alignment, bytes
+_ALIGN = 128            # section alignment and used_nbytes unit, bytes
 _HEADER_BYTES = 128
 _RECORD_BYTES = 8
 _PLANE_BYTES = BLOCK // 8
+_MAX_ELEMS = 2**56      # the layout arithmetic's bound (codec_format.h: kMaxElems)
+STATS_WIDTH = 4         # encode_rows' stats row: (status, escapes, used_units, 0)
+
+# Encoder statuses (header byte 7, stats[..., 0]).
+STATUS_OK = 0
+STATUS_DOES_NOT_FIT = 1
 
 # Layout per dtype code (docs/format.md): (sign+mantissa bytes per element in the
 # raw section, bit planes per block). The dtype facts themselves live in dtypes.py.
 _LAYOUT = {1: (1, 3), 2: (1, 6), 3: (3, 3)}
 
-# Default escape capacity, as a fraction of n. Gaussian data escapes ~2.45% with
-# the block window (benchmarks/results/window_calibration.md); pretrained weights
-# run about half a point above that. 3.75% leaves >= 0.75 points of margin over
-# such weights and still meets the 1.41x static ratio on Gaussian bf16.
+# Default escape capacity of the fixed-slot transport, as a fraction of n. Gaussian
+# data escapes ~2.45% with the block window
+# (benchmarks/results/window_calibration.md); pretrained weights run about half a
+# point above that. 3.75% leaves >= 0.75 points of margin over such weights.
 DEFAULT_ESCAPE_RATE = (3, 80)   # 3.75 %, kept as an integer fraction (exact)
 _DEFAULT_ESCAPE_SLACK = 64      # absolute slots: binomial noise of small rows
+
+_CAPACITY_DEPRECATED = ("escape_capacity is deprecated and ignored: the payload is now sized "
+                        "automatically (max_nbytes(dtype, n), with the used size in the header)")
 
 
 def _align(x: int) -> int:
@@ -64,26 +78,65 @@ def _check_count(value, name: str) -> int:
   return int(value)
 
 
-def encoded_nbytes(dtype, n: int, escape_capacity: int | None = None) -> int:
-  """Bytes of one encoded row: a pure function of (dtype, n, escape_capacity).
+def _check_n(n, where: str) -> int:
+  n = _check_count(n, f"{where}: n")
+  if n > _MAX_ELEMS:
+    raise ValueError(f"{where}: n must be <= 2^56, got {n}")
+  return n
 
-  Mirrors `zipccl::encoded_nbytes` in ffi/codec_format.h (a test checks that both
-  agree). `escape_capacity=None` means `default_escape_capacity(n)`.
+
+def min_nbytes(dtype, n: int) -> int:
+  """The fixed part of a row (header, block table, raw bytes, planes), in bytes.
+
+  The smallest `used_nbytes` any row of n elements can have. Mirrors
+  `zipccl::min_nbytes` in ffi/codec_format.h (tested to agree).
   """
   _, raw_bytes, planes = _dtype_info(dtype)
-  n = _check_count(n, "n")
+  n = _check_n(n, "min_nbytes")
+  nb = -(-n // BLOCK)
+  return _HEADER_BYTES + _align(_RECORD_BYTES * nb) + _align(raw_bytes * n) + nb * planes * _PLANE_BYTES
+
+
+def max_escape_capacity(dtype, n: int) -> int:
+  """Escape bytes of the encoder's buffer: `max_nbytes(dtype, n) - min_nbytes(dtype, n)`.
+
+  What brings the row to align128(raw bytes), and at least 128 when n > 0.
+  """
+  fixed = min_nbytes(dtype, n)
+  raw = _align(np.dtype(dtype).itemsize * n)
+  area = max(raw - fixed, 0)
+  return _ALIGN if n > 0 and area < _ALIGN else area
+
+
+def max_nbytes(dtype, n: int) -> int:
+  """Static payload row size of `encode_rows`: the fixed part plus the escape area.
+
+  About the raw size (at least align128(raw bytes)); a row whose escapes do not
+  fit reports DOES_NOT_FIT. Mirrors `zipccl::max_nbytes` (tested to agree).
+  """
+  return min_nbytes(dtype, n) + max_escape_capacity(dtype, n)
+
+
+def encoded_nbytes(dtype, n: int, escape_capacity: int | None = None) -> int:
+  """Bytes of a row prefix with room for `escape_capacity` escapes (a fixed slot).
+
+  `min(min_nbytes + align128(escape_capacity), max_nbytes)`: a row with at most
+  that many escapes decodes from its first `encoded_nbytes(...)` bytes. This is
+  the v1 row size, now the slot of a fixed-slot transport.
+  `escape_capacity=None` means `default_escape_capacity(n)`.
+  """
+  _dtype_info(dtype)
+  n = _check_n(n, "encoded_nbytes")
   cap = default_escape_capacity(n) if escape_capacity is None else _check_count(
       escape_capacity, "escape_capacity")
-  nb = -(-n // BLOCK)
-  return (_HEADER_BYTES + _align(_RECORD_BYTES * nb) + _align(raw_bytes * n) +
-          nb * planes * _PLANE_BYTES + _align(cap))
+  return min(min_nbytes(dtype, n) + _align(cap), max_nbytes(dtype, n))
 
 
 def default_escape_capacity(n: int) -> int:
-  """Default escape slots for n elements: ceil(3.75% n) + 64, rounded up to 128.
+  """Default escape slots of a fixed slot: ceil(3.75% n) + 64, rounded up to 128.
 
-  Rounding to the 128-byte section alignment costs nothing; rows that small
-  enough to hold every element (cap >= n) can never overflow.
+  Rounding to the 128-byte alignment costs nothing; a capacity >= n can never
+  be exceeded.
   """
   n = _check_count(n, "n")
   num, den = DEFAULT_ESCAPE_RATE
@@ -106,27 +159,37 @@ class Encoded:
   """An encoded tensor (or a batch of rows of one).
 
   Attributes:
-    payload: uint8[..., nbytes], what a collective moves. Leading dimensions are
-      independent rows (one per peer in the collectives).
+    payload: uint8[..., max_nbytes], what a collective moves (or any prefix of it
+      of at least `used_nbytes` bytes). Leading dimensions are independent rows.
     escape_count: int32[...], escapes found per row (saturated at 2^31-1).
-    status: int32[...], 0 = OK, 1 = OVERFLOW (more escapes than the capacity:
-      the row is not decodable and callers must take an uncompressed path).
+    status: int32[...], 0 = OK, 1 = DOES_NOT_FIT (the escapes exceed the payload's
+      escape area: the row is not decodable; its data barely compresses).
+    used_units: int32[...], used_nbytes / 128 per row (max_nbytes / 128 + 1 when
+      status = 1).
     shape: static, the logical shape of one row's tensor.
     dtype: static, its dtype.
-    escape_capacity: static, escape slots per row.
     codec: static, "zipccl" or "raw" (identity encoding, same shapes contract).
   """
   payload: jax.Array
   escape_count: jax.Array
   status: jax.Array
+  used_units: jax.Array
   shape: tuple = dataclasses.field(metadata=dict(static=True))
   dtype: Any = dataclasses.field(metadata=dict(static=True))
-  escape_capacity: int = dataclasses.field(metadata=dict(static=True))
   codec: str = dataclasses.field(metadata=dict(static=True), default="zipccl")
 
   @property
+  def used_nbytes(self) -> jax.Array:
+    """Bytes of each row that matter (a multiple of 128; > payload size when status = 1).
+
+    uint32 (int64 with jax_enable_x64): exact for rows up to 4 GiB.
+    """
+    wide = jnp.int64 if jax.config.jax_enable_x64 else jnp.uint32
+    return jnp.asarray(self.used_units).astype(wide) * 128
+
+  @property
   def overflowed(self) -> jax.Array:
-    """True where a row overflowed its escape capacity (not decodable)."""
+    """True where a row does not fit its payload (DOES_NOT_FIT: not decodable)."""
     return self.status != 0
 
   @property
@@ -141,7 +204,7 @@ def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
   """A result type that keeps shard_map's varying-ness of `like`.
 
   Plain ShapeDtypeStructs inside shard_map are typed replicated, and then a wrong
-  out_specs=P() is silently accepted (../shared/jax-notes.md, trap 1).
+  out_specs=P() would be silently accepted.
   """
   aval = jax.typeof(like)
   mat = getattr(aval, "mat", None)
@@ -152,57 +215,88 @@ def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def encode_rows(x: jax.Array, escape_capacity: int):
+def encode_rows(x: jax.Array, escape_capacity: int | None = None):
   """Encodes every row x[..., :] independently. Returns (payload, stats).
 
-  payload is uint8[..., nbytes]; stats is int32[..., 2] = (status, escape_count).
-  Internal building block of `encode` and the collectives (one call encodes the
-  per-destination rows straight into the layout a collective sends).
+  Args:
+    x: bf16/f16/f32 array [..., n]; every leading index is a row.
+    escape_capacity: deprecated and ignored (the payload is sized automatically).
+
+  Returns:
+    payload: uint8[..., max_nbytes(dtype, n)], bytes past each row's used_nbytes zero.
+    stats: int32[..., 4] = (status, escape_count, used_units, 0) with status 0 OK /
+      1 DOES_NOT_FIT, escape_count saturated at 2^31-1, used_units =
+      used_nbytes / 128 (max_nbytes / 128 + 1 for a row that does not fit).
+
+  Keeps shard_map's varying type of x; works under jit and vmap.
   """
+  if escape_capacity is not None:
+    warnings.warn(_CAPACITY_DEPRECATED, DeprecationWarning, stacklevel=2)
   _ffi.register()
+  _dtype_info(x.dtype, "encode_rows: x")
   n = x.shape[-1]
   lead = x.shape[:-1]
-  nbytes = encoded_nbytes(x.dtype, n, escape_capacity)
   call = jax.ffi.ffi_call(
       _ffi.ENCODE_TARGET,
-      (_result_type(lead + (nbytes,), jnp.uint8, x),
-       _result_type(lead + (2,), jnp.int32, x),
+      (_result_type(lead + (max_nbytes(x.dtype, n),), jnp.uint8, x),
+       _result_type(lead + (STATS_WIDTH,), jnp.int32, x),
        _result_type(lead + (workspace_nbytes(n),), jnp.uint8, x)),
       vmap_method="broadcast_all")
-  payload, stats, _ = call(x, escape_capacity=np.int64(escape_capacity))
+  payload, stats, _ = call(x)
   return payload, stats
 
 
-def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int):
-  """Decodes every row payload[..., :]. Returns (values[..., n], status int32[...])."""
+def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None = None):
+  """Decodes every row payload[..., :L] (any static L >= the rows' used_nbytes).
+
+  Args:
+    payload: uint8[..., L]: rows from `encode_rows`, or prefixes of them.
+    n: elements per row (static).
+    dtype: the rows' dtype.
+    escape_capacity: deprecated and ignored.
+
+  Returns:
+    (values[..., n], status int32[...]); a row whose status is not 0 holds all-one
+    bits (a NaN). Bytes past a row's used_nbytes are never read.
+  """
+  if escape_capacity is not None:
+    warnings.warn(_CAPACITY_DEPRECATED, DeprecationWarning, stacklevel=2)
   _ffi.register()
+  _dtype_info(dtype, "decode_rows: dtype")
+  n = _check_n(n, "decode_rows")
+  if payload.dtype != jnp.uint8:
+    raise TypeError(f"decode_rows: payload must be uint8, got {payload.dtype}")
+  L = payload.shape[-1]
+  if L % 16:
+    # used_nbytes is a multiple of 128, so bytes past the last multiple of 128 are
+    # never used; cutting them keeps every row 16-byte aligned for the GPU decoder.
+    payload = payload[..., :L // _ALIGN * _ALIGN]
   lead = payload.shape[:-1]
-  want = encoded_nbytes(dtype, n, escape_capacity)
-  if payload.shape[-1] != want:
-    raise ValueError(f"decode: payload rows must be {want} bytes for {np.dtype(dtype).name} "
-                     f"n={n} escape_capacity={escape_capacity}, got {payload.shape[-1]}")
   call = jax.ffi.ffi_call(
       _ffi.DECODE_TARGET,
       (_result_type(lead + (n,), dtype, payload),
        _result_type(lead, jnp.int32, payload),
        _result_type(lead + (workspace_nbytes(n),), jnp.uint8, payload)),
       vmap_method="broadcast_all")
-  y, status, _ = call(payload, escape_capacity=np.int64(escape_capacity))
+  y, status, _ = call(payload)
   return y, status
 
 
 # ---- public API -----------------------------------------------------------------------
 
 _DECODE_ERRORS = {
-    1: "bad magic or format version (not a zipccl v1 payload)",
+    1: "bad magic, format version or codec id (not a zipccl v2 window-codec payload)",
     2: "dtype or block size differ from what the decoder expects",
-    3: "n, escape capacity or total size differ from what the decoder expects",
-    4: "the encoder overflowed its escape capacity: this payload is not decodable "
-       "(re-encode with a larger escape_capacity)",
-    5: "invalid header (status byte, escape count or reserved bytes)",
+    3: "n differs from what the decoder expects, or used_nbytes exceeds the payload, "
+       "is not a multiple of 128 or is below min_nbytes",
+    4: "the encoder reported DOES_NOT_FIT: the row needs more escape bytes than max_nbytes "
+       "holds, so it is not decodable (its data barely compresses: use codec='raw')",
+    5: "invalid header (status byte, escape count, capacity, used_nbytes or reserved bytes)",
     6: "inconsistent block table (window, escape offset or escape count)",
-    7: "code planes disagree with the block table (corrupted planes)",
+    7: "code planes disagree with the block table, or an escape byte exceeds the "
+       "exponent range (corrupted planes or escapes)",
     8: "checksum mismatch (corrupted bytes)",
+    9: "nonzero padding after a matching checksum (a crafted or mis-encoded payload)",
 }
 
 
@@ -226,47 +320,52 @@ def encode(x, *, codec: str = "zipccl", escape_capacity: int | None = None) -> E
   Args:
     x: array of dtype bfloat16, float16 or float32, any shape.
     codec: "zipccl" (compress) or "raw" (identity bytes, same contract).
-    escape_capacity: escape slots (exponents outside the block windows) the
-      static payload reserves; default `default_escape_capacity(x.size)`. If
-      the data needs more, `status` is 1 (OVERFLOW) and the payload must not be
-      decoded.
+    escape_capacity: deprecated and ignored (a DeprecationWarning): the payload
+      is sized automatically, `max_nbytes(x.dtype, x.size)` bytes of which the
+      first `used_nbytes` matter.
 
   Returns:
-    An `Encoded` pytree whose `payload` is uint8[encoded_nbytes(...)].
+    An `Encoded` pytree. Its `status` is 1 (DOES_NOT_FIT, not decodable) when the
+    data has more escapes than the payload holds (data that barely compresses,
+    e.g. random bits).
 
   Raises:
-    TypeError: x has another dtype, or escape_capacity is traced.
-    ValueError: a bad codec name or escape_capacity.
+    TypeError: x has another dtype.
+    ValueError: a bad codec name, or x has 2^31 elements or more.
   """
   _check_codec(codec, "encode")
+  if escape_capacity is not None:
+    warnings.warn(_CAPACITY_DEPRECATED, DeprecationWarning, stacklevel=2)
   x = jnp.asarray(x)
   _dtype_info(x.dtype, "encode: x")
   n = x.size
   if n >= 2**31:
     raise ValueError(f"encode: x must have fewer than 2^31 elements, got {n}")
-  cap = default_escape_capacity(n) if escape_capacity is None else _check_count(
-      escape_capacity, "encode: escape_capacity")
   if codec == "raw":
     payload = jax.lax.bitcast_convert_type(x.reshape(n), jnp.uint8).reshape(-1)
     zero = jnp.zeros((), jnp.int32)
-    return Encoded(payload, zero, zero, tuple(x.shape), np.dtype(x.dtype), 0, "raw")
-  payload, stats = encode_rows(x.reshape(1, n), cap)
-  return Encoded(payload[0], stats[0, 1], stats[0, 0], tuple(x.shape), np.dtype(x.dtype), cap)
+    units = jnp.int32(_align(payload.size) // _ALIGN)
+    return Encoded(payload, zero, zero, units, tuple(x.shape), np.dtype(x.dtype), "raw")
+  payload, stats = encode_rows(x.reshape(1, n))
+  return Encoded(payload[0], stats[0, 1], stats[0, 0], stats[0, 2], tuple(x.shape),
+                 np.dtype(x.dtype))
 
 
 def decode(enc: Encoded, *, return_status: bool = False):
   """Decodes an `Encoded` back to the exact original array.
 
   Args:
-    enc: from `encode` (possibly moved through a collective).
+    enc: from `encode` (possibly moved through a collective; its payload may be
+      cut to any length >= used_nbytes).
     return_status: also return the int32 decoder status (0 = OK; see
-      docs/format.md). Under jit this is the only way to see an error.
+      docs/format.md). Under jit this is the only way to see an error; the
+      values of a row that failed are all-one bits (a NaN).
 
   Returns:
     The array (and the status if asked).
 
   Raises:
-    ValueError: eagerly, when the payload is malformed or overflowed.
+    ValueError: eagerly, when the payload is malformed or does not fit.
   """
   if not isinstance(enc, Encoded):
     raise TypeError(f"decode: enc must be an Encoded, got {type(enc).__name__}")
@@ -277,8 +376,7 @@ def decode(enc: Encoded, *, return_status: bool = False):
     status = jnp.zeros((), jnp.int32)
   else:
     lead = enc.payload.shape[:-1]
-    y, status = decode_rows(enc.payload.reshape(-1, enc.payload.shape[-1]), n, enc.dtype,
-                            enc.escape_capacity)
+    y, status = decode_rows(enc.payload.reshape(-1, enc.payload.shape[-1]), n, enc.dtype)
     y = y.reshape(lead + tuple(enc.shape))
     status = status.reshape(lead)
     if not isinstance(status, jax.core.Tracer):

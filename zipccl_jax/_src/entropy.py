@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from zipccl_jax._src import ffi as _ffi
+from zipccl_jax._src.codec import _result_type  # keeps shard_map's varying type
 
 ENCODE_TARGET = "zipccl_entropy_encode"
 DECODE_TARGET = "zipccl_entropy_decode"
@@ -123,17 +124,6 @@ def workspace_nbytes(n: int) -> int:
   """
   n = _check_count(n, "n")
   return _HEADER_BYTES + _align(8 * (-(-n // BLOCK) + 1))
-
-
-def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
-  """A result type that keeps shard_map's varying-ness of `like` (see codec.py)."""
-  aval = jax.typeof(like)
-  mat = getattr(aval, "mat", None)
-  if mat is not None and getattr(aval.sharding, "mesh", None) is not None and mat.varying:
-    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat,
-                                sharding=jax.sharding.NamedSharding(aval.sharding.mesh,
-                                                                    jax.sharding.PartitionSpec()))
-  return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def encode_rows(x: jax.Array):

@@ -13,8 +13,13 @@ import importlib
 
 import jax
 
-ENCODE_TARGET = "zipccl_zipccl_encode"
-DECODE_TARGET = "zipccl_zipccl_decode"
+
+def __getattr__(name: str):
+  """ENCODE_TARGET / DECODE_TARGET: the FFI target names, read from the CPU module
+  (its registrations() and these constants come from ffi/handler_common.h)."""
+  if name in ("ENCODE_TARGET", "DECODE_TARGET"):
+    return getattr(_cpu_module(), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _cpu_module():
@@ -36,11 +41,16 @@ def _cuda_module():
 @functools.cache
 def register() -> None:
   """Registers the codec FFI targets once per process (idempotent)."""
-  for name, capsule in _cpu_module().registrations().items():
+  cpu_targets = _cpu_module().registrations()
+  for name, capsule in cpu_targets.items():
     jax.ffi.register_ffi_target(name, capsule, platform="cpu")
   cuda = _cuda_module()
   if cuda is not None:
-    for name, capsule in cuda.registrations().items():
+    cuda_targets = cuda.registrations()
+    if sorted(cuda_targets) != sorted(cpu_targets):  # a stale module from another build
+      raise ImportError(f"zipccl_jax: the CUDA module registers {sorted(cuda_targets)}, the CPU "
+                        f"module {sorted(cpu_targets)}; reinstall the package")
+    for name, capsule in cuda_targets.items():
       jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
 
 

@@ -82,3 +82,5 @@ def get(name: str, where: str = "codec") -> Codec:
 
 # The window codec (docs/format.md): every dtype of the table.
 register(Codec("zipccl", 1, "zipccl_jax._src.codec", dtypes.TABLE))
+# The entropy codec (docs/format.md, "Entropy codec (codec id 2)"): bf16 and fp16.
+register(Codec("entropy", 2, "zipccl_jax._src.entropy", (dtypes.BF16, dtypes.FP16)))

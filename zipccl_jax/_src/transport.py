@@ -25,8 +25,9 @@ from zipccl_jax._src import options
 from zipccl_jax._src import stats
 
 # Header fields read from gathered rows (docs/format.md, "Header").
-_HDR_STATUS = 7        # u8: 0 = OK, 1 = OVERFLOW
-_HDR_ESCAPES = 24      # u64 escape_count; its low 32 bits are enough (count <= n < 2^31)
+_HDR_STATUS = 7        # u8: 0 = OK, 1 = DOES_NOT_FIT
+_HDR_USED = 16         # u64 used_nbytes
+_HDR_ESCAPES = 48      # u64 escape_count; its low 32 bits are enough (count <= n < 2^31)
 
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 
@@ -40,6 +41,18 @@ def bits(x):
 
 def unbits(u, dtype):
   return lax.bitcast_convert_type(u, dtype)
+
+
+def _encode_slot(rows, plan: options.Plan):
+  """Encodes rows [N, m] and keeps the fixed slot: the first plan.nbytes bytes of each
+  (format v2 rows are prefix-decodable)."""
+  payload, st = _codec.encode_rows(rows)
+  return payload[:, :plan.nbytes], st
+
+
+def _overflows(st, plan: options.Plan):
+  """Rows whose used bytes exceed the slot, or that do not fit at all (status 1)."""
+  return (st[:, 0] != 0) | (st[:, 2] > plan.nbytes // 128)
 
 
 def agree(overflow, escapes, axes, want_stats):
@@ -65,14 +78,14 @@ def a2a_rows(rows, axes, plan: options.Plan, want_stats):
 
   if not plan.compress:
     return uncompressed(), stats.plain_part(raw_bytes)
-  payload, st = _codec.encode_rows(rows, plan.cap)          # u8[N, nbytes], s32[N, 2]
-  overflow = jnp.any(st[:, 0] != 0)
+  payload, st = _encode_slot(rows, plan)                    # u8[N, nbytes], s32[N, 4]
+  overflow = jnp.any(_overflows(st, plan))
   escapes = jnp.sum(jnp.minimum(st[:, 1], m))
   fell, esc_total, flag_bytes = agree(overflow, escapes, axes, want_stats)
 
   def compressed():
     recv = lax.all_to_all(payload, axes, 0, 0, tiled=True)
-    return _codec.decode_rows(recv, m, dtype, plan.cap)[0]
+    return _codec.decode_rows(recv, m, dtype)[0]
 
   out = lax.cond(fell, uncompressed, compressed)
   wire = jnp.where(fell, raw_bytes, n_peers * plan.nbytes) + flag_bytes
@@ -94,12 +107,15 @@ def gather_rows(row, axes, n_peers, plan: options.Plan, want_stats):
 
   if not plan.compress:
     return uncompressed(), stats.plain_part(raw_bytes)
-  payload, _ = _codec.encode_rows(row[None], plan.cap)       # u8[1, nbytes]
+  payload, _ = _encode_slot(row[None], plan)                 # u8[1, nbytes]
   gathered = compat.all_gather_invariant(payload[0], axes)   # u8[N, nbytes]
-  fell = jnp.any(gathered[:, _HDR_STATUS] != 0)
+  used_lo = lax.bitcast_convert_type(gathered[:, _HDR_USED:_HDR_USED + 4], jnp.uint32)
+  used_hi = lax.bitcast_convert_type(gathered[:, _HDR_USED + 4:_HDR_USED + 8], jnp.uint32)
+  fell = jnp.any((gathered[:, _HDR_STATUS] != 0) | (used_hi != 0) |
+                 (used_lo > np.uint32(plan.nbytes)))
 
   def compressed():
-    return _codec.decode_rows(gathered, m, dtype, plan.cap)[0]
+    return _codec.decode_rows(gathered, m, dtype)[0]
 
   out = lax.cond(fell, uncompressed, compressed)
   if want_stats:
@@ -129,15 +145,15 @@ def permute_row(row, axes, perm, n_peers, plan: options.Plan, want_stats):
     recvs_tbl[d] = True
   me = lax.axis_index(axes)
   sends = jnp.asarray(sends_tbl)[me]
-  payload, st = _codec.encode_rows(row[None], plan.cap)
+  payload, st = _encode_slot(row[None], plan)
   # Only rows that are sent can force a fallback.
-  overflow = sends & (st[0, 0] != 0)
+  overflow = sends & _overflows(st, plan)[0]
   escapes = jnp.where(sends, jnp.minimum(st[0, 1], m), 0)
   fell, esc_total, flag_bytes = agree(overflow, escapes, axes, want_stats)
 
   def compressed():
     recv = lax.ppermute(payload[0], axes, perm)
-    y, _ = _codec.decode_rows(recv[None], m, dtype, plan.cap)
+    y, _ = _codec.decode_rows(recv[None], m, dtype)
     # A peer nobody sends to holds a zero payload (not decodable): lax gives zeros.
     u = jnp.where(jnp.asarray(recvs_tbl)[me], bits(y[0]), 0)
     return unbits(u, dtype)
