@@ -64,4 +64,6 @@ def test_simt_emulator_catches_a_missing_barrier_in_the_entropy_encoder(tmp_path
   res = subprocess.run([str(exe), "--quick", "--stop"], capture_output=True, text=True, timeout=300)
   out = res.stdout + res.stderr
   assert res.returncode != 0, f"the emulator passed entropy kernels without barrier (S)\n{out[-2000:]}"
-  assert "FAIL" in out or "SIMT emulation error" in out, out[-2000:]
+  # A mismatch, an emulator error, or a crash (garbage bit offsets can send a store out of
+  # the CTA's guarded shared memory: killed by a signal).
+  assert res.returncode < 0 or "FAIL" in out or "SIMT emulation error" in out, (res.returncode, out[-2000:])

@@ -398,6 +398,7 @@ void suite(DtypeCode d, std::mt19937_64& rng, bool big) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a crash of a broken kernel
   bool big = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
