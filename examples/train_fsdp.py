@@ -623,6 +623,70 @@ def _run(cfg: Config, args, devices) -> int:
   return 0 if identical else 1
 
 
+# ---- several processes (under examples/launch.py) ---------------------------------------------
+
+DISTRIBUTED_STEPS = 30   # default --steps of the multi-process mode (timing, not convergence)
+
+
+def main_distributed(argv=None) -> int:
+  """The multi-process mode: step times of zipccl / raw / lax, bit-identity across processes.
+
+  Runs under examples/launch.py (one FSDP shard per device of every process). The
+  three variants train in lockstep from the same state (examples/harness.py);
+  exits 1 unless zipccl's and raw's losses and every process's shards are
+  bit-identical and all processes saw the same losses. Takes the model options
+  of the single-process mode plus harness's (--codecs, --warmup-steps, --json...).
+  """
+  import harness   # examples/ is on sys.path (see __main__)
+  ap = argparse.ArgumentParser(add_help=False)
+  harness.add_common_args(ap, devices=NUM_DEVICES)
+  hargs, rest = ap.parse_known_args(argv)
+  cfg, args = parse_args(rest + ["--no-analyze", "--no-progress"])
+  if args.steps is None and not args.quick:
+    cfg = dataclasses.replace(cfg, steps=DISTRIBUTED_STEPS)
+  import launch
+  multi = launch.init_jax(hargs.devices)
+  devices = jax.devices()
+  mesh = jax.sharding.Mesh(np.array(devices), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+  n = mesh.size
+  units, buffers = init_model(cfg, n)
+  opt_state = jax.tree.map(np.asarray, make_optimizer(cfg).init(buffers))
+  opt_specs = jax.tree.map(lambda x: P(AXIS) if x.ndim else P(), opt_state)
+  batches = [harness.put(b, mesh, P(AXIS)) for b in make_batches(load_corpus(), cfg, n)]
+  harness.say(f"FSDP: {cfg.layers} blocks, width {cfg.d_model}, "
+              f"{sum(u.size for u in units) / 1e6:.2f} M parameters in {len(units)} units over "
+              f"{n} devices in {jax.process_count()} process(es), {cfg.batch_per_device} x "
+              f"{cfg.seq_len} tokens per device and step")
+
+  variants = []
+  for label in hargs.codecs:
+    codec, policy = harness.VARIANTS[label]
+    if policy != "always":   # gather_unit compresses with policy="always"
+      ap.error(f"--codecs: {label!r} is not available in train_fsdp.py")
+    inner = make_train_step(cfg, units, mesh, codec, unit_capacities(units, cfg), opt_state,
+                            watch=False)
+
+    def step(state, batch, inner=inner):
+      shards, opt, probes = state
+      shards, opt, loss, stats, _ = inner(shards, opt, probes, batch)
+      return (shards, opt, probes), loss, stats
+
+    state = (harness.put(buffers, mesh, P(AXIS)), harness.put(opt_state, mesh, opt_specs),
+             harness.put({u.name: np.zeros(3 * n, np.float32) for u in units}, mesh, P(AXIS)))
+    variants.append(harness.compile_variant(label, jax.jit(step, donate_argnums=0), state,
+                                            batches[0]))
+  harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
+  harness.train_lockstep(variants, batches, log_every=hargs.log_every)
+  res = harness.summarize(variants, warmup=hargs.warmup_steps, params_of=lambda s: s[0])
+  harness.print_report("train_fsdp", res)
+  harness.write_json(hargs.json, res, example="train_fsdp", config=dataclasses.asdict(cfg))
+  return harness.finish(multi, res["ok"])
+
+
 if __name__ == "__main__":
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # launch.py, harness.py
+  import launch
+  if launch.launched():
+    sys.exit(main_distributed())
   configure_jax()
   sys.exit(main())

@@ -1,14 +1,14 @@
 """One process of the multi-process collectives test (launched by test_multiprocess.py).
 
-    python tests/_mp_worker.py PROCESS_ID NUM_PROCESSES PORT LOCAL_DEVICES OUT_JSON
+    python examples/launch.py -n N --local-devices K tests/_mp_worker.py OUT_DIR
 
-Joins a jax.distributed job on 127.0.0.1:PORT (CPU, gloo collectives), builds a
+Joins the launcher's jax.distributed job (CPU, gloo collectives), builds a
 1-D mesh "x" over every device of every process, runs all five compressed
 collectives (with stats) on Gaussian bf16 data and on data where the last device
 (owned by the last process) holds incompressible blocks, and checks each local
 shard bit for bit against a numpy reference that every process computes from the
-same seed. Writes {"ok", "errors", "digests", "flags"} to OUT_JSON; the launcher
-compares the digests of the replicated results across processes.
+same seed. Writes {"ok", "errors", "digests", "flags"} to OUT_DIR/worker<i>.json;
+the test compares the digests of the replicated results across processes.
 """
 from __future__ import annotations
 
@@ -24,16 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv) -> int:
-  pid, nproc, port, local = (int(a) for a in argv[1:5])
-  out_path = argv[5]
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+  import launch
+  if not launch.launched() or len(argv) != 2:
+    print(__doc__.split("\n\n")[1], file=sys.stderr)
+    return 2
+  pid = int(os.environ[launch.ENV_PROCESS_ID])
+  out_path = os.path.join(argv[1], f"worker{pid}.json")
   result = {"ok": False, "errors": [], "digests": {}, "flags": {}}
   try:
+    launch.init_jax()
     import jax
-    jax.config.update("jax_num_cpu_devices", local)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc,
-                               process_id=pid, initialization_timeout=120,
-                               heartbeat_timeout_seconds=30)
     if os.environ.get("ZIPCCL_MP_CRASH_PID") == str(pid):
       os._exit(3)   # the launcher's own test: a worker dying while its peers wait
     _run(jax, result)

@@ -3,7 +3,9 @@
 jax_num_cpu_devices must be set before the CPU backend starts; conftest.py is
 imported by pytest before any test module, so this is the place.
 """
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -16,6 +18,12 @@ if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+# policy="auto" reads a calibration file when one exists (~/.cache/zipccl_jax or
+# $ZIPCCL_CALIBRATION): point it at a path that does not, so that a file left by a
+# user or a benchmark cannot change what the tests compile. Subprocesses inherit it.
+os.environ["ZIPCCL_CALIBRATION"] = os.path.join(
+    tempfile.gettempdir(), f"zipccl-tests-no-calibration-{os.getpid()}", "calibration.json")
 
 from jax.sharding import AxisType  # noqa: E402
 

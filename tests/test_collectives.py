@@ -489,19 +489,39 @@ def test_hlo_raw_codec_matches_lax_uint16(mesh8):
 
 
 def test_policy_auto_threshold(mesh8):
-  """policy="auto": small rows stay uncompressed, rows >= 64 KiB are compressed."""
+  """policy="auto" without a calibration: small rows stay uncompressed, rows >= 64 KiB
+  are compressed (conftest.py keeps any calibration file out of the tests)."""
   small = jax.ShapeDtypeStruct((N * 8, 1024), jnp.bfloat16)     # 16 KiB rows
   big = jax.ShapeDtypeStruct((N * 32, 1024), jnp.bfloat16)      # 64 KiB rows
-
-  def wire(x):
-    text = jax.jit(jax.shard_map(lambda v: zc.compressed_all_gather(v, "x"), mesh=mesh8,
-                                 in_specs=P("x"), out_specs=P("x"))).lower(x).compile().as_text()
-    return zc.hlo_wire_bytes(text)
-
-  s, b = wire(small), wire(big)
+  s, b = _auto_wire(mesh8, small), _auto_wire(mesh8, big)
   assert s.common == s.total == 8 * 1024 * 2
   assert b.common == zc.encoded_nbytes(BF16, 32 * 1024) < 32 * 1024 * 2
   assert zc.AUTO_MIN_ROW_BYTES == 64 * 1024
+
+
+def _auto_wire(mesh, x):
+  text = jax.jit(jax.shard_map(lambda v: zc.compressed_all_gather(v, "x"), mesh=mesh,
+                               in_specs=P("x"), out_specs=P("x"))).lower(x).compile().as_text()
+  return zc.hlo_wire_bytes(text)
+
+
+def test_policy_auto_with_a_calibration_asks_the_cost_model(mesh8):
+  """With a calibration in force, "auto" is costmodel.decide: a fast link keeps
+  64 KiB rows raw, a slow one compresses them and keeps 256-byte rows raw."""
+  from zipccl_jax import costmodel as cm
+  small = jax.ShapeDtypeStruct((N * 8, 16), jnp.bfloat16)       # 256 B rows
+  big = jax.ShapeDtypeStruct((N * 32, 1024), jnp.bfloat16)      # 64 KiB rows
+  raw_big = 32 * 1024 * 2
+  fast = cm.default_calibration("cpu")                           # 100 Gbit/s, 1 GB/s codec
+  slow = cm.projected_calibration(fast, link_gbit=1.0, encode_GBps=3.0, decode_GBps=3.5)
+  try:
+    zc.set_calibration(fast)
+    assert _auto_wire(mesh8, big).common == _auto_wire(mesh8, big).total == raw_big
+    zc.set_calibration(slow)
+    assert _auto_wire(mesh8, small).common == 8 * 16 * 2
+    assert _auto_wire(mesh8, big).common == zc.encoded_nbytes(BF16, 32 * 1024) < raw_big
+  finally:
+    zc.set_calibration(None)
 
 
 def test_stats_wire_bytes_match_hlo(mesh8):

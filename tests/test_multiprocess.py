@@ -1,16 +1,13 @@
 """All five compressed collectives across real processes (jax.distributed, gloo on CPU).
 
-Each case launches N copies of tests/_mp_worker.py on 127.0.0.1 with a free
-coordinator port. A worker that dies makes the launcher kill the others (they
-would wait forever inside a collective) and fail with that worker's output; the
-whole launch has a deadline, so the test cannot hang.
+Each case launches N copies of tests/_mp_worker.py with examples/launch.py
+(127.0.0.1, a free coordinator port). A worker that dies makes the launcher kill
+the others (they would wait forever inside a collective) and fail with that
+worker's output; the whole launch has a deadline, so the test cannot hang.
 """
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,77 +15,29 @@ from pathlib import Path
 import pytest
 
 WORKER = Path(__file__).with_name("_mp_worker.py")
+sys.path.insert(0, str(WORKER.parent.parent / "examples"))
+import launch  # noqa: E402
 DEADLINE_S = 240
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _tail(path: Path, n: int = 3000) -> str:
-  try:
-    return path.read_text(errors="replace")[-n:]
-  except OSError:
-    return "<no output>"
-
-
 def _launch(tmp_path: Path, nproc: int, local: int, extra_env=None):
-  env = dict(os.environ)
-  env.update(extra_env or {})
-  env.pop("XLA_FLAGS", None)            # the worker sets its own device count
-  env["JAX_PLATFORMS"] = "cpu"
-  env.setdefault("PYTHONUNBUFFERED", "1")
-  port = _free_port()
-  procs, logs, outs = [], [], []
-  for pid in range(nproc):
-    log = tmp_path / f"worker{pid}.log"
-    out = tmp_path / f"worker{pid}.json"
-    logs.append(log)
-    outs.append(out)
-    with open(log, "w") as fh:
-      procs.append(subprocess.Popen(
-          [sys.executable, str(WORKER), str(pid), str(nproc), str(port), str(local), str(out)],
-          stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(WORKER.parent.parent)))
-  deadline = time.monotonic() + DEADLINE_S
-  failure = None
+  """Runs the worker as `nproc` processes with examples/launch.py; their JSON reports."""
+  cmd = [sys.executable, str(WORKER), str(tmp_path)]
   try:
-    while True:
-      codes = [p.poll() for p in procs]
-      dead = [i for i, c in enumerate(codes) if c not in (None, 0)]
-      if dead:
-        i = dead[0]
-        failure = (f"worker {i} of {nproc} exited with code {codes[i]}; its output:\n"
-                   f"{_tail(logs[i])}")
-        break
-      if all(c == 0 for c in codes):
-        break
-      if time.monotonic() > deadline:
-        running = [i for i, c in enumerate(codes) if c is None]
-        failure = (f"timeout after {DEADLINE_S}s; workers {running} still running. "
-                   f"Output of worker {running[0]}:\n{_tail(logs[running[0]])}")
-        break
-      time.sleep(0.2)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-    for p in procs:
-      try:
-        p.wait(timeout=30)
-      except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
-  if failure:
+    launch.launch(cmd, nproc, local_devices=local, deadline_s=DEADLINE_S, logdir=tmp_path,
+                  env=extra_env, echo=False, cwd=str(WORKER.parent.parent))
+  except launch.LaunchError as e:
+    failure = str(e)
     # A worker's own report (a failed check, a traceback) is the clearest message.
-    for out in outs:
+    for pid in range(nproc):
+      out = tmp_path / f"worker{pid}.json"
       if out.exists():
         errors = json.loads(out.read_text()).get("errors")
         if errors:
           failure += "\nreported errors:\n" + "\n".join(errors)
           break
     pytest.fail(failure)
-  return [json.loads(o.read_text()) for o in outs]
+  return [json.loads((tmp_path / f"worker{pid}.json").read_text()) for pid in range(nproc)]
 
 
 @pytest.mark.parametrize("nproc, local", [(2, 2), (4, 1)], ids=["2procs_x_2devices",

@@ -34,6 +34,13 @@ from zipccl_jax._src.collectives import (
     compressed_psum,
     compressed_psum_scatter,
 )
+from zipccl_jax._src.costmodel import (
+    Calibration,
+    calibrate,
+    decide,
+    project,
+    set_calibration,
+)
 from zipccl_jax._src.ffi import has_cuda_support, native
 from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
@@ -49,16 +56,19 @@ __all__ = [
     "DEFAULT_ESCAPE_RATE",
     "FORMAT_VERSION",
     "Analysis",
+    "Calibration",
     "CollectiveStats",
     "Encoded",
     "HloWireBytes",
     "analyze",
+    "calibrate",
     "compressed_all_gather",
     "compressed_all_to_all",
     "compressed_ppermute",
     "compressed_psum",
     "compressed_psum_scatter",
     "decode",
+    "decide",
     "decode_error_message",
     "decode_rows",
     "default_escape_capacity",
@@ -70,6 +80,8 @@ __all__ = [
     "max_nbytes",
     "min_nbytes",
     "native",
+    "project",
+    "set_calibration",
     "tune_host_allocator",
     "workspace_nbytes",
 ]

@@ -54,7 +54,7 @@ class _Cfg(NamedTuple):
 def _ag_impl(x, cfg: _Cfg):
   shape = x.shape
   n = x.size
-  plan = options.plan(cfg.fn, x.dtype, n, cfg.opts)
+  plan = options.plan(cfg.fn, x.dtype, n, cfg.opts, collective="all_gather", n_peers=cfg.n_peers)
   g, part = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats)
   y = jnp.moveaxis(g.reshape((cfg.n_peers,) + shape), 0, cfg.dim)
   if cfg.tiled:
@@ -80,7 +80,8 @@ def _rows_for_peers(x, dim, tiled, n_peers):
 
 def _rs_impl(x, cfg: _Cfg):
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, cfg.n_peers)
-  plan = options.plan(cfg.fn, x.dtype, rows.shape[1], cfg.opts)
+  plan = options.plan(cfg.fn, x.dtype, rows.shape[1], cfg.opts, collective="psum_scatter",
+                      n_peers=cfg.n_peers)
   recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats)
   y = transport.ordered_sum(recv, x.dtype).reshape(chunk)
   return y, (stats_lib.make_stats("psum_scatter", cfg.opts.codec, [part]) if cfg.stats else None)
@@ -93,7 +94,7 @@ def _psum_impl(x, cfg: _Cfg):
   flat = x.reshape(n)
   if n_peers * m != n:
     flat = jnp.pad(flat, (0, n_peers * m - n))
-  plan = options.plan(cfg.fn, x.dtype, m, cfg.opts)
+  plan = options.plan(cfg.fn, x.dtype, m, cfg.opts, collective="psum", n_peers=n_peers)
   recv, p1 = transport.a2a_rows(flat.reshape(n_peers, m), cfg.axes, plan, cfg.stats)
   mine = transport.ordered_sum(recv, x.dtype)
   g, p2 = transport.gather_rows(mine, cfg.axes, n_peers, plan, cfg.stats)
@@ -104,7 +105,8 @@ def _psum_impl(x, cfg: _Cfg):
 def _a2a_impl(x, cfg: _Cfg):
   n_peers = cfg.n_peers
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
-  plan = options.plan(cfg.fn, x.dtype, rows.shape[1], cfg.opts)
+  plan = options.plan(cfg.fn, x.dtype, rows.shape[1], cfg.opts, collective="all_to_all",
+                      n_peers=n_peers)
   recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats)
   c = cfg.dim2
   y = jnp.moveaxis(recv.reshape((n_peers,) + chunk), 0, c)
@@ -115,7 +117,7 @@ def _a2a_impl(x, cfg: _Cfg):
 
 def _pp_impl(x, cfg: _Cfg):
   n = x.size
-  plan = options.plan(cfg.fn, x.dtype, n, cfg.opts)
+  plan = options.plan(cfg.fn, x.dtype, n, cfg.opts, collective="ppermute", n_peers=cfg.n_peers)
   y, part = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan, cfg.stats)
   st = stats_lib.make_stats("ppermute", cfg.opts.codec, [part]) if cfg.stats else None
   return y.reshape(x.shape), st
@@ -205,7 +207,8 @@ _OPTIONS_DOC = """
       tails, mixed scales in flat FSDP buffers), so they may need more room.
     policy: "always" compress; "never" (same as codec="raw"); "auto" compress
       when a row holds at least AUTO_MIN_ROW_BYTES (64 KiB) raw and encodes
-      smaller than that.
+      smaller; with a calibration (`zipccl_jax.calibrate`), when the cost model
+      says compressing is faster.
     stats: also return a `CollectiveStats` (per leaf of x) with the fallback
       flag, escape count and bytes moved. Costs nothing extra on the wire except
       the fallback flag of psum_scatter/psum/all_to_all/ppermute growing from 4

@@ -2,7 +2,8 @@
 
 Every public collective validates its arguments here (errors name the function
 and the argument) and asks `plan` how to move rows of m elements. The policy
-"auto" is decided by ONE function, `auto_compress`: the place a cost model plugs in.
+"auto" is decided by ONE function, `auto_compress`, which asks the calibrated
+cost model (costmodel.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from zipccl_jax._src import codec as _codec
 from zipccl_jax._src import compat
+from zipccl_jax._src import costmodel
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import registry
 
@@ -30,12 +32,12 @@ def collective_codecs() -> tuple:
   return tuple(c for c in registry.names() if c in TRANSPORT_CODECS) + ("raw", None)
 
 
-# policy="auto" compresses a collective when each row (the message for one peer)
-# holds at least this many raw bytes. Below it the fixed per-row overhead (128-byte
-# header, 128-byte aligned sections) eats the gain: the static ratio of a bf16 row
-# is 1.33 at 8 KiB, 1.39 at 32 KiB and 1.40 at 64 KiB (1.11 fp16, 1.16 fp32), and
-# small messages are latency-bound anyway (the paper's switcher keeps them native).
-# A calibrated cost model replaces this later.
+# policy="auto" without a calibration: compress a collective when each row (the
+# message for one peer) holds at least this many raw bytes. Below it the fixed
+# per-row overhead (128-byte header, 128-byte aligned sections) eats the gain: the
+# static ratio of a bf16 row is 1.33 at 8 KiB, 1.39 at 32 KiB and 1.40 at 64 KiB
+# (1.11 fp16, 1.16 fp32), and small messages are latency-bound anyway. With a
+# calibration the cost model decides instead (costmodel.py).
 AUTO_MIN_ROW_BYTES = 64 * 1024
 
 
@@ -136,7 +138,10 @@ def check_dim(fn, arg, value, ndim) -> int:
   return int(value) % ndim
 
 
-def plan(fn, dtype, m: int, opts: Opts) -> Plan:
+def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
+         n_peers: int | None = None) -> Plan:
+  """The static plan for rows of m elements; `collective` ("all_gather",
+  "psum_scatter", "psum", "all_to_all", "ppermute") and `n_peers` feed "auto"."""
   dtype = np.dtype(dtype)
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
@@ -147,21 +152,35 @@ def plan(fn, dtype, m: int, opts: Opts) -> Plan:
   if opts.codec in (None, "raw") or opts.policy == "never" or m == 0:
     compress = False
   elif opts.policy == "auto":
-    compress = auto_compress(codec=opts.codec, dtype=dtype, m=m, nbytes=nbytes)
+    compress = auto_compress(codec=opts.codec, dtype=dtype, m=m, nbytes=nbytes,
+                             collective=collective, n_peers=n_peers)
   else:
     compress = True
   return Plan(compress, m, dtype, cap, nbytes)
 
 
-def auto_compress(*, codec: str, dtype, m: int, nbytes: int) -> bool:
+def auto_compress(*, codec: str, dtype, m: int, nbytes: int, collective: str | None = None,
+                  n_peers: int | None = None) -> bool:
   """policy="auto": compress rows of m elements of `dtype` (nbytes encoded) or not.
 
-  The one place the decision is made (a calibrated cost model replaces this rule):
-  rows of at least AUTO_MIN_ROW_BYTES raw bytes whose encoding is smaller than raw.
+  The one place the decision is made. Rows whose encoding is not smaller than
+  raw never are. With a calibration in force (`costmodel.active_calibration`:
+  `zipccl_jax.set_calibration` / `calibrate`, or the file $ZIPCCL_CALIBRATION or
+  ~/.cache/zipccl_jax/calibration.json), `costmodel.decide` compares the modelled
+  times of the raw and the compressed transport of `collective` over `n_peers`.
+  Without one (or for callers that name no collective) the static rule holds:
+  rows of at least AUTO_MIN_ROW_BYTES raw bytes are compressed, so the default
+  is fewer bytes on the wire. Static either way, and identical on every
+  participant that holds the same calibration.
   """
-  del codec  # the rule is the same for every codec
   raw_row = m * np.dtype(dtype).itemsize
-  return raw_row >= AUTO_MIN_ROW_BYTES and nbytes < raw_row
+  if nbytes >= raw_row:
+    return False
+  cal = costmodel.active_calibration() if collective is not None and n_peers else None
+  if cal is None:
+    return raw_row >= AUTO_MIN_ROW_BYTES
+  compress, _ = costmodel.decide(collective, dtype, m, n_peers, cal, codecs=(codec,))
+  return compress
 
 
 def check_split(fn, arg, size, n_peers, tiled, axis_name):

@@ -1,0 +1,295 @@
+"""What the training examples share: placing data, timing steps, checking bits, reporting.
+
+Every example builds one jitted step per codec variant ("zipccl", "raw", and
+"lax" = codec=None, the plain jax.lax collectives) with the contract
+
+    step(state, batch) -> (state, loss, stats)
+
+(state: any pytree, donated; loss: a float32 scalar replicated on every device;
+stats: a pytree of zipccl_jax.CollectiveStats, replicated), and hands them to
+`run()`. `run()` compiles each variant, reads the bytes its collectives move
+from the compiled HLO, then trains all variants from the same initial state *in
+lockstep*: step i of every variant, in an order that rotates with i, each timed
+alone up to `block_until_ready`. Interleaving spreads machine noise (other jobs,
+the shared cores) evenly over the variants. Works in one process with simulated
+devices and across processes under examples/launch.py: step times are the
+slowest process's, and the checks gather every process's bits.
+
+Checks (a failed one makes the example exit with status 1):
+  * each variant's losses are the same bits in every process;
+  * zipccl and raw losses are bit-identical (as uint32 words), and so are their
+    final parameters in every process (a digest of every local shard).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+import zipccl_jax
+
+# label -> (codec, policy) of the collectives. "auto" lets the library decide per
+# call (policy="auto": its calibration, if any, else its static rule); its bits
+# must equal raw's whichever path it takes.
+VARIANTS = {"zipccl": ("zipccl", "always"), "raw": ("raw", "always"), "lax": (None, "always"),
+            "auto": ("zipccl", "auto")}
+
+
+def parse_codecs(text: str) -> list:
+  """'zipccl,raw,lax' -> labels, validated."""
+  labels = [c.strip() for c in text.split(",") if c.strip()]
+  bad = [c for c in labels if c not in VARIANTS]
+  if bad or not labels or len(set(labels)) != len(labels):
+    raise ValueError(f"--codecs must be distinct names from {sorted(VARIANTS)}, got {text!r}")
+  return labels
+
+
+def add_common_args(ap, *, devices: int) -> None:
+  """The options every training example shares."""
+  ap.add_argument("--codecs", default="zipccl,raw,lax", type=parse_codecs,
+                  help="variants to train in lockstep, from zipccl, raw, lax (codec=None) and "
+                       "auto (codec='zipccl', policy='auto'); default zipccl,raw,lax")
+  ap.add_argument("--warmup-steps", type=int, default=3, metavar="K",
+                  help="leading steps left out of the step-time medians (default 3)")
+  ap.add_argument("--devices", type=int, default=devices,
+                  help=f"simulated CPU devices when run as one process (default {devices}); "
+                       "under examples/launch.py every process's devices are used")
+  ap.add_argument("--log-every", type=int, default=10, metavar="K",
+                  help="print the losses every K steps (0: only the last)")
+  ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+
+def varying(tree, axis: str):
+  """Types a pytree as varying over `axis` inside shard_map (no data movement).
+
+  Differentiating with respect to the varying copy of replicated parameters
+  gives each device its own gradient: differentiating through the replicated
+  value would make JAX insert its own psum (the transpose of that cast).
+  """
+  from jax import lax
+  pcast = getattr(lax, "pcast", None)
+  if pcast is not None:
+    return jax.tree.map(lambda x: pcast(x, (axis,), to="varying"), tree)
+  return jax.tree.map(lambda x: lax.pvary(x, (axis,)), tree)  # pragma: no cover - older jax
+
+
+def is_main() -> bool:
+  return jax.process_index() == 0
+
+
+def say(*a, **kw) -> None:
+  """print() on process 0 only."""
+  if is_main():
+    print(*a, **kw, flush=True)
+
+
+def put(tree, mesh, specs):
+  """Host arrays (identical on every process) -> global arrays with PartitionSpecs `specs`.
+
+  `specs` is one PartitionSpec for every leaf or a pytree of them matching `tree`.
+  Works across processes: each process only materialises its own shards.
+  """
+  from jax.sharding import NamedSharding, PartitionSpec
+  if isinstance(specs, PartitionSpec):
+    specs = jax.tree.map(lambda _: specs, tree)
+
+  def one(x, spec):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda i: x[i])
+
+  return jax.tree.map(one, tree, specs)
+
+
+def local(x) -> np.ndarray:
+  """The value of a replicated array, read from this process's first shard."""
+  return np.asarray(x.addressable_data(0))
+
+
+def digest(tree) -> bytes:
+  """sha256 over the bytes of every shard this process holds, in a fixed order."""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(tree):
+    for shard in sorted(leaf.addressable_shards, key=lambda s: s.device.id):
+      h.update(repr(shard.index).encode())
+      h.update(np.ascontiguousarray(np.asarray(shard.data)).tobytes())
+  return h.digest()
+
+
+def all_processes(x: np.ndarray) -> np.ndarray:
+  """Stacks a same-shaped host array from every process: [processes, ...]."""
+  if jax.process_count() == 1:
+    return np.asarray(x)[None]
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
+
+
+def _stats_leaves(stats) -> list:
+  """[(name, CollectiveStats)] of a stats pytree; name = its path, e.g. "layer0/dispatch"."""
+  is_stats = lambda s: isinstance(s, zipccl_jax.CollectiveStats)
+  leaves = jax.tree_util.tree_flatten_with_path(stats, is_leaf=is_stats)[0]
+  return [("/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path), s)
+          for path, s in leaves if is_stats(s)]
+
+
+@dataclasses.dataclass
+class Variant:
+  """One codec variant of a training step, ready to run."""
+  label: str
+  step: object            # the compiled executable
+  state: object
+  compile_s: float
+  sent: float             # bytes one device sends per step, no fallback (HLO model)
+  sent_fallback: float    # ... when every fallback fires
+  losses: list = dataclasses.field(default_factory=list)
+  times: list = dataclasses.field(default_factory=list)
+  wire: list = dataclasses.field(default_factory=list)      # stats.wire_bytes per step
+  fell_back: int = 0      # steps where some call took its uncompressed fallback
+  fallbacks: dict = dataclasses.field(default_factory=dict)  # per call: steps it fell back
+
+
+def compile_variant(label: str, jitted, state, batch) -> Variant:
+  """AOT-compiles `jitted(state, batch)` and reads its collectives' bytes from the HLO."""
+  t0 = time.perf_counter()
+  compiled = jitted.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  hlo = zipccl_jax.hlo_wire_bytes(compiled.as_text())
+  return Variant(label, compiled, state, compile_s, hlo.common_sent, hlo.fallback_sent)
+
+
+def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None:
+  """Runs every variant over `batches` in lockstep (rotating order), timing each step."""
+  n = len(variants)
+  for i, batch in enumerate(batches):
+    for k in range(n):
+      v = variants[(i + k) % n]
+      t0 = time.perf_counter()
+      state, loss, stats = v.step(v.state, batch)
+      jax.block_until_ready((state, loss))
+      v.times.append(time.perf_counter() - t0)
+      v.state = state
+      v.losses.append(float(local(loss)))
+      leaves = _stats_leaves(stats)
+      v.wire.append(sum(int(local(s.wire_bytes)) for _, s in leaves))
+      fell = {name: bool(local(s.fell_back)) for name, s in leaves}
+      v.fell_back += any(fell.values())
+      for name, f in fell.items():
+        v.fallbacks[name] = v.fallbacks.get(name, 0) + f
+    if log_every and (i + 1) % log_every == 0 or i + 1 == len(batches):
+      say(f"  step {i + 1:>4}/{len(batches)}  " + "  ".join(
+          f"{v.label} {v.losses[-1]:.4f} ({v.times[-1] * 1e3:.0f} ms)" for v in variants))
+
+
+def summarize(variants: list, *, warmup: int, params_of) -> dict:
+  """Gathers every process's bits and times; returns the results (same on every process).
+
+  Args:
+    variants: trained `Variant`s.
+    warmup: leading steps left out of the timing medians (gloo connects, caches).
+    params_of: state -> the parameter pytree whose digest is compared.
+  """
+  steps = len(variants[0].times)
+  labels = [v.label for v in variants]
+  times = all_processes(np.array([v.times for v in variants], np.float64))      # [P, V, steps]
+  words = all_processes(np.array([v.losses for v in variants], np.float32).view(np.uint32))
+  digests = all_processes(np.array([list(digest(params_of(v.state))) for v in variants],
+                                   np.uint8))                                   # [P, V, 32]
+  nproc = times.shape[0]
+  slowest = times.max(axis=0)                                                   # [V, steps]
+  timed = slice(min(warmup, steps - 1), steps)
+  out = dict(processes=nproc, devices=jax.device_count(), steps=steps, warmup=timed.start,
+             variants={}, checks={})
+  for j, v in enumerate(variants):
+    t = slowest[j, timed]
+    out["variants"][v.label] = dict(
+        median_ms=1e3 * statistics.median(t), p25_ms=1e3 * float(np.percentile(t, 25)),
+        p75_ms=1e3 * float(np.percentile(t, 75)), min_ms=1e3 * float(t.min()),
+        compile_s=v.compile_s, sent_bytes=v.sent, sent_bytes_fallback=v.sent_fallback,
+        wire_bytes_mean=float(np.mean(v.wire)), fallback_steps=v.fell_back,
+        fallbacks=v.fallbacks,
+        losses=[float(x) for x in words[0, j].view(np.float32)],
+        step_ms=[1e3 * float(x) for x in slowest[j]])
+  same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
+  out["checks"]["losses_same_in_every_process"] = same_across
+  exact = [k for k in ("zipccl", "auto") if k in labels] if "raw" in labels else []
+  for name in exact:
+    z, r = labels.index(name), labels.index("raw")
+    loss_eq = bool((words[:, z] == words[:, r]).all())
+    param_eq = bool((digests[:, z] == digests[:, r]).all())
+    out["checks"][f"{name}_raw_losses_identical"] = loss_eq
+    out["checks"][f"{name}_raw_params_identical"] = param_eq
+    if not loss_eq:
+      bad = np.flatnonzero(words[0, z] != words[0, r])
+      k = int(bad[0]) if bad.size else 0
+      out["checks"][f"{name}_first_loss_difference"] = (
+          f"step {k + 1}: 0x{int(words[0, z, k]):08x} vs 0x{int(words[0, r, k]):08x}")
+  if "lax" in labels and "raw" in labels:
+    a = words[0, labels.index("lax")].view(np.float32)
+    b = words[0, labels.index("raw")].view(np.float32)
+    out["lax_vs_raw_max_loss_diff"] = float(np.max(np.abs(a - b)))
+  out["ok"] = all(same_across.values()) and all(
+      out["checks"][f"{name}_raw_{what}_identical"] for name in exact
+      for what in ("losses", "params"))
+  return out
+
+
+def _mib(b: float) -> str:
+  return f"{b / 2**20:.3f}"
+
+
+def print_report(title: str, res: dict) -> None:
+  """The step-time and bytes table and the checks (process 0 prints)."""
+  vs = res["variants"]
+  base = vs.get("raw")
+  say(f"\n{title}: {res['processes']} process(es), {res['devices']} device(s), "
+      f"{res['steps']} steps (timing: median over steps {res['warmup'] + 1}-{res['steps']}, "
+      "the slowest process per step)")
+  say(f"  {'codec':<7} {'step ms':>9} {'p25-p75 ms':>15} {'vs raw':>7} "
+      f"{'sent MiB/dev':>12} {'bytes vs raw':>12} {'stats MiB':>9} {'fallbacks':>9} "
+      f"{'last loss':>10}")
+  for label, v in vs.items():
+    speed = f"{v['median_ms'] / base['median_ms']:.3f}" if base else "-"
+    ratio = f"{v['sent_bytes'] / base['sent_bytes']:.3f}" if base and base["sent_bytes"] else "-"
+    say(f"  {label:<7} {v['median_ms']:>9.1f} {v['p25_ms']:>7.1f}-{v['p75_ms']:<7.1f} "
+        f"{speed:>7} {_mib(v['sent_bytes']):>12} {ratio:>12} {_mib(v['wire_bytes_mean']):>9} "
+        f"{v['fallback_steps']:>4}/{res['steps']:<4} {v['losses'][-1]:>10.4f}")
+  say("  (sent = bytes one device's collectives send per step, by zipccl_jax.hlo_wire_bytes "
+      "on the compiled step if no call falls back; stats MiB = mean operand bytes per step "
+      "of the calls with stats, on the path taken (CollectiveStats.wire_bytes); fallbacks = "
+      "steps where some call with stats took its uncompressed path)")
+  for label, v in vs.items():
+    if v["fallback_steps"]:
+      say(f"  {label} fallbacks per call: " + ", ".join(
+          f"{k} {c}/{res['steps']}" for k, c in v["fallbacks"].items() if c))
+  for k, v in res["checks"].items():
+    say(f"  check {k}: {v}")
+  if "lax_vs_raw_max_loss_diff" in res:
+    say(f"  lax vs raw: largest loss difference {res['lax_vs_raw_max_loss_diff']:.3g} "
+        "(lax sums in XLA's order; zipccl/raw in rank order)")
+  say(f"  bit-identical: {'yes' if res['ok'] else 'NO'}")
+
+
+def _plain(x):
+  """numpy scalars and arrays as JSON values."""
+  if isinstance(x, (np.generic, np.ndarray)):
+    return x.tolist()
+  raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def write_json(path: str | None, res: dict, **extra) -> None:
+  if path and is_main():
+    with open(path, "w") as f:
+      json.dump(dict(res, **extra), f, indent=1, default=_plain)
+
+
+def finish(multi: bool, ok: bool) -> int:
+  """Exit status; shuts jax.distributed down cleanly (every process gets here)."""
+  sys.stdout.flush()
+  if multi:
+    jax.distributed.shutdown()
+  return 0 if ok else 1

@@ -1,0 +1,387 @@
+"""The calibrated cost model (zipccl_jax/_src/costmodel.py): decisions, files, agreement.
+
+Decisions are checked on hand-made calibrations (exact numbers), so the tests do
+not depend on how busy the machine is; `calibrate` itself runs once on the 8
+simulated devices with tiny sizes and once across 2 real processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import zipccl_jax as zc
+from zipccl_jax import costmodel as cm
+
+GBIT = 1e9 / 8   # bytes per second of 1 Gbit/s
+BF16_NP = np.dtype(ml_dtypes.bfloat16)
+
+
+def _cal(link_gbit=1.0, enc_GBps=3.0, dec_GBps=3.5, ratio=1.40, alpha=50e-6, n_peers=2,
+         codecs=("zipccl",)):
+  link = cm.LinkFit(alpha, 1.0 / (link_gbit * GBIT))
+  fits = {d: cm.CodecFit(20e-6, 1e-9 / enc_GBps, 20e-6, 1e-9 / dec_GBps, ratio, ratio, ratio)
+          for d in cm.DTYPES}
+  return cm.Calibration(platform="cpu", n_peers=n_peers,
+                        links={a: link for a in cm.ALGORITHMS},
+                        codecs={c: dict(fits) for c in codecs},
+                        reduce={d: cm.LinkFit(10e-6, 1e-10) for d in cm.DTYPES},
+                        source="measured", meta={"test": True})
+
+
+SIZES = [2**k for k in range(6, 26, 2)]         # row elements 64 .. 16 Mi
+LINKS = [0.5, 1, 2, 5, 10, 25, 100, 400]        # Gbit/s
+
+
+@pytest.fixture(autouse=True)
+def _no_global_calibration(monkeypatch, tmp_path):
+  """Each test starts without a process-wide calibration and with an empty cache dir."""
+  cm.set_calibration(None)
+  monkeypatch.setenv(cm.ENV_VAR, str(tmp_path / "nothing-here.json"))
+  yield
+  cm.set_calibration(None)
+
+
+@pytest.mark.parametrize("collective", cm.COLLECTIVES)
+@pytest.mark.parametrize("n_peers", [2, 4, 16])
+def test_decision_monotonic_in_link_speed(collective, n_peers):
+  for m in SIZES:
+    answers = [cm.decide(collective, "bfloat16", m, n_peers, _cal(link_gbit=g))[0] for g in LINKS]
+    # Slower links never make compression less attractive: once False, stays False.
+    first_false = answers.index(False) if False in answers else len(answers)
+    assert not any(answers[first_false:]), (collective, m, list(zip(LINKS, answers)))
+
+
+@pytest.mark.parametrize("collective", cm.COLLECTIVES)
+@pytest.mark.parametrize("link", [1, 5, 25])
+def test_decision_monotonic_in_size(collective, link):
+  cal = _cal(link_gbit=link)
+  answers = [cm.decide(collective, "bfloat16", m, 4, cal)[0] for m in SIZES]
+  first_true = answers.index(True) if True in answers else len(answers)
+  assert all(answers[first_true:]), (collective, link, list(zip(SIZES, answers)))
+
+
+def test_slow_link_compresses_fast_link_does_not():
+  m = 2**22   # 8 MiB bf16 rows
+  for coll in cm.COLLECTIVES:
+    assert cm.decide(coll, "bfloat16", m, 2, _cal(link_gbit=1)) == (True, "zipccl"), coll
+    assert cm.decide(coll, "bfloat16", m, 2, _cal(link_gbit=100)) == (False, None), coll
+  # Tiny rows are latency-bound: the agreement and codec latency cost more than they save.
+  assert cm.decide("all_gather", "bfloat16", 64, 2, _cal(link_gbit=1)) == (False, None)
+  # A codec that does not compress never pays.
+  assert cm.decide("all_gather", "bfloat16", m, 2, _cal(link_gbit=1, ratio=1.0))[0] is False
+
+
+def test_defaults_do_not_compress():
+  for plat in ("cpu", "gpu"):
+    cal = cm.default_calibration(plat)
+    for coll in cm.COLLECTIVES:
+      for dt in cm.DTYPES:
+        for n in (2, 8, 64):
+          for m in (2**10, 2**16, 2**20, 2**26):
+            assert cm.decide(coll, dt, m, n, cal) == (False, None), (plat, coll, dt, n, m)
+  # resolve_calibration falls back to them when nothing else is set (and "auto"
+  # then keeps its static rule: active_calibration is None).
+  assert cm.resolve_calibration(None).source == "defaults"
+  assert cm.active_calibration() is None
+
+
+def test_picks_the_faster_codec_and_ties_identically():
+  base = _cal(link_gbit=0.1, codecs=("zipccl",))
+  fast = dict(base.codecs["zipccl"])
+  slow = {d: cm.CodecFit(f.encode_latency_s, f.encode_s_per_byte * 4, f.decode_latency_s,
+                         f.decode_s_per_byte * 4, 1.6, 1.6, 1.6) for d, f in fast.items()}
+  import dataclasses
+  cal = dataclasses.replace(base, codecs={"zipccl": fast, "entropy": slow})
+  # Slow link: the better ratio wins; medium link: the faster codec wins.
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal) == (True, "entropy")
+  cal5 = dataclasses.replace(cal, links={a: cm.LinkFit(50e-6, 1 / (1 * GBIT))
+                                         for a in cm.ALGORITHMS})
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal5) == (True, "zipccl")
+  # Restricting the candidates is honoured; unknown names are skipped.
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, codecs=("zipccl", "nope")) == \
+      (True, "zipccl")
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, codecs=()) == (False, None)
+  # Equal codecs: the first in sorted order, whatever order they were given in.
+  same = dataclasses.replace(base, codecs={"b": fast, "a": fast})
+  assert cm.decide("psum", "bfloat16", 2**22, 2, same, codecs=("b", "a"))[1] == "a"
+
+
+def test_identical_inputs_identical_decisions_also_in_another_process(tmp_path):
+  cal = _cal(link_gbit=1, enc_GBps=2.0, dec_GBps=2.5, ratio=1.33, n_peers=4)
+  grid = [(c, d, m, n) for c in cm.COLLECTIVES for d in cm.DTYPES for m in SIZES
+          for n in (2, 4, 8)]
+  mine = [cm.decide(c, d, m, n, cal) for c, d, m, n in grid]
+  again = cm.Calibration.from_json(cal.to_json())
+  assert again == cal and hash(again) == hash(cal) and again.fingerprint == cal.fingerprint
+  assert [cm.decide(c, d, m, n, again) for c, d, m, n in grid] == mine
+  assert any(a for a, _ in mine) and not all(a for a, _ in mine)   # the grid is not trivial
+  path = cal.save(tmp_path / "cal.json")
+  code = ("import json, sys\nfrom zipccl_jax import costmodel as cm\n"
+          "grid = json.loads(sys.argv[2])\ncal = cm.Calibration.load(sys.argv[1])\n"
+          "print(json.dumps([list(cm.decide(c, d, m, n, cal)) for c, d, m, n in grid]))\n")
+  out = subprocess.run([sys.executable, "-c", code, str(path), json.dumps(grid)],
+                       capture_output=True, text=True, timeout=120, check=True)
+  assert [tuple(x) for x in json.loads(out.stdout)] == mine
+
+
+def test_calibration_file_round_trip_and_lookup_order(tmp_path, monkeypatch):
+  cal = _cal(link_gbit=2)
+  p = cal.save(tmp_path / "sub" / "c.json")
+  assert p.exists() and cm.Calibration.load(p) == cal
+  assert json.loads(p.read_text())["schema"] == cm.SCHEMA_VERSION
+  # Float fields survive exactly (repr round-trips).
+  assert cm.Calibration.load(p).links["all_gather"].beta_s_per_byte == \
+      cal.links["all_gather"].beta_s_per_byte
+  # The env var names the file resolve_calibration reads...
+  monkeypatch.setenv(cm.ENV_VAR, str(p))
+  assert cm.default_path() == p
+  assert cm.resolve_calibration(None) == cal == cm.active_calibration()
+  # ...a path argument is read directly, and set_calibration wins over the file.
+  assert cm.resolve_calibration(str(p)) == cal
+  other = _cal(link_gbit=7)
+  cm.set_calibration(other)
+  assert cm.resolve_calibration(None) == other
+  assert cm.resolve_calibration(cal) == cal      # an explicit object wins over everything
+  cm.set_calibration(None)
+  # A rewritten file is re-read (cache keyed by mtime and size).
+  time.sleep(0.01)
+  other.save(p)
+  assert cm.resolve_calibration(None) == other
+  # Without the env var: XDG_CACHE_HOME/zipccl_jax/calibration.json.
+  monkeypatch.delenv(cm.ENV_VAR)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert cm.default_path() == tmp_path / "xdg" / "zipccl_jax" / "calibration.json"
+  assert cm.load_calibration() is None
+
+
+def test_malformed_calibrations_name_the_problem(tmp_path):
+  good = _cal().to_dict()
+  with pytest.raises(ValueError, match="schema"):
+    cm.Calibration.from_dict(dict(good, schema=99))
+  bad = dict(good)
+  del bad["links"]
+  with pytest.raises(ValueError, match="malformed"):
+    cm.Calibration.from_dict(bad)
+  bad = json.loads(json.dumps(good))
+  del bad["links"]["all_reduce"]
+  with pytest.raises(ValueError, match="all_reduce"):
+    cm.Calibration.from_dict(bad)
+  with pytest.raises(ValueError, match="not JSON"):
+    cm.Calibration.from_json("{oops")
+  with pytest.raises(TypeError, match="set_calibration: calibration"):
+    cm.set_calibration({"links": 1})
+  with pytest.raises(TypeError, match="calibration must be"):
+    cm.decide("psum", "bfloat16", 10, 2, calibration=3)
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(collective="all_reduce"), ValueError, "collective"),
+    (dict(dtype=np.int32), TypeError, "dtype"),
+    (dict(row_elements=-1), ValueError, "row_elements"),
+    (dict(row_elements=1.5), TypeError, "row_elements"),
+    (dict(n_peers=0), ValueError, "n_peers"),
+    (dict(margin=1.0), ValueError, "margin"),
+    (dict(codecs=(3,)), TypeError, "codecs"),
+    (dict(chunks=0), ValueError, "chunks"),
+])
+def test_decide_errors_name_the_argument(kwargs, exc, words):
+  args = dict(collective="psum", dtype="bfloat16", row_elements=1024, n_peers=2,
+              calibration=_cal())
+  args.update(kwargs)
+  with pytest.raises(exc, match=f"decide: {words}"):
+    cm.decide(**args)
+
+
+def test_model_time_unknown_codec_names_it():
+  with pytest.raises(ValueError, match="codec 'entropy'"):
+    cm.model_time("psum", "bfloat16", 1024, 2, _cal(), "entropy")
+
+
+def test_fit_alpha_beta():
+  x = np.array([1e3, 1e4, 1e5, 1e6])
+  f = cm.fit_alpha_beta(x, 3e-4 + 2e-9 * x)
+  assert f.alpha_s == pytest.approx(3e-4, rel=1e-9) and f.beta_s_per_byte == pytest.approx(2e-9)
+  assert f.bandwidth_gbit == pytest.approx(4.0)
+  # Noise that makes a parameter negative is clamped at 0.
+  assert cm.fit_alpha_beta([1, 2, 3], [3.0, 2.0, 1.0]).beta_s_per_byte == 0.0
+  assert cm.fit_alpha_beta([1e3, 1e6], [1e-7, 1e-3]).alpha_s == 0.0
+  with pytest.raises(ValueError, match="fit_alpha_beta"):
+    cm.fit_alpha_beta([1], [1])
+  with pytest.raises(ValueError, match="fit_alpha_beta"):
+    cm.fit_alpha_beta([1, 2], [0, 1])
+
+
+def test_chunks_model_overlap():
+  cal = _cal(link_gbit=2, enc_GBps=2.5, dec_GBps=2.5)
+  serial = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=1)
+  piped = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4)
+  assert piped < serial
+  # Overlap makes compression pay on a link where the serial transport does not.
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=1)[0] is False
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8)[0] is True
+  # Raw is not pipelined: chunks only changes the compressed time.
+  assert cm.model_time("psum", "bfloat16", 2**20, 2, cal, None, chunks=4) == \
+      cm.model_time("psum", "bfloat16", 2**20, 2, cal, None, chunks=1)
+
+
+def test_agreement_takes_process_0s_numbers():
+  """Three threads stand in for three processes; broadcast is a barrier exchange."""
+  nproc = 3
+  barrier = threading.Barrier(nproc)
+  slot = {}
+
+  def make_broadcast(pid):
+    def broadcast(arr):
+      if pid == 0:
+        slot["v"] = np.array(arr)
+      barrier.wait()
+      got = np.array(slot["v"])
+      barrier.wait()
+      assert got.shape == np.asarray(arr).shape   # the contract: same shape everywhere
+      return got
+    return broadcast
+
+  mine = [_cal(link_gbit=1 + pid, n_peers=nproc) for pid in range(nproc)]
+  results = [None] * nproc
+  errors = []
+
+  def run(pid):
+    try:
+      # Non-source processes pass a placeholder of the source's shape, as required.
+      results[pid] = cm.agree_across_processes(mine[pid], process_index=pid,
+                                               broadcast=make_broadcast(pid))
+    except Exception as e:   # pragma: no cover - reported below
+      errors.append(e)
+
+  # The length broadcast has one element everywhere, the payload broadcast the
+  # source's length: workers of other processes allocate from the received length.
+  threads = [threading.Thread(target=run, args=(p,)) for p in range(nproc)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(30)
+  assert not errors, errors
+  assert all(r == mine[0] for r in results)
+  assert len({r.fingerprint for r in results}) == 1 and mine[1] != mine[0]
+  # check_agreement compares fingerprints against process 0's.
+  assert cm.check_agreement(mine[0], broadcast=lambda a: a)
+  ref = np.frombuffer(bytes.fromhex(mine[0].fingerprint), np.uint8).astype(np.int32)
+  assert not cm.check_agreement(mine[1], broadcast=lambda a: ref)
+  # A single process: unchanged, no broadcast.
+  assert cm.agree_across_processes(mine[2]) is mine[2]
+
+
+def test_project():
+  cal = _cal(link_gbit=10, n_peers=2)
+  rows = cm.project(cal, n_hosts=(2, 16), message_bytes=(2**20, 2**26), link_gbit=1)
+  assert len(rows) == len(cm.COLLECTIVES) * 4
+  big = [r for r in rows if r.message_bytes == 2**26]
+  assert all(r.compress and r.ratio < 0.9 for r in big), cm.format_projection(big)
+  # A GPU-speed codec on a 100 Gbit/s link pays for large messages; a CPU-speed one does not.
+  gpu = cm.project(cal, n_hosts=(8,), message_bytes=(2**26,), collectives=("all_gather",),
+                   link_gbit=100, encode_GBps=800, decode_GBps=1000)
+  cpu = cm.project(cal, n_hosts=(8,), message_bytes=(2**26,), collectives=("all_gather",),
+                   link_gbit=100)
+  assert gpu[0].compress and not cpu[0].compress
+  table = cm.format_projection(rows)
+  assert table.count("\n") == len(rows) + 1 and "compressed/raw" in table
+  with pytest.raises(ValueError, match="link_gbit"):
+    cm.project(cal, link_gbit=0)
+  with pytest.raises(ValueError, match="n_hosts"):
+    cm.project(cal, n_hosts=(1,))
+  with pytest.raises(ValueError, match="codec must be"):
+    cm.project(cal, codec="nope")
+  with pytest.raises(ValueError, match="link_efficiency"):
+    cm.project(cal, link_efficiency=0)
+
+
+def test_calibrate_on_8_devices(mesh8, tmp_path):
+  path = tmp_path / "c.json"
+  cal = zc.calibrate(mesh8, "x", dtypes=("bfloat16",), codec_bytes=(2**12, 2**15),
+                     link_row_bytes=(2**10, 2**13), reps=1, warmup=1, path=path)
+  assert cal.source == "measured" and cal.n_peers == 8 and cal.platform == "cpu"
+  assert set(cal.links) == set(cm.ALGORITHMS)
+  assert all(f.alpha_s >= 0 and f.beta_s_per_byte >= 0 for f in cal.links.values())
+  fit = cal.codecs["zipccl"]["bfloat16"]
+  # The window codec compresses Gaussian bf16 (1.41 at large n; >= 1.3 at 32 KiB rows).
+  assert fit.ratio_gaussian > 1.3 and 1.0 <= fit.ratio <= fit.ratio_gaussian
+  assert fit.encode_s_per_byte > 0 and fit.decode_s_per_byte > 0
+  assert cm.Calibration.load(path) == cal
+  assert cm.resolve_calibration(None) == cal     # activate=True
+  # The user's own tensors set the assumed ratio: Gaussian alone compresses better
+  # than the synthetic mix; a row of all-distinct exponents does not fit (ratio 1).
+  gauss = cm.synthetic("gaussian", 2**15, BF16_NP, seed=3)
+  with_samples = zc.calibrate(mesh8, "x", dtypes=("bfloat16",), codec_bytes=(2**12, 2**15),
+                              link_row_bytes=(2**10, 2**13), reps=1, save=False,
+                              activate=False, samples=[gauss])
+  assert with_samples.codecs["zipccl"]["bfloat16"].ratio == pytest.approx(
+      cm.sample_ratio("zipccl", [gauss]))
+  assert cm.sample_ratio("zipccl", [gauss]) > fit.ratio
+  wild = (np.arange(2**15, dtype=np.uint32).astype(np.uint16) * np.uint16(40503)).view(BF16_NP)
+  assert cm.sample_ratio("zipccl", [wild]) == 1.0
+  with pytest.raises(TypeError, match=r"calibrate: samples\[0\]"):
+    zc.calibrate(mesh8, "x", save=False, samples=[np.zeros(4, np.int8)])
+  # Re-measuring the links only keeps the codec numbers.
+  again = zc.calibrate(mesh8, "x", link_row_bytes=(2**10, 2**13), reps=1, save=False,
+                       activate=False, reuse_codecs=cal)
+  assert again.codecs == cal.codecs and again.reduce == cal.reduce
+  with pytest.raises(TypeError, match="calibrate: reuse_codecs"):
+    zc.calibrate(mesh8, "x", save=False, reuse_codecs={"codecs": {}})
+  with pytest.raises(ValueError, match="calibrate: axis_name"):
+    zc.calibrate(mesh8, "nope", save=False)
+  with pytest.raises(ValueError, match="calibrate: axis_name is required"):
+    zc.calibrate(mesh8, save=False)
+  with pytest.raises(ValueError, match="calibrate: codecs"):
+    zc.calibrate(mesh8, "x", codecs=("nope",), save=False)
+  with pytest.raises(ValueError, match="calibrate: codec_bytes"):
+    zc.calibrate(mesh8, "x", codec_bytes=(4096,), save=False)
+  with pytest.raises(TypeError, match="calibrate: dtype"):
+    zc.calibrate(mesh8, "x", dtypes=("int8",), save=False)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_calibrate_across_two_processes_agrees(tmp_path):
+  """Two jax.distributed processes measure different numbers; both keep process 0's."""
+  worker = Path(__file__).with_name("_costmodel_worker.py")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  env.pop("XLA_FLAGS", None)
+  port = _free_port()
+  logs = [tmp_path / f"w{i}.log" for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, str(worker), str(i), "2", str(port), str(tmp_path)],
+                            stdout=open(logs[i], "w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=str(worker.parent.parent)) for i in range(2)]
+  deadline = time.monotonic() + 150
+  try:
+    while any(p.poll() is None for p in procs):
+      bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+      if bad or time.monotonic() > deadline:
+        i = bad[0] if bad else 0
+        pytest.fail(f"worker {i} failed or timed out:\n{logs[i].read_text()[-3000:]}")
+      time.sleep(0.2)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+      p.wait()
+  assert [p.returncode for p in procs] == [0, 0], [lg.read_text()[-2000:] for lg in logs]
+  files = [(tmp_path / f"calibration{i}.json").read_bytes() for i in range(2)]
+  assert files[0] == files[1]
+  cal = cm.Calibration.from_json(files[0])
+  assert cal.n_peers == 2 and cal.meta["process_count"] == 2
+  dec = [json.loads((tmp_path / f"decisions{i}.json").read_text()) for i in range(2)]
+  assert dec[0] == dec[1] and dec[0]["agree"] is True

@@ -1,0 +1,141 @@
+"""The training examples across processes (examples/launch.py), and the launcher itself.
+
+Each example runs as 2 jax.distributed processes (one CPU device each, gloo) on
+a tiny config for a few steps with codecs zipccl and raw, and must report
+bit-identical losses and parameters (zipccl vs raw, in every process) and the
+same losses in both processes: its JSON carries the bits every process gathered.
+The launcher tests check that a dead worker is reported with its output, that the
+deadline kills hung workers, and (as root, with iproute2) that --netns shapes the
+namespace's loopback and removes the namespace afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import launch  # noqa: E402
+
+TINY = {
+    "train_dp.py": ["--quick", "--steps", "4", "--seq-len", "32", "--layers", "1"],
+    "train_moe.py": ["--quick", "--steps", "4", "--seq-len", "16"],
+    "train_fsdp.py": ["--quick", "--steps", "4", "--seq-len", "32", "--layers", "1"],
+}
+
+
+# XLA:CPU's LLVM back end takes most of these tiny steps' compile time (~6 s of CPU per
+# variant and process); level 0 roughly halves it. zipccl and raw are compiled alike.
+FAST_COMPILE = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
+
+def _run_example(tmp_path, script, nproc=2):
+  out = tmp_path / "res.json"
+  cmd = [sys.executable, str(ROOT / "examples" / script), *TINY[script], "--codecs",
+         "zipccl,raw", "--warmup-steps", "1", "--log-every", "0", "--json", str(out)]
+  launch.launch(cmd, nproc, deadline_s=150, logdir=tmp_path / "logs", echo=False, cwd=str(ROOT),
+                env=FAST_COMPILE)
+  return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_example_is_bit_identical_across_processes(tmp_path, script):
+  res = _run_example(tmp_path, script)
+  assert res["processes"] == 2 and res["devices"] == 2
+  checks = res["checks"]
+  assert checks["losses_same_in_every_process"] == {"zipccl": True, "raw": True}, checks
+  assert checks["zipccl_raw_losses_identical"] is True, checks
+  assert checks["zipccl_raw_params_identical"] is True, checks
+  assert res["ok"] is True
+  z, r = res["variants"]["zipccl"], res["variants"]["raw"]
+  assert len(z["losses"]) == 4 and len(z["step_ms"]) == 4
+  zw = np.asarray(z["losses"], np.float32).view(np.uint32)
+  rw = np.asarray(r["losses"], np.float32).view(np.uint32)
+  np.testing.assert_array_equal(zw, rw)
+  assert np.all(np.isfinite(z["losses"]))
+  # Compressing moves fewer bytes when no call falls back (the compiled HLO's count).
+  assert 0 < z["sent_bytes"] < r["sent_bytes"]
+  assert z["median_ms"] > 0 and r["median_ms"] > 0
+
+
+def test_the_identity_check_sees_a_difference():
+  """summarize() compares loss words and parameter digests: one flipped loss bit fails it."""
+  import harness
+
+  class FakeArray:   # what digest() reads of a jax.Array
+    def __init__(self, a):
+      self.addressable_shards = [type("S", (), dict(device=type("D", (), dict(id=0))(),
+                                                    index=(slice(None),), data=a))()]
+
+  def variant(label, losses):
+    v = harness.Variant(label, None, (FakeArray(np.arange(4, dtype=np.float32)),), 0.0, 1.0, 2.0)
+    v.losses, v.times, v.wire = list(losses), [0.01] * len(losses), [0] * len(losses)
+    return v
+
+  same = harness.summarize([variant("zipccl", [2.0, 1.5]), variant("raw", [2.0, 1.5])],
+                           warmup=1, params_of=lambda s: s)
+  assert same["ok"] is True
+  flipped = np.float32(1.5).view(np.uint32) ^ np.uint32(1)
+  diff = harness.summarize(
+      [variant("zipccl", [2.0, 1.5]), variant("raw", [2.0, float(flipped.view(np.float32))])],
+      warmup=1, params_of=lambda s: s)
+  assert diff["ok"] is False
+  assert diff["checks"]["zipccl_raw_losses_identical"] is False
+  assert diff["checks"]["zipccl_first_loss_difference"] == "step 2: 0x3fc00000 vs 0x3fc00001"
+
+
+def test_dead_worker_is_reported_with_its_output(tmp_path):
+  code = ("import os, sys, time; i = os.environ['ZIPCCL_PROCESS_ID']; "
+          "print('worker says', i, os.environ['ZIPCCL_NUM_PROCESSES'], flush=True); "
+          "sys.exit(3) if i == '1' else time.sleep(60)")
+  start = time.monotonic()
+  with pytest.raises(launch.LaunchError, match=r"worker 1 of 2 exited with code 3") as e:
+    launch.launch([sys.executable, "-c", code], 2, logdir=tmp_path, echo=False)
+  assert "worker says 1 2" in str(e.value)
+  assert e.value.returncode == 3
+  assert time.monotonic() - start < 30          # worker 0 (sleeping) was killed
+  assert "worker says 0 2" in (tmp_path / "worker0.log").read_text()
+
+
+def test_deadline_kills_hung_workers(tmp_path):
+  code = "import time; print('waiting', flush=True); time.sleep(60)"
+  start = time.monotonic()
+  with pytest.raises(launch.LaunchError, match=r"deadline of 2 s passed; workers \[0, 1\]") as e:
+    launch.launch([sys.executable, "-c", code], 2, deadline_s=2, logdir=tmp_path, echo=False)
+  assert e.value.returncode == 124
+  assert "waiting" in str(e.value)
+  assert time.monotonic() - start < 30
+
+
+def test_pin_sets_affinity_and_one_codec_thread(tmp_path):
+  code = ("import os; print(sorted(os.sched_getaffinity(0)), os.environ['ZIPCCL_NUM_THREADS'], "
+          "flush=True)")
+  res = launch.launch([sys.executable, "-c", code], 2, pin=True, logdir=tmp_path, echo=False)
+  cores = sorted(os.sched_getaffinity(0))
+  threads = os.environ.get("ZIPCCL_NUM_THREADS", "1")   # pin keeps a setting it finds
+  for i, out in enumerate(res.outputs):
+    assert out.strip() == f"[{cores[i % len(cores)]}] {threads}", out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+                    reason="--netns needs root and iproute2")
+def test_netns_shapes_the_loopback_and_is_removed(tmp_path):
+  code = ("import socket, subprocess; print(subprocess.run(['tc', 'qdisc', 'show', 'dev', 'lo'], "
+          "capture_output=True, text=True).stdout); "
+          "print('interfaces', sorted(n for _, n in socket.if_nameindex()))")
+  before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  res = launch.launch([sys.executable, "-c", code], 1, netns="200mbit", logdir=tmp_path,
+                      echo=False)
+  out = res.outputs[0]
+  assert "tbf" in out and "rate 200Mbit" in out, out
+  assert "interfaces ['lo']" in out, out     # a fresh namespace: loopback only
+  after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  assert after == before
