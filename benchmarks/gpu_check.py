@@ -22,6 +22,9 @@ others' results):
   4. timing   encode / decode of 64 MiB and 1 GiB (bf16, fp32; fp16 64 MiB) of fresh
               Gaussian data, next to a device-to-device copy (x ^ s) of the same bytes
               in the same run; medians of back-to-back jitted calls
+  5. entropy  the entropy codec (cuda/entropy.cu): GPU vs CPU bytes and stats (bf16, fp16,
+              n = 0 .. 64M+), GPU decode of whole and prefix-cut rows, statuses of
+              corrupted payloads, encode/decode GB/s of 64 MiB bf16 next to a copy
 The table (markdown) and all numbers (JSON) go to benchmarks/results/ (or --out),
 and also to $OUT when that variable is set.
 
@@ -84,7 +87,10 @@ def run_capture(cmd: list[str], timeout: int, **kw) -> tuple[int, str]:
 
 # ---- phase 1: build ----------------------------------------------------------------------
 
-KERNELS = ("encode_kernel", "encode_finalize", "decode_kernel", "decode_finalize")
+# Entropy-codec kernels (cuda/entropy.cu) first: "encode_kernel" is part of "ent_encode_kernel".
+KERNELS = ("ent_encode_kernel", "ent_encode_finalize", "ent_decode_rows", "ent_decode_blocks", "ent_decode_finalize",
+           "encode_kernel", "encode_finalize", "decode_kernel", "decode_finalize")
+ENTROPY_DTYPE_CODES = {"1": "BF16", "2": "F16"}  # cuda/entropy.cu kernels are templates over DtypeCode
 
 
 def parse_ptxas(text: str) -> dict:
@@ -94,9 +100,11 @@ def parse_ptxas(text: str) -> dict:
     if m:
       kern = next((k for k in KERNELS if k in m.group(1)), None)
       dt = re.search(r"(BF16|F16|F32)Traits", m.group(1))
+      code = re.search(r"DtypeCodeE(\d)E", m.group(1))
       g = re.search(r"ELi(\d+)E", m.group(1))  # the tile kernels' groups per thread G
-      targs = (dt.group(1) if dt else "?") + (f",G={g.group(1)}" if g else "")
-      name = f"{kern}<{targs}> {m.group(2)}" if kern else None
+      dts = dt.group(1) if dt else ENTROPY_DTYPE_CODES.get(code.group(1), "?") if code else ""
+      targs = dts + (f",G={g.group(1)}" if g else "")
+      name = (f"{kern}<{targs}> {m.group(2)}" if targs else f"{kern} {m.group(2)}") if kern else None
       if name:
         res[name] = {}
       continue
@@ -226,6 +234,9 @@ def make(dist: str, n: int, dtype, seed: int):
     return rng.integers(0, 2**(8 * dtype.itemsize), n, dtype=np.uint64).astype(word).view(dtype)
   elif dist == "relu":
     x = np.maximum(rng.standard_normal(n), 0)
+  elif dist == "gelu":  # one-signed-ish activations: the entropy codec's joint (sign, exponent) kind
+    g = rng.standard_normal(n)
+    x = 0.5 * g * (1 + np.tanh(0.7978845608 * (g + 0.044715 * g**3)))
   elif dist == "outlier":  # one huge value in some blocks
     x = rng.standard_normal(n)
     x[1000::2048 * 3] = 6e4 if dtype == np.float16 else 1e30
@@ -321,6 +332,34 @@ def compare_case(x, pg, sg, pc, sc, yg, stg, stc, dtype, n) -> tuple[bool, bool,
     dec_ok = False
     msg += " a row that failed to decode is not all-one bits"
   return enc_ok, dec_ok, msg
+
+
+def corrupt_summary(dtype_name: str, sg, scc, same) -> dict:
+  """Logs and summarises one batch of corrupted payloads: `same` says per payload whether the GPU
+  agreed with the CPU (sg, scc: their decoder statuses)."""
+  import numpy as np
+  hist = {int(k): int(v) for k, v in zip(*np.unique(scc, return_counts=True))}
+  ok = bool(same.all())
+  bad = np.flatnonzero(~same)[:8].tolist()
+  log(f"  {'ok  ' if ok else 'FAIL'} {dtype_name}: {len(same)} corrupted payloads, CPU statuses {hist}"
+      + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
+  return {"dtype": dtype_name, "count": int(len(same)), "ok": ok, "cpu_status_hist": hist}
+
+
+def time_calls(jax, fn, args, reps: int, rounds: int) -> tuple[float, float]:
+  """(median, min) seconds per call of fn(*args) over `rounds` rounds of `reps` back-to-back calls,
+  after one warm-up call (compilation)."""
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(rounds):
+    t = time.perf_counter()
+    for _ in range(reps):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t) / reps)
+  del out
+  return statistics.median(times), min(times)
 
 
 def phase_identity(args) -> dict:
@@ -463,14 +502,8 @@ def phase_identity(args) -> dict:
     batch = np.stack(muts)
     _, sg = decode(gpu, batch, n, dt)
     _, scc = decode(cpu, batch, n, dt)
-    same = sg == scc
-    hist = {int(k): int(v) for k, v in zip(*np.unique(scc, return_counts=True))}
-    ok = bool(same.all())
-    failures += not ok
-    bad = np.flatnonzero(~same)[:8].tolist()
-    log(f"  {'ok  ' if ok else 'FAIL'} {np.dtype(dt).name}: {len(muts)} corrupted payloads, CPU statuses {hist}"
-        + ("" if ok else f"; mismatches at {bad}: gpu {sg[bad].tolist()} cpu {scc[bad].tolist()}"))
-    corrupt.append({"dtype": np.dtype(dt).name, "count": len(muts), "ok": ok, "cpu_status_hist": hist})
+    corrupt.append(corrupt_summary(np.dtype(dt).name, sg, scc, sg == scc))
+    failures += not corrupt[-1]["ok"]
   log(f"IDENTITY: {len(results)} cases, {failures} failures")
   set_tile_groups(0)
   log(f"IDENTITY: GPU calls per tile-kernel variant: {variant_calls}")
@@ -496,17 +529,7 @@ def phase_timing(args) -> dict:
   reps, rounds = (10, 5) if args.quick else (20, 7)
 
   def bench(fn, *a):
-    out = fn(*a)
-    jax.block_until_ready(out)  # compile + warm up
-    times = []
-    for _ in range(rounds):
-      t = time.perf_counter()
-      for _ in range(reps):
-        out = fn(*a)
-      jax.block_until_ready(out)
-      times.append((time.perf_counter() - t) / reps)
-    del out
-    return statistics.median(times), min(times)
+    return time_calls(jax, fn, a, reps, rounds)
 
   rows, key = [], jax.random.PRNGKey(int(time.time()))
   for dt, size in plan:
@@ -562,6 +585,156 @@ def phase_timing(args) -> dict:
           "(block_until_ready after each round); copy = jitted x ^ s over the same bytes"}
 
 
+# ---- phase 5: the entropy codec (cuda/entropy.cu) -------------------------------------------------
+
+
+def entropy_checksum_np(b) -> int:
+  """The common v2 row checksum (COMMON.md) of an entropy payload row: over [0, used_nbytes) with
+  bytes 24..31 read as zero, sum_j w_j (2j + 1) mod 2^64 over its u32 words."""
+  import numpy as np
+  used = int.from_bytes(bytes(b[16:24]), "little")
+  w = np.frombuffer(bytes(b[:used]), "<u4").astype(np.uint64)
+  w[6:8] = 0
+  return int((w * (2 * np.arange(w.size, dtype=np.uint64) + np.uint64(1))).sum(dtype=np.uint64))
+
+
+def phase_entropy(args) -> dict:
+  """The entropy codec on the GPU against the CPU codec: encode bytes and stats, GPU decode of CPU
+  payloads (whole rows and rows cut to the largest used_nbytes), decoder statuses of corrupted
+  payloads; then encode/decode time of 64 MiB bf16 next to a copy of the same bytes."""
+  import ml_dtypes
+  import numpy as np
+  jax, zc, gpu, cpu = setup_jax(args)
+  import jax.numpy as jnp
+  from zipccl_jax._src import entropy as ent
+  bf16, f16 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)
+  fns = {}
+
+  def enc(dev, x2d):
+    key = ("enc", x2d.shape, x2d.dtype, dev.platform)
+    if key not in fns:
+      fns[key] = jax.jit(ent.encode_rows)
+    return tuple(np.asarray(a) for a in fns[key](jax.device_put(x2d, dev)))
+
+  def dec(dev, p2d, n, dtype):
+    key = ("dec", p2d.shape, n, dtype, dev.platform)
+    if key not in fns:
+      fns[key] = jax.jit(lambda q: ent.decode_rows(q, n, dtype))
+    return tuple(np.asarray(a) for a in fns[key](jax.device_put(p2d, dev)))
+
+  cases, failures = [], 0
+
+  def case(dtype, dist, n, rows=1, seed=0):
+    nonlocal failures
+    t = time.time()
+    name = f"{np.dtype(dtype).name:8s} {dist:8s} rows={rows} n={n}"
+    if rows * n >= (1 << 20):
+      print(f"  ...  {name}", flush=True)
+    x = make(dist, rows * n, dtype, seed).reshape(rows, n)
+    xw = x.view(np.uint16)
+    pg, sg = enc(gpu, x)
+    pc, sc = enc(cpu, x)
+    msg = []
+    if not np.array_equal(pg, pc):
+      bad = np.argwhere(pg != pc)
+      msg.append(f"{len(bad)} payload bytes differ, first at row {bad[0][0]} byte {bad[0][1]}: "
+                 f"gpu {pg[tuple(bad[0])]:#04x} cpu {pc[tuple(bad[0])]:#04x}")
+    if not np.array_equal(sg, sc):
+      msg.append(f"stats gpu {sg.tolist()[:3]} cpu {sc.tolist()[:3]}")
+    used = int(sc[:, 2].max()) * 128 if rows else 0
+    for label, p in (("full", pc), ("prefix", pc[:, :used])):
+      yg, stg = dec(gpu, p, n, dtype)
+      if not (stg == 0).all():
+        msg.append(f"{label} decode status gpu {stg.tolist()[:4]}")
+      elif not np.array_equal(yg.view(np.uint16), xw):
+        i = np.argwhere(yg.view(np.uint16) != xw)[0]
+        msg.append(f"{label} decode differs at {tuple(i)}: {yg.view(np.uint16)[tuple(i)]:#06x} != {xw[tuple(i)]:#06x}")
+    ok = not msg
+    failures += not ok
+    print(f"  {'ok  ' if ok else 'FAIL'} {name} used/128={sc[:, 2].tolist()[:3]} raw_blocks={sc[:, 1].tolist()[:3]} "
+          f"({time.time() - t:.1f}s) {'; '.join(msg)}", flush=True)
+    cases.append({"case": name.split(), "ok": ok, "detail": "; ".join(msg)})
+
+  log("ENTROPY: GPU encode vs CPU encode (bytes + stats), GPU decode of CPU payloads (whole and prefix)")
+  for dt in (bf16, f16):
+    for n in [0, 1, 7, 4095, 4096, 4097, 100003]:
+      case(dt, "gauss", n, seed=n)
+    for dist in ["laplace", "gelu", "relu", "zeros", "bits", "outlier", "specials"]:
+      case(dt, dist, 4096 * 5 + 3 if args.quick else 300001, seed=len(dist))
+    case(dt, "gauss", 4097, rows=3)
+    case(dt, "gelu", 7, rows=5)
+  big = (lambda v: min(v, 1 << 20)) if args.rehearse else (lambda v: v)  # noqa: E731
+  case(bf16, "gauss", big(1 << 26) + 3)  # 64M+ elements: 16385 blocks, long look-back chains
+  if not args.quick:
+    case(f16, "gelu", 1 << 20, rows=2)
+
+  log("ENTROPY: corrupted payloads (GPU status == CPU status)")
+  corrupt = []
+  for dt in (bf16, f16):
+    n = 50001
+    x = make("gauss", n, dt, 11).reshape(1, n)
+    pc, sc = enc(cpu, x)
+    used = int(sc[0, 2]) * 128
+    row = pc[0, :used]
+    rng = np.random.default_rng(5)
+    muts = []
+    for lo, hi in [(0, 56), (56, 128), (128, 256), (256, used)]:
+      for k in range(24):
+        b = row.copy()
+        b[int(rng.integers(lo, hi))] ^= np.uint8(1 << int(rng.integers(8)))
+        if k % 2 and lo >= 128:  # re-sealed: block-level statuses instead of BAD_CHECKSUM
+          b[24:32] = np.frombuffer(np.uint64(entropy_checksum_np(b)).tobytes(), np.uint8)
+        muts.append(b)
+    for pos, val in [(7, 1), (5, 3), (6, 1), (33, 7), (100, 1)]:
+      b = row.copy()
+      b[pos] = val
+      b[24:32] = np.frombuffer(np.uint64(entropy_checksum_np(b)).tobytes(), np.uint8)
+      muts.append(b)
+    batch = np.stack(muts)
+    yg, sg = dec(gpu, batch, n, dt)
+    yc, scc = dec(cpu, batch, n, dt)
+    same = (sg == scc) & (yg.view(np.uint16) == yc.view(np.uint16)).all(axis=1)
+    corrupt.append(corrupt_summary(np.dtype(dt).name, sg, scc, same))
+    failures += not corrupt[-1]["ok"]
+
+  log("ENTROPY: timing")
+  rows_t = []
+  size = (64 << 20) >> (8 if args.rehearse else 0)
+  reps, rounds = (10, 5) if args.quick else (20, 7)
+  for dt in (bf16,):
+    n = size // 2
+    with jax.default_device(gpu):
+      xv = (jax.random.normal(jax.random.PRNGKey(3), (1, n), jnp.float32) * 0.02 + 1e-3).astype(dt)
+      xb = jax.lax.bitcast_convert_type(xv, jnp.uint16)
+      salt = jnp.zeros((), jnp.uint16)
+    xv = jax.device_put(xv, gpu)
+    encf = jax.jit(ent.encode_rows)
+    decf = jax.jit(lambda q: ent.decode_rows(q, n, dt))
+
+    def bench(fn, *a):
+      return time_calls(jax, fn, a, reps, rounds)[0]
+
+    t_copy = bench(jax.jit(lambda v, s_: v ^ s_), xb, salt)
+    t_enc = bench(encf, xv)
+    payload, stats = encf(xv)
+    t_dec = bench(decf, payload)
+    y, st = decf(payload)
+    pc, sc = enc(cpu, np.asarray(xv))
+    identical = bool(np.array_equal(np.asarray(payload), pc)) and bool(np.array_equal(np.asarray(stats), sc))
+    roundtrip = bool(jnp.array_equal(jax.lax.bitcast_convert_type(y, jnp.uint16), xb)) and int(st[0]) == 0
+    ratio = 2 * n / (int(sc[0, 2]) * 128)
+    for op, t, okb in [("encode", t_enc, identical), ("decode", t_dec, roundtrip)]:
+      r = {"dtype": dt.name, "op": op, "n": n, "input_bytes": 2 * n, "time_us": t * 1e6,
+           "gbps_input": 2 * n / t / 1e9, "copy_gbps": 4 * n / t_copy / 1e9, "ratio": ratio, "bit_identical": okb}
+      rows_t.append(r)
+      log(f"  entropy {op}: {t * 1e6:9.1f} us  {r['gbps_input']:7.1f} GB/s of input  copy {r['copy_gbps']:7.1f} GB/s"
+          f"  ratio {ratio:.3f}  bit-identical {okb}")
+    failures += not (identical and roundtrip)
+  log(f"ENTROPY: {len(cases)} cases, {failures} failures")
+  return {"ok": failures == 0, "failures": failures, "cases": cases, "corrupt": corrupt, "rows": rows_t,
+          "method": f"median over {rounds} rounds of {reps} back-to-back jitted calls; copy = jitted x ^ s"}
+
+
 # ---- driver --------------------------------------------------------------------------------------
 
 # The tile kernels' variants (8-element groups per thread; cuda/codec.cu, docs/cuda.md).
@@ -580,7 +753,7 @@ def set_tile_groups(groups: int) -> None:
     return
   cuda.set_tile_groups(groups)
 
-PHASES = {"identity": phase_identity, "timing": phase_timing}
+PHASES = {"identity": phase_identity, "timing": phase_timing, "entropy": phase_entropy}
 
 
 def run_phase_subprocess(name: str, args, timeout: int) -> dict:
@@ -671,6 +844,21 @@ def write_report(args, report: dict) -> None:
               "cuda/codec.cu groups_per_thread)."]
   elif tim:
     lines += ["", f"Timing failed: {tim.get('error', '?')}"]
+  en = report.get("entropy", {})
+  if en:
+    n_cases = len(en.get("cases", []))
+    lines += ["", "## Entropy codec (cuda/entropy.cu)", "",
+              f"- bit identity {gpu} vs CPU: {n_cases - en.get('failures', 0)}/{n_cases} cases identical"
+              + ("" if en.get("ok") else f" ({en.get('error', 'see JSON')})")]
+    for c in en.get("corrupt", []):
+      lines.append(f"- corrupted payloads {c['dtype']}: {c['count']} cases, same status on {gpu} and CPU: "
+                   f"{'yes' if c['ok'] else 'NO'} (CPU statuses {c['cpu_status_hist']})")
+    if en.get("rows"):
+      lines += ["", "| dtype | op | n | time (us) | GB/s of input | copy GB/s | ratio | bit-identical |",
+                "|---|---|---|---|---|---|---|---|"]
+      for r in en["rows"]:
+        lines.append(f"| {r['dtype']} | {r['op']} | {r['n']} | {r['time_us']:.1f} | {r['gbps_input']:.1f} | "
+                     f"{r['copy_gbps']:.0f} | {r['ratio']:.3f} | {'yes' if r['bit_identical'] else 'NO'} |")
   md = "\n".join(lines) + "\n"
   print("\n" + md, flush=True)
   dests = [args.out]
@@ -744,10 +932,11 @@ def main() -> int:
     report["tests"] = phase_tests(args)
   report["identity"] = run_phase_subprocess("identity", args, timeout=600 if not args.quick else 300)
   report["timing"] = run_phase_subprocess("timing", args, timeout=300)
+  report["entropy"] = run_phase_subprocess("entropy", args, timeout=600 if not args.quick else 300)
   write_report(args, report)
   # A phase that ran must have passed (tests: ok is None when tests/test_codec.py is missing).
   ok = (report.get("build", {}).get("ok", True) and report.get("tests", {}).get("ok") is not False
-        and report["identity"].get("ok") and report["timing"].get("ok"))
+        and report["identity"].get("ok") and report["timing"].get("ok") and report["entropy"].get("ok"))
   log(f"DONE in {time.time() - T0:.0f}s: {'all checks passed' if ok else 'SOME CHECKS FAILED'}")
   return 0 if ok else 1
 

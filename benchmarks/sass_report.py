@@ -9,9 +9,11 @@ each. docs/cuda.md ("Expected throughput") reads the typical path of a tile off
 these block tables; that reading is an estimate, not a measurement.
 
     python benchmarks/sass_report.py [--arch 90] [--kernels encode_kernel,decode_kernel] [--dtype BF16]
+    python benchmarks/sass_report.py --source entropy      # cuda/entropy.cu (bf16 / fp16)
 
 Needs nvcc and nvdisasm (CUDA toolkit; the copy that triton ships also works).
-Writes benchmarks/results/sass_<date>_sm<arch>.md (or --out).
+Writes benchmarks/results/sass_<date>_sm<arch>.md (entropy: sass_<date>_sm<arch>_entropy.md;
+or --out).
 """
 from __future__ import annotations
 
@@ -90,10 +92,16 @@ def report_kernel(name: str, blocks) -> list[str]:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--arch", default="90", help="SM architecture (default 90)")
-  ap.add_argument("--kernels", default="encode_kernel,decode_kernel", help="comma-separated kernel names")
+  ap.add_argument("--source", default="codec", choices=["codec", "entropy"],
+                  help="cuda/codec.cu (window codec, default) or cuda/entropy.cu")
+  ap.add_argument("--kernels", help="comma-separated kernel names (default: the source's tile/block kernels)")
   ap.add_argument("--dtype", default="BF16", choices=["BF16", "F16", "F32"])
   ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
   args = ap.parse_args()
+  if args.kernels is None:
+    args.kernels = "encode_kernel,decode_kernel" if args.source == "codec" else "ent_encode_kernel,ent_decode_blocks"
+  if args.source == "entropy" and args.dtype == "F32":
+    ap.error("the entropy codec has no fp32 kernels")
   nvcc = shutil.which("nvcc")
   if not nvcc:
     print("sass_report: nvcc is not on PATH", file=sys.stderr)
@@ -106,26 +114,29 @@ def main() -> int:
   with tempfile.TemporaryDirectory() as d:
     cubin = Path(d) / "codec.cubin"
     cmd = [nvcc, "-cubin", f"-arch=sm_{args.arch}", "-O3", "-std=c++17", f"-I{ROOT / 'ffi'}", f"-I{ROOT / 'cuda'}",
-           "-isystem", jax.ffi.include_dir(), str(ROOT / "cuda" / "codec.cu"), "-o", str(cubin)]
+           "-isystem", jax.ffi.include_dir(), str(ROOT / "cuda" / f"{args.source}.cu"), "-o", str(cubin)]
     subprocess.run(cmd, check=True)
     sass = subprocess.run([nvdisasm, "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
   kernels = parse(sass)
   date = datetime.date.today().isoformat()
   ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
   version = next((ln.strip() for ln in ver.splitlines() if "release" in ln), "nvcc version unknown")
-  lines = [f"# SASS of the CUDA codec kernels, sm_{args.arch}, {args.dtype} ({date})", "",
-           f"`python benchmarks/sass_report.py --arch {args.arch} --dtype {args.dtype}`; {version}.",
+  src = "" if args.source == "codec" else " --source entropy"
+  lines = [f"# SASS of the CUDA {args.source} kernels, sm_{args.arch}, {args.dtype} ({date})", "",
+           f"`python benchmarks/sass_report.py{src} --arch {args.arch} --dtype {args.dtype}`; {version}.",
            "Static code, not a measurement: see docs/cuda.md, \"Expected throughput\".", ""]
   for want in args.kernels.split(","):
     for name, blocks in sorted(kernels.items()):
-      if want in name and f"{args.dtype}Traits" in name:
+      # Window kernels are templates over <dtype>Traits, entropy kernels over DtypeCode 1 (bf16) / 2 (fp16).
+      dtype_tag = f"{args.dtype}Traits" if args.source == "codec" else f"DtypeCodeE{1 if args.dtype == 'BF16' else 2}E"
+      if want in name and dtype_tag in name:
         g = re.search(r"ELi(\d+)E", name)  # groups per thread, for the tile kernels
         short = f"{want}<{args.dtype}" + (f", G={g.group(1)}" if g else "") + ">"
         lines += report_kernel(short, blocks)
   text = "\n".join(lines)
   print(text)
   args.out.mkdir(parents=True, exist_ok=True)
-  path = args.out / f"sass_{date}_sm{args.arch}.md"
+  path = args.out / f"sass_{date}_sm{args.arch}{'' if args.source == 'codec' else '_entropy'}.md"
   path.write_text(text + "\n")
   print(f"wrote {path}")
   return 0

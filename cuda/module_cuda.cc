@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 
 #include "codec_cuda.h"
+#include "entropy_cuda.h"
 #include "handler_common.h"
 
 namespace nb = nanobind;
@@ -22,9 +23,12 @@ NB_MODULE(_zipccl_cuda, m) {
     // Before XLA can first call a handler (maybe under CUDA-graph capture): load the
     // kernels on every device now. A no-op without a GPU or driver.
     zipccl::gpu::warm_up();
+    zipccl::ent::gpu::warm_up_entropy();
     nb::dict d;
     d[zipccl::handler::kEncodeTarget] = encapsulate(ZipcclEncodeCuda);
     d[zipccl::handler::kDecodeTarget] = encapsulate(ZipcclDecodeCuda);
+    d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCuda);
+    d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCuda);
     return d;
   });
   m.def(
@@ -34,6 +38,9 @@ NB_MODULE(_zipccl_cuda, m) {
       },
       nb::arg("groups"),
       "Tile-kernel variant (1, 2, 4 groups per thread) of later calls; 0: ZIPCCL_CUDA_GROUPS or the default.");
-  m.def("warm_up", &zipccl::gpu::warm_up,
-        "Loads the CUDA kernels on every visible device; returns how many (0 without a GPU).");
+  m.def("warm_up", []() {
+    const int d = zipccl::gpu::warm_up();
+    zipccl::ent::gpu::warm_up_entropy();
+    return d;
+  }, "Loads the CUDA kernels on every visible device; returns how many (0 without a GPU).");
 }

@@ -176,6 +176,10 @@ EZ_HD uint64_t max_nbytes(DtypeCode d, uint64_t n) {
   const uint64_t nb = num_blocks(n);
   return data_offset(n) + align128(nb * kBlockHead + 2 * n);
 }
+// Workspace per row (the CUDA handlers' need; the CPU handlers accept any size):
+// 128 bytes of row counters, then 8 bytes per block + 8 (look-back states in the
+// encoder, block offsets in the decoder).
+EZ_HD uint64_t workspace_nbytes(uint64_t n) { return kHeaderBytes + align128(8 * (num_blocks(n) + 1)); }
 EZ_HD uint64_t min_nbytes(DtypeCode d, uint64_t n) {
   const Traits t = traits_of(d);
   const uint64_t nb = num_blocks(n);
@@ -265,8 +269,12 @@ EZ_HD uint32_t code_lengths(const uint32_t* counts, uint32_t A, uint8_t* len, PM
 // MSB first. code[s] = the code value (l bits). Returns false when the lengths are
 // not a complete code (Kraft sum != 1) or a length exceeds kMaxLen.
 
-EZ_HD bool canonical_codes(const uint8_t* len, uint32_t A, uint16_t* code) {
-  uint32_t nl[kMaxLen + 1];
+// scratch: 2 * (kMaxLen + 2) words (per-length counts and next codes); a GPU
+// thread passes shared memory, so that no dynamically indexed local array lands
+// in local memory.
+EZ_HD bool canonical_codes(const uint8_t* len, uint32_t A, uint16_t* code, uint32_t* scratch) {
+  uint32_t* nl = scratch;
+  uint32_t* next = scratch + kMaxLen + 2;
   for (uint32_t l = 0; l <= kMaxLen; ++l) nl[l] = 0;
   for (uint32_t a = 0; a < A; ++a) {
     if (len[a] > kMaxLen) return false;
@@ -275,7 +283,6 @@ EZ_HD bool canonical_codes(const uint8_t* len, uint32_t A, uint16_t* code) {
   uint32_t kraft = 0;
   for (uint32_t l = 1; l <= kMaxLen; ++l) kraft += nl[l] << (kMaxLen - l);
   if (kraft != kTableSize) return false;
-  uint32_t next[kMaxLen + 2];
   uint32_t c = 0;
   next[1] = 0;
   for (uint32_t l = 1; l <= kMaxLen; ++l) {
@@ -285,6 +292,11 @@ EZ_HD bool canonical_codes(const uint8_t* len, uint32_t A, uint16_t* code) {
   for (uint32_t a = 0; a < A; ++a)
     if (len[a]) code[a] = (uint16_t)(next[len[a]]++);
   return true;
+}
+
+EZ_HD bool canonical_codes(const uint8_t* len, uint32_t A, uint16_t* code) {
+  uint32_t scratch[2 * (kMaxLen + 2)];
+  return canonical_codes(len, A, code, scratch);
 }
 
 // ---- code-length nibble stream -------------------------------------------------------------

@@ -62,6 +62,18 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
   assert [r["size"] for r in tim["rows"]] == sum(([s] * 2 * len(variants) for s in ("256 KiB", "4 MiB", "256 KiB")), [])
   assert [r["groups"] for r in tim["rows"]] == sum(([g, g] for g in variants), []) * 3
   assert all(r["bit_identical"] and r["time_us"] > 0 for r in tim["rows"])
+  # The entropy codec's phase: every case, the (shrunk) 64M case, corruptions, timing with identity.
+  en = rep["entropy"]
+  assert en["ok"] is True and en["failures"] == 0 and en["exit"] == 0, en.get("error")
+  assert len(en["cases"]) >= 30 and all(c["ok"] for c in en["cases"])
+  en_names = {" ".join(c["case"]) for c in en["cases"]}
+  assert any("n=1048579" in s for s in en_names) and any("rows=3 n=4097" in s for s in en_names)
+  assert [c["dtype"] for c in en["corrupt"]] == ["bfloat16", "float16"]
+  assert all(c["ok"] and c["count"] > 90 for c in en["corrupt"])
+  en_hist = {int(k) for c in en["corrupt"] for k in c["cpu_status_hist"]}
+  assert {0, 1, 2, 3, 4, 5, 6, 8} <= en_hist, en_hist
+  assert [r["op"] for r in en["rows"]] == ["encode", "decode"] and all(r["bit_identical"] for r in en["rows"])
+  assert "## Entropy codec" in md
   # The identity phase rotated the variants over its GPU-side calls.
   assert set(ident["variant_calls"]) == {str(g) for g in variants} and min(ident["variant_calls"].values()) > 20
 

@@ -33,7 +33,6 @@ MAX_CODE_LEN = 11       # bits
 _ALIGN = 128
 _HEADER_BYTES = 128
 _BLOCK_HEAD = 4         # mode byte, zero byte, u16
-WORKSPACE_NBYTES = 128  # per row; unused by the CPU handlers
 
 # dtype -> (format dtype code, exponent bits, mantissa bits)
 _DTYPES = {
@@ -116,6 +115,17 @@ def min_nbytes(dtype, n: int) -> int:
   return _data_offset(n) + _align(total)
 
 
+def workspace_nbytes(n: int) -> int:
+  """Workspace bytes per row of both custom calls: 128 + align128(8 (nb + 1)).
+
+  The CUDA handlers keep per-row counters and one u64 per block there (look-back
+  states when encoding, block offsets when decoding); the CPU handlers ignore it.
+  Mirrors `zipccl::ent::workspace_nbytes` (ffi/entropy_format.h).
+  """
+  n = _check_count(n, "n")
+  return _HEADER_BYTES + _align(8 * (-(-n // BLOCK) + 1))
+
+
 def encode_rows(x: jax.Array):
   """Encodes every row x[..., :] independently.
 
@@ -140,7 +150,7 @@ def encode_rows(x: jax.Array):
       ENCODE_TARGET,
       (_result_type(lead + (max_nbytes(x.dtype, n),), jnp.uint8, x),
        _result_type(lead + (4,), jnp.int32, x),
-       _result_type(lead + (WORKSPACE_NBYTES,), jnp.uint8, x)),
+       _result_type(lead + (workspace_nbytes(n),), jnp.uint8, x)),
       vmap_method="broadcast_all")
   payload, stats, _ = call(x)
   return payload, stats
@@ -172,7 +182,7 @@ def decode_rows(payload: jax.Array, n: int, dtype):
       DECODE_TARGET,
       (_result_type(lead + (n,), np.dtype(dtype), payload),
        _result_type(lead, jnp.int32, payload),
-       _result_type(lead + (WORKSPACE_NBYTES,), jnp.uint8, payload)),
+       _result_type(lead + (workspace_nbytes(n),), jnp.uint8, payload)),
       vmap_method="broadcast_all")
   y, status, _ = call(payload)
   return y, status

@@ -1,0 +1,939 @@
+// "entropy" codec (codec id 2) on CUDA GPUs: kernels and the XLA FFI handlers
+// "zipccl_entropy_encode" / "zipccl_entropy_decode" for platform "CUDA".
+//
+// The payload is byte-identical to the CPU codec (ffi/entropy_cpu.cc) and the
+// decoder reports the same status for every payload: the format, including the
+// encoder's choices (package-merge code lengths, the block mode), is fixed by
+// docs/format.md ("Entropy codec (codec id 2)") and ffi/entropy_format.h, whose
+// __host__ __device__ functions both codecs call. tests/test_entropy_cuda.py runs
+// these kernels on the CPU SIMT emulator (tests/cuda/emulate_entropy.cc) against
+// the CPU codec. docs/cuda.md ("Entropy codec kernels") describes the design:
+//
+// Encoder, per call (all rows), no host synchronisation:
+//   1. cudaMemsetAsync: payload and workspace to zero (every byte the kernels do
+//      not write -- zero runs, the padding past used_nbytes -- is then already right).
+//   2. ent_encode_kernel: one CTA of 256 threads per 4096-element block, in ticket
+//      order (an atomic counter, so a CTA only waits on blocks held by CTAs that
+//      already run). Histogram of the joint (exponent, sign) symbols in shared
+//      memory; code lengths of both kinds by package-merge (one thread per kind,
+//      shared-memory lists, the leaf order by a parallel rank); the block's mode and
+//      size; its byte offset in the row by a decoupled look-back over per-block
+//      states in the workspace; then the block is written straight to its final
+//      place: warp s codes stream s (a lane codes 16 elements at its bit offset from
+//      a warp scan, ORed into big-endian words in shared memory), raw planes by
+//      element/group. Every byte written adds its checksum term (the checksum is
+//      linear in the bytes: byte i contributes byte << 8(i mod 4) times 2(i/4)+1).
+//   3. ent_encode_finalize (a CTA per row): header, checksum, stats.
+// Decoder: memset(workspace); ent_decode_rows (a CTA per row: header checks in the
+// CPU's order, directory sizes, block offsets into the workspace, raw-block count);
+// ent_decode_blocks (a CTA per block: block validation as the CPU, a 2048-entry
+// table, the 8 streams decoded by 8 threads, raw planes joined; findings and
+// checksum terms into the workspace); ent_decode_finalize (status by the CPU's
+// priority, all-one rows on error).
+#include "device_util.h"
+
+#include <stdint.h>
+
+#include <string>
+
+#include "entropy_cuda.h"
+#include "entropy_format.h"
+#include "handler_common.h"  // split_dims, str (shared with the window codec's handlers)
+
+namespace zipccl {
+namespace ent {
+namespace gpu {
+namespace {
+
+using ::zipccl::dev::ld_relaxed;
+using ::zipccl::dev::st_relaxed;
+
+constexpr unsigned kFull = 0xFFFFFFFFu;
+constexpr int kEncThreads = 256;  // 8 warps: warp s codes bit stream s
+constexpr int kDecThreads = 128;
+constexpr int kRowThreads = 256;  // the per-row kernels
+constexpr uint32_t kMaxArea = kBlock * kMaxLen / 8;  // bytes of the largest bit area (5632)
+constexpr uint32_t kLanesPerStream = 32;
+constexpr uint32_t kPerLane = kStreamLen / kLanesPerStream;  // 16 elements per lane
+static_assert(kEncThreads / 32 == (int)kStreams, "one warp per stream");
+
+// Workspace, per row (workspace_nbytes(n) bytes, zeroed by the handler):
+constexpr uint32_t kWsTicket = 0;   // u32 block ticket counter (row 0's copy serves all rows)
+constexpr uint32_t kWsSum = 8;      // u64 checksum terms of the blocks
+constexpr uint32_t kWsCount = 16;   // u32 encoder: RAW blocks; decoder: bit s = a block had status s
+constexpr uint32_t kWsData = 24;    // u64 encoder: data_bytes (written by the row's last block)
+constexpr uint32_t kWsHead = 32;    // u32 decoder: the row-level status (header, directory)
+constexpr uint32_t kWsTab = 128;    // u64 per block: encoder look-back state; decoder: offsets [nb + 1]
+// Look-back state of a block: flag << 62 | bytes (aggregate: the block's size;
+// inclusive: the sum of the sizes of blocks 0..b of the row).
+constexpr uint64_t kFlagAgg = 1ull << 62, kFlagIncl = 2ull << 62, kValMask = (1ull << 62) - 1;
+
+template <DtypeCode D>
+__host__ __device__ constexpr Traits traits_c() {
+  return D == kBF16 ? Traits{8, 7} : Traits{5, 10};
+}
+
+// Checksum term of byte v at row offset pos (COMMON.md's word checksum, per byte).
+__device__ __forceinline__ uint64_t cs_byte(uint64_t pos, uint32_t v) {
+  return ((uint64_t)v << (8 * (pos & 3))) * (2 * (pos >> 2) + 1);
+}
+
+__device__ __forceinline__ uint32_t popc32(uint32_t x) {
+#if defined(ZIPCCL_SIMT_HOST)
+  return (uint32_t)__builtin_popcount(x);
+#else
+  return (uint32_t)__popc(x);
+#endif
+}
+
+__device__ __forceinline__ uint64_t warp_sum64(uint64_t x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+// Sum of x over the CTA, in thread 0 (red: one slot per warp). Contains a barrier.
+template <int NT>
+__device__ __forceinline__ uint64_t cta_sum64(uint64_t x, uint64_t* red) {
+  x = warp_sum64(x);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  uint64_t s = 0;
+  if (threadIdx.x == 0)
+    for (int i = 0; i < NT / 32; ++i) s += red[i];
+  return s;
+}
+
+__device__ __forceinline__ uint32_t warp_incl_scan(uint32_t x) {
+  const uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+  for (uint32_t d = 1; d < 32; d <<= 1) {
+    const uint32_t y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  return x;
+}
+
+// ---- encoder -------------------------------------------------------------------------
+
+struct EncArgs {
+  const uint16_t* x;  // [rows, n]
+  uint8_t* out;       // [rows, out_row], zeroed
+  uint8_t* ws;        // [rows, ws_row], zeroed
+  uint64_t n, nb, out_row, ws_row;
+};
+
+// Package-merge scratch of one kind: the sorted leaves, two levels of item weights
+// (ping-pong), and per level one bit per item: is it a leaf.
+struct PMScratch {
+  uint32_t lw[kMaxAlphabet];
+  uint16_t ls[kMaxAlphabet];
+  uint32_t w[2][2 * kMaxAlphabet];
+  uint32_t leaf[kMaxLen][2 * kMaxAlphabet / 32];
+};
+
+struct EncCode {
+  uint32_t area[kMaxArea / 4 + 2];   // bit streams, big-endian words (bit i = bit 31 - i%32 of word i/32)
+  uint32_t ctab[kMaxAlphabet];       // code << 4 | length
+  uint16_t code[kMaxAlphabet];
+  uint8_t nib[kMaxAlphabet / 2 + 4]; // code-length nibble stream
+  uint32_t cscratch[2 * (kMaxLen + 2)];
+};
+
+struct EncSmem {
+  uint16_t x[kBlock];
+  uint32_t hist[kMaxAlphabet];       // counts of the J symbols
+  uint32_t cE[kMaxAlphabet / 2];     // counts of the E symbols
+  uint16_t list[2][kMaxAlphabet];    // [kind] the present symbols, ascending
+  uint16_t rank[2][kMaxAlphabet];    // [kind] rank in (count, symbol) order of list[kind][i]
+  uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
+  union {
+    PMScratch pm[2];  // while choosing the code
+    EncCode c;        // while writing the block
+  } u;
+  uint64_t red[kEncThreads / 32];
+  uint64_t base;                     // block offset from data_off
+  uint32_t ticket;
+  uint32_t k[2], sym_end[2], nib[2], area[2];
+  uint32_t cl[2][kMaxLen];           // package-merge: leaves taken at each level
+  uint32_t coding, kind, size;
+  uint32_t sbits[kStreams];
+};
+
+// Package-merge (entropy_format.h code_lengths, same rule and order): one thread.
+// In: p.lw/ls = the k >= 2 leaves in (count, symbol) order. Out: cl[L] = the
+// number of leaves among the items taken from list L (list 0 = the leaves); the
+// leaf of rank i gets length #{L : cl[L] > i}.
+__device__ void package_merge(PMScratch& p, uint32_t k, uint32_t* cl) {
+  for (uint32_t L = 0; L < kMaxLen; ++L) cl[L] = 0;
+  for (uint32_t i = 0; i < k; ++i) p.w[0][i] = p.lw[i];
+  uint32_t size = k;
+  for (uint32_t L = 1; L < kMaxLen; ++L) {
+    const uint32_t* wp = p.w[(L - 1) & 1];
+    uint32_t* wc = p.w[L & 1];
+    uint32_t* bits = p.leaf[L];
+    for (uint32_t i = 0; i < 2 * kMaxAlphabet / 32; ++i) bits[i] = 0;
+    const uint32_t np = size / 2;
+    const uint32_t stop = L == kMaxLen - 1 ? 2 * k - 2 : ~0u;
+    uint32_t i = 0, j = 0, o = 0;
+    while ((i < k || j < np) && o < stop) {
+      const uint32_t pw = j < np ? wp[2 * j] + wp[2 * j + 1] : 0;
+      if (j >= np || (i < k && p.lw[i] <= pw)) {
+        wc[o] = p.lw[i++];
+        bits[o >> 5] |= 1u << (o & 31);
+      } else {
+        wc[o] = pw;
+        ++j;
+      }
+      ++o;
+    }
+    size = o;
+  }
+  uint32_t t = 2 * k - 2;
+  for (int L = (int)kMaxLen - 1; L >= 0 && t > 0; --L) {
+    uint32_t c = 0;
+    if (L == 0) {
+      c = t < k ? t : k;  // list 0 is all leaves
+    } else {
+      for (uint32_t w = 0; w < (t >> 5); ++w) c += popc32(p.leaf[L][w]);
+      if (t & 31) c += popc32(p.leaf[L][t >> 5] & ((1u << (t & 31)) - 1));
+    }
+    cl[L] = c;
+    t = 2 * (t - c);
+  }
+}
+
+template <DtypeCode D>
+__global__ void __launch_bounds__(kEncThreads, 4) ent_encode_kernel(EncArgs a) {
+  constexpr Traits t = traits_c<D>();
+  constexpr uint32_t AE = 1u << t.ebits, AJ = 2 * AE;
+  constexpr int NT = kEncThreads;
+  ZC_SHARED(EncSmem, s, );
+  const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) s.ticket = atomicAdd(reinterpret_cast<unsigned*>(a.ws + kWsTicket), 1u);
+  for (uint32_t i = tid; i < AJ; i += NT) s.hist[i] = 0;
+  __syncthreads();
+  const uint64_t row = s.ticket / a.nb, b = s.ticket - row * a.nb;
+  const uint32_t len = block_len(a.n, b);
+  const uint16_t* x = a.x + row * a.n + b * kBlock;
+  uint8_t* out = a.out + row * a.out_row;
+  uint8_t* ws = a.ws + row * a.ws_row;
+  for (uint32_t j = tid; j < len; j += NT) {
+    const uint16_t v = x[j];
+    s.x[j] = v;
+    atomicAdd(&s.hist[t.symbol(kKindJ, v)], 1u);
+  }
+  __syncthreads();
+  for (uint32_t e = tid; e < AE; e += NT) s.cE[e] = s.hist[2 * e] + s.hist[2 * e + 1];
+  __syncthreads();
+
+  // Present symbols per kind (their list in symbol order, k, sym_end). Kind J is a
+  // HUFF candidate only when 16 * sum_e |c_J[2e] - c_J[2e+1]| >= len (format rule):
+  // otherwise its k >= 2 is recorded as 0, which skips its package-merge and size.
+  if (lane == 0 && warp < 2) {
+    const uint32_t A = warp == kKindE ? AE : AJ;
+    const uint32_t* c = warp == kKindE ? s.cE : s.hist;
+    uint32_t k = 0, se = 0;
+    for (uint32_t i = 0; i < A; ++i)
+      if (c[i]) {
+        s.list[warp][k++] = (uint16_t)i;
+        se = i + 1;
+      }
+    if (warp == kKindJ && k >= 2) {
+      uint32_t imb = 0;
+      for (uint32_t e = 0; e < AE; ++e) {
+        const uint32_t p = s.hist[2 * e], m = s.hist[2 * e + 1];
+        imb += p > m ? p - m : m - p;
+      }
+      if (16 * imb < len) k = 0;
+    }
+    s.k[warp] = k;
+    s.sym_end[warp] = se;
+  }
+  for (uint32_t i = tid; i < AE + AJ; i += NT) s.len[i < AE ? kKindE : kKindJ][i < AE ? i : i - AE] = 0;
+  __syncthreads();
+  // The package-merge leaves: every present symbol's rank in (count, symbol) order
+  // (O(k) per symbol, over the present ones only), for the kinds with k >= 2.
+  const uint32_t kE = s.k[kKindE] >= 2 ? s.k[kKindE] : 0, kJ = s.k[kKindJ] >= 2 ? s.k[kKindJ] : 0;
+  for (uint32_t i = tid; i < kE + kJ; i += NT) {
+    const uint32_t kind = i < kE ? kKindE : kKindJ, pos = i < kE ? i : i - kE, k = i < kE ? kE : kJ;
+    const uint32_t* c = kind == kKindE ? s.cE : s.hist;
+    const uint16_t* list = s.list[kind];
+    const uint32_t ci = c[list[pos]];
+    uint32_t r = 0;
+    for (uint32_t o = 0; o < k; ++o) {
+      const uint32_t co = c[list[o]];
+      r += (co < ci) | ((co == ci) & (o < pos));  // the list is in symbol order
+    }
+    s.rank[kind][pos] = (uint16_t)r;
+    s.u.pm[kind].lw[r] = ci;
+    s.u.pm[kind].ls[r] = list[pos];
+  }
+  __syncthreads();
+  if (lane == 0 && warp < 2 && s.k[warp] >= 2) package_merge(s.u.pm[warp], s.k[warp], s.cl[warp]);
+  __syncthreads();
+  // The leaf of rank r gets length #{L : cl[L] > r}.
+  for (uint32_t i = tid; i < kE + kJ; i += NT) {
+    const uint32_t kind = i < kE ? kKindE : kKindJ, pos = i < kE ? i : i - kE;
+    const uint32_t r = s.rank[kind][pos];
+    uint32_t l = 0;
+    for (uint32_t L = 0; L < kMaxLen; ++L) l += s.cl[kind][L] > r;
+    s.len[kind][s.list[kind][pos]] = (uint8_t)l;
+  }
+  __syncthreads();
+  if (lane == 0 && warp < 2 && s.k[warp] >= 2) {
+    const uint32_t A = warp == kKindE ? AE : AJ;
+    const uint32_t* c = warp == kKindE ? s.cE : s.hist;
+    uint32_t bits = 0;  // <= 11 * 4096
+    for (uint32_t i = 0; i < A; ++i) bits += c[i] * s.len[warp][i];
+    s.area[warp] = (bits + 7) / 8;
+    s.nib[warp] = write_lengths(s.len[warp], s.sym_end[warp], nullptr);
+  }
+  __syncthreads();
+
+  // Thread 0: the block's mode (candidates in the tie order CONST-E, CONST-J,
+  // HUFF-E, HUFF-J, RAW), its offset by look-back, the directory entry.
+  if (tid == 0) {
+    uint32_t best = max_block_bytes(len), coding = kRaw, kind = 0;
+    for (uint32_t c = 0; c < 4; ++c) {
+      const uint32_t kd = c & 1;
+      uint32_t sz = ~0u;
+      if (c < 2 && s.k[kd] == 1) sz = kBlockHead + t.raw_bytes(kd, len);
+      if (c >= 2 && s.k[kd] >= 2) sz = kHuffHead + s.nib[kd] + s.area[kd] + t.raw_bytes(kd, len);
+      if (sz < best) {
+        best = sz;
+        coding = c < 2 ? kConst : kHuff;
+        kind = kd;
+      }
+    }
+    s.coding = coding;
+    s.kind = kind;
+    s.size = best;
+    uint64_t* st = reinterpret_cast<uint64_t*>(ws + kWsTab);
+    uint64_t excl = 0;
+    if (b == 0) {
+      st_relaxed(&st[0], kFlagIncl | best);
+    } else {
+      st_relaxed(&st[b], kFlagAgg | best);
+      for (uint64_t p = b - 1;; --p) {
+        uint64_t v = ld_relaxed(&st[p]);
+        while ((v >> 62) == 0) {
+          __nanosleep(32);
+          v = ld_relaxed(&st[p]);
+        }
+        excl += v & kValMask;
+        if ((v >> 62) == 2) break;
+      }
+      st_relaxed(&st[b], kFlagIncl | (excl + best));
+    }
+    s.base = excl;
+    out[kHeaderBytes + 2 * b] = (uint8_t)best;
+    out[kHeaderBytes + 2 * b + 1] = (uint8_t)(best >> 8);
+    if (coding == kRaw) atomicAdd(reinterpret_cast<unsigned*>(ws + kWsCount), 1u);
+    if (b + 1 == a.nb) *reinterpret_cast<uint64_t*>(ws + kWsData) = excl + best;
+  }
+  __syncthreads();
+
+  const uint32_t coding = s.coding, kind = s.kind;
+  const uint64_t blk = data_offset(a.n) + s.base;  // row offset of the block
+  uint64_t cs = 0;
+  auto put = [&](uint32_t i, uint32_t v) {
+    const uint64_t pos = blk + i;
+    out[pos] = (uint8_t)v;
+    cs += cs_byte(pos, v & 0xFF);
+  };
+  // Raw planes at block offset off (entropy_format.h: byte plane, packed plane).
+  auto put_raw = [&](uint32_t off) {
+    const bool bp = t.byte_plane(kind);
+    const uint32_t w = t.packed_width(kind);
+    if (bp)
+      for (uint32_t j = tid; j < len; j += NT) put(off + j, t.raw(kind, s.x[j]) & 0xFF);
+    if (w) {
+      const uint32_t poff = off + (bp ? len : 0);
+      for (uint32_t g = tid; g < (len + 7) / 8; g += NT) {
+        uint64_t acc = 0;
+        for (uint32_t k = 0; k < 8 && 8 * g + k < len; ++k)
+          acc |= (uint64_t)(t.raw(kind, s.x[8 * g + k]) >> (bp ? 8 : 0)) << (k * w);
+        for (uint32_t i = 0; i < w; ++i) put(poff + g * w + i, (uint32_t)(acc >> (8 * i)) & 0xFF);
+      }
+    }
+  };
+
+  if (coding == kRaw) {  // bytes 0..3 stay zero
+    for (uint32_t j = tid; j < len; j += NT) {
+      put(kBlockHead + 2 * j, s.x[j] & 0xFF);
+      put(kBlockHead + 2 * j + 1, s.x[j] >> 8);
+    }
+  } else if (coding == kConst) {
+    if (tid == 0) {
+      const uint32_t sym = s.sym_end[kind] - 1;
+      put(0, kConst | (kind << 2));
+      put(2, sym & 0xFF);
+      put(3, sym >> 8);
+    }
+    put_raw(kBlockHead);
+  } else {
+    const uint32_t A = t.alphabet(kind);
+    const uint32_t nib = s.nib[kind], ab = s.area[kind];
+    if (tid == 0) {
+      write_lengths(s.len[kind], s.sym_end[kind], s.u.c.nib);
+      canonical_codes(s.len[kind], A, s.u.c.code, s.u.c.cscratch);
+    }
+    for (uint32_t i = tid; i < (ab + 3) / 4 + 1; i += NT) s.u.c.area[i] = 0;
+    __syncthreads();
+    for (uint32_t i = tid; i < A; i += NT) {
+      const uint32_t l = s.len[kind][i];
+      s.u.c.ctab[i] = l ? ((uint32_t)s.u.c.code[i] << 4) | l : 0;
+    }
+    if (tid == 0) {
+      put(0, kHuff | (kind << 2));
+      put(2, s.sym_end[kind] & 0xFF);
+      put(3, s.sym_end[kind] >> 8);
+    }
+    for (uint32_t i = tid; i < nib; i += NT) put(kHuffHead + i, s.u.c.nib[i]);
+    __syncthreads();
+    // Warp `warp` codes stream `warp`: lane l the 16 elements 512 warp + 16 l ..
+    const uint32_t j0 = kStreamLen * warp + kPerLane * lane;
+    uint32_t mine = 0;
+    for (uint32_t i = 0; i < kPerLane && j0 + i < len; ++i) mine += s.u.c.ctab[t.symbol(kind, s.x[j0 + i])] & 15;
+    const uint32_t incl = warp_incl_scan(mine);
+    const uint32_t total = __reduce_add_sync(kFull, mine);
+    if (lane == 0) s.sbits[warp] = total;
+    __syncthreads();  // (S) every stream's bit count is in s.sbits
+    uint32_t q = incl - mine;
+    for (uint32_t w = 0; w < warp; ++w) q += s.sbits[w];
+    for (uint32_t i = 0; i < kPerLane && j0 + i < len; ++i) {
+      const uint32_t e = s.u.c.ctab[t.symbol(kind, s.x[j0 + i])];
+      const uint32_t l = e & 15, c = e >> 4, o = q & 31;
+      if (o + l <= 32) {
+        atomicOr(&s.u.c.area[q >> 5], c << (32 - o - l));
+      } else {
+        atomicOr(&s.u.c.area[q >> 5], c >> (o + l - 32));
+        atomicOr(&s.u.c.area[(q >> 5) + 1], c << (64 - o - l));
+      }
+      q += l;
+    }
+    if (tid < kStreams) {
+      put(kBlockHead + 2 * tid, s.sbits[tid] & 0xFF);
+      put(kBlockHead + 2 * tid + 1, s.sbits[tid] >> 8);
+    }
+    __syncthreads();
+    const uint32_t aoff = kHuffHead + nib;
+    for (uint32_t i = tid; i < ab; i += NT) put(aoff + i, (s.u.c.area[i >> 2] >> (24 - 8 * (i & 3))) & 0xFF);
+    put_raw(aoff + ab);
+  }
+  const uint64_t sum = cta_sum64<NT>(cs, s.red);
+  if (tid == 0 && sum) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsSum), (unsigned long long)sum);
+}
+
+// One CTA per row: header, checksum (the blocks' terms + header and directory), stats.
+template <DtypeCode D>
+__global__ void __launch_bounds__(kRowThreads) ent_encode_finalize(EncArgs a, int32_t* stats) {
+  ZC_SHARED(uint64_t, red, [kRowThreads / 32]);
+  const uint64_t row = blockIdx.x;
+  uint8_t* out = a.out + row * a.out_row;
+  const uint8_t* ws = a.ws + row * a.ws_row;
+  const uint64_t nb = a.nb, doff = data_offset(a.n);
+  const uint64_t data = nb ? *reinterpret_cast<const uint64_t*>(ws + kWsData) : 0;
+  const uint64_t used = align128(doff + data);
+  const uint32_t raws = *reinterpret_cast<const uint32_t*>(ws + kWsCount);
+  if (threadIdx.x == 0) {
+    st32(out + kOffMagic, kMagic);
+    out[kOffVersion] = kVersion;
+    out[kOffDtype] = (uint8_t)D;
+    out[kOffCodec] = kCodecId;
+    out[kOffStatus] = 0;
+    st64(out + kOffN, a.n);
+    st64(out + kOffUsed, used);
+    out[kOffBlockLog2] = (uint8_t)kBlockLog2;
+    out[kOffStreams] = (uint8_t)kStreams;
+    out[kOffMaxLen] = (uint8_t)kMaxLen;
+    st32(out + kOffRawBlocks, raws);
+    st64(out + kOffNumBlocks, nb);
+    st64(out + kOffDataBytes, data);
+  }
+  __syncthreads();
+  uint64_t cs = 0;
+  for (uint64_t w = threadIdx.x; w < doff / 4; w += kRowThreads)
+    if (w != kOffChecksum / 4 && w != kOffChecksum / 4 + 1) cs += (uint64_t)ld32(out + 4 * w) * (2 * w + 1);
+  const uint64_t sum = cta_sum64<kRowThreads>(cs, red);
+  if (threadIdx.x == 0) {
+    st64(out + kOffChecksum, sum + *reinterpret_cast<const uint64_t*>(ws + kWsSum));
+    stats[4 * row] = 0;
+    stats[4 * row + 1] = (int32_t)raws;
+    stats[4 * row + 2] = (int32_t)(used / kAlign);
+    stats[4 * row + 3] = 0;
+  }
+}
+
+// ---- decoder -------------------------------------------------------------------------
+
+struct DecArgs {
+  const uint8_t* in;  // [rows, L]
+  uint16_t* y;        // [rows, n]
+  uint8_t* ws;        // [rows, ws_row], zeroed
+  uint64_t L, n, nb, ws_row;
+};
+
+// The header checks of the CPU decoder, in its order (docs/format.md).
+template <DtypeCode D>
+__device__ int32_t header_status(const uint8_t* in, uint64_t L, uint64_t n) {
+  if (L < kHeaderBytes) return kDecBadSize;
+  if (ld32(in + kOffMagic) != kMagic || in[kOffVersion] != kVersion || in[kOffCodec] != kCodecId)
+    return kDecBadMagic;
+  if (in[kOffDtype] != (uint8_t)D) return kDecBadDtype;
+  const uint64_t used = ld64(in + kOffUsed);
+  if (ld64(in + kOffN) != n || used % kAlign || used > L || used < min_nbytes(D, n) || used > max_nbytes(D, n))
+    return kDecBadSize;
+  if (in[kOffStatus] == 1) return kDecNotDecodable;
+  const uint64_t nb = num_blocks(n), doff = data_offset(n);
+  const uint64_t data_bytes = ld64(in + kOffDataBytes);
+  bool ok = in[kOffStatus] == 0 && in[kOffBlockLog2] == kBlockLog2 && in[kOffStreams] == kStreams &&
+            in[kOffMaxLen] == kMaxLen && in[35] == 0 && ld64(in + kOffNumBlocks) == nb &&
+            ld32(in + kOffRawBlocks) <= nb && data_bytes <= used - doff && align128(doff + data_bytes) == used;
+  for (uint32_t i = kHeaderUsed; i < kHeaderBytes && ok; ++i) ok = in[i] == 0;
+  return ok ? kDecOk : kDecBadHeader;
+}
+
+// One CTA per row: header status, then the directory (sizes in range, their sum,
+// the RAW count) with the block offsets stored in the workspace, and the checksum
+// terms of the header and directory.
+template <DtypeCode D>
+__global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
+  ZC_SHARED(uint64_t, red, [kRowThreads / 32]);
+  ZC_SHARED(uint32_t, wsum, [kRowThreads / 32]);
+  ZC_SHARED(uint32_t, sh, [2]);  // status, a size out of range
+  const uint64_t row = blockIdx.x;
+  const uint8_t* in = a.in + row * a.L;
+  uint8_t* ws = a.ws + row * a.ws_row;
+  const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    sh[0] = (uint32_t)header_status<D>(in, a.L, a.n);
+    sh[1] = 0;
+  }
+  __syncthreads();
+  if (sh[0] != kDecOk) {
+    if (tid == 0) *reinterpret_cast<uint32_t*>(ws + kWsHead) = sh[0];
+    return;
+  }
+  const uint64_t nb = a.nb, doff = data_offset(a.n);
+  const uint64_t data_bytes = ld64(in + kOffDataBytes), used = ld64(in + kOffUsed);
+  uint64_t* off = reinterpret_cast<uint64_t*>(ws + kWsTab);
+  uint64_t carry = doff;
+  for (uint64_t b0 = 0; b0 < nb; b0 += kRowThreads) {
+    const uint64_t b = b0 + tid;
+    uint32_t sz = 0;
+    if (b < nb) {
+      sz = ld16(in + kHeaderBytes + 2 * b);
+      if (sz < kBlockHead || sz > max_block_bytes(block_len(a.n, b))) sh[1] = 1;
+    }
+    const uint32_t incl = warp_incl_scan(sz);
+    if (lane == 31) wsum[warp] = incl;
+    __syncthreads();
+    uint64_t before = carry;
+    uint32_t chunk = 0;
+    for (uint32_t w = 0; w < kRowThreads / 32; ++w) {
+      if (w < warp) before += wsum[w];
+      chunk += wsum[w];
+    }
+    if (b < nb) off[b] = before + incl - sz;
+    carry += chunk;
+    __syncthreads();  // wsum is rewritten by the next chunk
+  }
+  uint32_t st = kDecOk;
+  uint32_t raws = 0;
+  if (sh[1] || carry != doff + data_bytes) {
+    st = kDecBadTable;
+  } else {
+    for (uint64_t b = tid; b < nb; b += kRowThreads) raws += in[off[b]] == 0;
+  }
+  uint64_t cs = 0;
+  for (uint64_t w = tid; w < doff / 4; w += kRowThreads)
+    if (w != kOffChecksum / 4 && w != kOffChecksum / 4 + 1) cs += (uint64_t)ld32(in + 4 * w) * (2 * w + 1);
+  if (nb == 0)
+    for (uint64_t w = doff / 4 + tid; w < used / 4; w += kRowThreads) cs += (uint64_t)ld32(in + 4 * w) * (2 * w + 1);
+  const uint64_t sum = cta_sum64<kRowThreads>(cs, red);
+  __syncthreads();
+  const uint64_t nraw = cta_sum64<kRowThreads>(raws, red);
+  if (tid == 0) {
+    if (st == kDecOk && nraw != ld32(in + kOffRawBlocks)) st = kDecBadTable;
+    off[nb] = carry;
+    *reinterpret_cast<uint64_t*>(ws + kWsSum) = sum;
+    *reinterpret_cast<uint32_t*>(ws + kWsHead) = st;
+  }
+}
+
+struct DecSmem {
+  uint16_t y[kBlock];
+  uint32_t tab[kTableSize];  // sym_bits << 16 | code length
+  uint8_t area[kMaxArea + 8];
+  uint8_t len[kMaxAlphabet];
+  uint16_t code[kMaxAlphabet];
+  uint32_t cscratch[2 * (kMaxLen + 2)];
+  uint64_t red[kDecThreads / 32];
+  uint32_t start[kStreams + 1];
+  uint32_t status, coding, kind, sym_end, area_off, ab, bad;
+};
+
+// One CTA per block of every row whose header and directory passed.
+template <DtypeCode D>
+__global__ void __launch_bounds__(kDecThreads, 8) ent_decode_blocks(DecArgs a) {
+  constexpr Traits t = traits_c<D>();
+  constexpr int NT = kDecThreads;
+  ZC_SHARED(DecSmem, s, );
+  const uint64_t row = blockIdx.x / a.nb, b = blockIdx.x - row * a.nb;
+  uint8_t* ws = a.ws + row * a.ws_row;
+  if (*reinterpret_cast<const uint32_t*>(ws + kWsHead) != kDecOk) return;  // the same for the whole CTA
+  const uint32_t tid = threadIdx.x;
+  const uint8_t* in = a.in + row * a.L;
+  const uint64_t* off = reinterpret_cast<const uint64_t*>(ws + kWsTab);
+  const uint64_t o0 = off[b], o1 = off[b + 1];
+  const uint32_t size = (uint32_t)(o1 - o0), len = block_len(a.n, b);
+  const uint8_t* blk = in + o0;
+  uint16_t* y = a.y + row * a.n + b * kBlock;
+
+  // Thread 0: the block's header and code, validated as the CPU decoder does.
+  if (tid == 0) {
+    uint32_t st = kDecOk, coding = 0, kind = 0;
+    if (size < kBlockHead || blk[1] != 0) {
+      st = kDecBadTable;
+    } else {
+      coding = blk[0] & 3;
+      kind = blk[0] >> 2;
+      if (coding == kRaw) {
+        if (blk[0] != 0 || ld16(blk + 2) != 0 || size != max_block_bytes(len)) st = kDecBadTable;
+      } else if (kind > 1 || coding > kHuff) {
+        st = kDecBadTable;
+      } else {
+        const uint32_t A = t.alphabet(kind), rawb = t.raw_bytes(kind, len);
+        if (coding == kConst) {
+          if (ld16(blk + 2) >= A || size != kBlockHead + rawb) st = kDecBadTable;
+        } else if (size < kHuffHead + rawb) {
+          st = kDecBadTable;
+        } else {
+          // read_lengths sets len[0, sym_end) (sym_end <= A when it succeeds); nothing past it is read.
+          const uint32_t sym_end = ld16(blk + 2);
+          const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
+          s.sym_end = sym_end;
+          if (nib < 0 || !canonical_codes(s.len, sym_end, s.code, s.cscratch)) {
+            st = kDecBadTable;
+          } else {
+            s.start[0] = 0;
+            for (uint32_t k = 0; k < kStreams && st == kDecOk; ++k) {
+              const uint32_t j0 = k * kStreamLen < len ? k * kStreamLen : len;
+              const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
+              const uint32_t cnt = j1 - j0, bits = ld16(blk + kBlockHead + 2 * k);
+              if (bits < cnt || bits > kMaxLen * cnt) st = kDecBadTable;
+              s.start[k + 1] = s.start[k] + bits;
+            }
+            if (st == kDecOk) {
+              const uint32_t total = s.start[kStreams], ab = (total + 7) / 8;
+              const uint32_t area_off = kHuffHead + (uint32_t)nib;
+              if (size != area_off + ab + rawb)
+                st = kDecBadTable;
+              else if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1)))
+                st = kDecBadStream;
+              s.area_off = area_off;
+              s.ab = ab;
+            }
+          }
+        }
+      }
+    }
+    s.status = st;
+    s.coding = coding;
+    s.kind = kind;
+    s.bad = 0;
+  }
+  // The block's checksum terms; the row's last block also covers the padding up to used.
+  uint64_t cs = 0;
+  {
+    const uint64_t end = b + 1 == a.nb ? ld64(in + kOffUsed) : o1;
+    for (uint64_t i = o0 + tid; i < end; i += NT) cs += cs_byte(i, in[i]);
+  }
+  __syncthreads();
+  const uint32_t coding = s.coding, kind = s.kind;
+  if (s.status == kDecOk && coding == kHuff) {
+    const uint32_t ab = s.ab;
+    for (uint32_t sym = tid; sym < s.sym_end; sym += NT) {
+      const uint32_t l = s.len[sym];
+      if (!l) continue;
+      const uint32_t e = (t.sym_bits(kind, sym) << 16) | l;
+      const uint32_t first = (uint32_t)s.code[sym] << (kMaxLen - l), cnt = 1u << (kMaxLen - l);
+      for (uint32_t i = 0; i < cnt; ++i) s.tab[first + i] = e;
+    }
+    for (uint32_t i = tid; i < ab + 8; i += NT) s.area[i] = i < ab ? blk[s.area_off + i] : 0;
+    __syncthreads();
+    if (tid < kStreams) {
+      // Stream tid, 11 bits at a time; bytes past the area read as zero (a corrupt
+      // stream that runs past it is reported by its end position either way).
+      const uint32_t j0 = tid * kStreamLen < len ? tid * kStreamLen : len;
+      const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
+      uint32_t q = s.start[tid];
+      for (uint32_t j = j0; j < j1; ++j) {
+        const uint32_t i = (q >> 3) < ab ? (q >> 3) : ab;
+        const uint32_t v = ((uint32_t)s.area[i] << 16) | ((uint32_t)s.area[i + 1] << 8) | s.area[i + 2];
+        const uint32_t e = s.tab[(v >> (13 - (q & 7))) & (kTableSize - 1)];
+        s.y[j] = (uint16_t)(e >> 16);
+        q += e & 15;
+      }
+      if (q != s.start[tid + 1]) s.bad = 1;
+    }
+    __syncthreads();
+    if (tid == 0 && s.bad) s.status = kDecBadStream;
+  } else if (s.status == kDecOk && coding == kConst) {
+    const uint16_t v = (uint16_t)t.sym_bits(kind, ld16(blk + 2));
+    for (uint32_t j = tid; j < len; j += NT) s.y[j] = v;
+  }
+  __syncthreads();
+  const uint32_t st = s.status;
+  if (st == kDecOk) {
+    if (coding == kRaw) {
+      for (uint32_t j = tid; j < len; j += NT) y[j] = ld16(blk + kBlockHead + 2 * j);
+    } else {
+      // Join the raw planes (entropy_format.h) and store.
+      const uint32_t roff = coding == kConst ? kBlockHead : s.area_off + s.ab;
+      const bool bp = t.byte_plane(kind);
+      const uint32_t w = t.packed_width(kind);
+      const uint8_t* rp = blk + roff;
+      const uint8_t* pp = rp + (bp ? len : 0);
+      for (uint32_t j = tid; j < len; j += NT) {
+        uint32_t r = 0;
+        if (w) {
+          const uint32_t g = j >> 3, k = j & 7;
+          uint64_t acc = 0;
+          for (uint32_t i = 0; i < w; ++i) acc |= (uint64_t)pp[g * w + i] << (8 * i);
+          r = (uint32_t)(acc >> (k * w)) & ((1u << w) - 1);
+        }
+        if (bp) r = (r << 8) | rp[j];
+        y[j] = (uint16_t)(s.y[j] | t.raw_bits(kind, r));
+      }
+    }
+  }
+  const uint64_t sum = cta_sum64<NT>(cs, s.red);
+  if (tid == 0) {
+    if (st != kDecOk) atomicOr(reinterpret_cast<unsigned*>(ws + kWsCount), 1u << st);
+    if (sum) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsSum), (unsigned long long)sum);
+  }
+}
+
+// One CTA per row: the status by the CPU's priority (row checks, the smallest
+// block error, the checksum); a row with a nonzero status becomes all-one bits.
+__global__ void __launch_bounds__(kRowThreads) ent_decode_finalize(DecArgs a, int32_t* status) {
+  ZC_SHARED(uint32_t, sst, );
+  const uint64_t row = blockIdx.x;
+  const uint8_t* ws = a.ws + row * a.ws_row;
+  if (threadIdx.x == 0) {
+    uint32_t st = *reinterpret_cast<const uint32_t*>(ws + kWsHead);
+    if (st == kDecOk) {
+      const uint32_t f = *reinterpret_cast<const uint32_t*>(ws + kWsCount);
+      if (f & (1u << kDecBadTable))
+        st = kDecBadTable;
+      else if (f & (1u << kDecBadStream))
+        st = kDecBadStream;
+      else if (*reinterpret_cast<const uint64_t*>(ws + kWsSum) != ld64(a.in + row * a.L + kOffChecksum))
+        st = kDecBadChecksum;
+    }
+    sst = st;
+    status[row] = (int32_t)st;
+  }
+  __syncthreads();
+  if (sst != kDecOk) {
+    uint16_t* y = a.y + row * a.n;
+    for (uint64_t j = threadIdx.x; j < a.n; j += kRowThreads) y[j] = 0xFFFF;
+  }
+}
+
+// ---- host side -----------------------------------------------------------------------
+
+namespace ffi = ::xla::ffi;
+
+constexpr const char* kEnc = "zipccl_entropy_encode";
+constexpr const char* kDec = "zipccl_entropy_decode";
+constexpr uint64_t kMaxGrid = 0x7FFFFFFFu;
+
+ffi::Error cuda_error(const char* target, const char* what, cudaError_t e) {
+  cudaGetLastError();
+  return ffi::Error::Internal(std::string(target) + " (CUDA): " + what + " failed: " + cudaGetErrorString(e));
+}
+
+ffi::Error check_launch(const char* target, const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_error(target, what, e);
+  return ffi::Error::Success();
+}
+
+bool ent_dtype(ffi::DataType t, DtypeCode* d) {
+  switch (t) {
+    case ffi::DataType::BF16: *d = kBF16; return true;
+    case ffi::DataType::F16: *d = kF16; return true;
+    default: return false;
+  }
+}
+
+using ::zipccl::handler::split_dims;
+using ::zipccl::handler::str;
+
+bool aligned(const void* p, uintptr_t k) { return (reinterpret_cast<uintptr_t>(p) & (k - 1)) == 0; }
+
+template <DtypeCode D>
+ffi::Error encode_launch(cudaStream_t stream, const EncArgs& a, uint64_t rows, int32_t* stats) {
+  if (rows * a.out_row != 0)
+    if (const cudaError_t e = cudaMemsetAsync(a.out, 0, rows * a.out_row, stream); e != cudaSuccess)
+      return cuda_error(kEnc, "payload memset", e);
+  if (const cudaError_t e = cudaMemsetAsync(a.ws, 0, rows * a.ws_row, stream); e != cudaSuccess)
+    return cuda_error(kEnc, "workspace memset", e);
+  if (rows * a.nb != 0) {
+    ZC_LAUNCH(ent_encode_kernel<D>, rows * a.nb, kEncThreads, stream, a);
+    ffi::Error e = check_launch(kEnc, "ent_encode_kernel launch");
+    if (e.failure()) return e;
+  }
+  ZC_LAUNCH(ent_encode_finalize<D>, rows, kRowThreads, stream, a, stats);
+  return check_launch(kEnc, "ent_encode_finalize launch");
+}
+
+template <DtypeCode D>
+ffi::Error decode_launch(cudaStream_t stream, const DecArgs& a, uint64_t rows, int32_t* status) {
+  if (const cudaError_t e = cudaMemsetAsync(a.ws, 0, rows * a.ws_row, stream); e != cudaSuccess)
+    return cuda_error(kDec, "workspace memset", e);
+  ZC_LAUNCH(ent_decode_rows<D>, rows, kRowThreads, stream, a);
+  ffi::Error e = check_launch(kDec, "ent_decode_rows launch");
+  if (e.failure()) return e;
+  if (rows * a.nb != 0) {
+    ZC_LAUNCH(ent_decode_blocks<D>, rows * a.nb, kDecThreads, stream, a);
+    e = check_launch(kDec, "ent_decode_blocks launch");
+    if (e.failure()) return e;
+  }
+  ZC_LAUNCH(ent_decode_finalize, rows, kRowThreads, stream, a, status);
+  return check_launch(kDec, "ent_decode_finalize launch");
+}
+
+}  // namespace
+
+ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+                                 ffi::Result<ffi::Buffer<ffi::S32>> stats,
+                                 ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  DtypeCode d;
+  if (!ent_dtype(x.element_type(), &d))
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": x must be bfloat16 or float16");
+  uint64_t rows, n, prow, nbytes, srow, four, wrow, wbytes;
+  split_dims(x.dimensions(), &rows, &n);
+  split_dims(payload->dimensions(), &prow, &nbytes);
+  split_dims(stats->dimensions(), &srow, &four);
+  split_dims(workspace->dimensions(), &wrow, &wbytes);
+  if (n >= (1ull << 32))
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": rows of >= 2^32 elements are not supported");
+  const uint64_t want = max_nbytes(d, n), wneed = workspace_nbytes(n);
+  if (prow != rows || nbytes != want)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": payload must be [" + str(rows) + ", " + str(want) +
+                                       "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
+  if (srow != rows || four != 4)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": stats must be [" + str(rows) + ", 4]");
+  if (wrow != rows || wbytes != wneed)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": workspace must be [" + str(rows) + ", " +
+                                       str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
+  if (rows == 0) return ffi::Error::Success();
+  if (rows > kMaxGrid || rows * num_blocks(n) > kMaxGrid)
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": too many rows or blocks for one call");
+  EncArgs a;
+  a.x = static_cast<const uint16_t*>(x.untyped_data());
+  a.out = payload->typed_data();
+  a.ws = workspace->typed_data();
+  if (!aligned(a.x, 2) || !aligned(a.ws, 16))
+    return ffi::Error::InvalidArgument(std::string(kEnc) + ": x must be 2-byte and workspace 16-byte aligned");
+  a.n = n;
+  a.nb = num_blocks(n);
+  a.out_row = nbytes;
+  a.ws_row = wbytes;
+  int32_t* st = stats->typed_data();
+  return d == kBF16 ? encode_launch<kBF16>(stream, a, rows, st) : encode_launch<kF16>(stream, a, rows, st);
+}
+
+ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
+                                 ffi::Result<ffi::Buffer<ffi::S32>> status,
+                                 ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+  DtypeCode d;
+  if (!ent_dtype(y->element_type(), &d))
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": output must be bfloat16 or float16");
+  uint64_t rows, nbytes, yrows, n, wrow, wbytes;
+  split_dims(payload.dimensions(), &rows, &nbytes);
+  split_dims(y->dimensions(), &yrows, &n);
+  split_dims(workspace->dimensions(), &wrow, &wbytes);
+  if (yrows != rows)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": payload has " + str(rows) +
+                                       " rows but the output has " + str(yrows));
+  if (status->element_count() != (size_t)rows)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": status must have one entry per row");
+  if (n >= (1ull << 32))
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": rows of >= 2^32 elements are not supported");
+  const uint64_t wneed = workspace_nbytes(n);
+  if (wrow != rows || wbytes != wneed)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": workspace must be [" + str(rows) + ", " +
+                                       str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
+  if (rows == 0) return ffi::Error::Success();
+  if (rows > kMaxGrid || rows * num_blocks(n) > kMaxGrid)
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": too many rows or blocks for one call");
+  DecArgs a;
+  a.in = payload.typed_data();
+  a.y = static_cast<uint16_t*>(y->untyped_data());
+  a.ws = workspace->typed_data();
+  if (!aligned(a.y, 2) || !aligned(a.ws, 16))
+    return ffi::Error::InvalidArgument(std::string(kDec) + ": output must be 2-byte and workspace 16-byte aligned");
+  a.L = nbytes;
+  a.n = n;
+  a.nb = num_blocks(n);
+  a.ws_row = wbytes;
+  int32_t* st = status->typed_data();
+  return d == kBF16 ? decode_launch<kBF16>(stream, a, rows, st) : decode_launch<kF16>(stream, a, rows, st);
+}
+
+int warm_up_entropy() {
+  int count = 0, prev = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
+  int done = 0;
+  for (int dv = 0; dv < count; ++dv) {
+    if (cudaSetDevice(dv) != cudaSuccess) continue;
+    cudaFuncAttributes attr;
+    cudaFuncGetAttributes(&attr, ent_encode_kernel<kBF16>);
+    cudaFuncGetAttributes(&attr, ent_encode_kernel<kF16>);
+    cudaFuncGetAttributes(&attr, ent_encode_finalize<kBF16>);
+    cudaFuncGetAttributes(&attr, ent_encode_finalize<kF16>);
+    cudaFuncGetAttributes(&attr, ent_decode_rows<kBF16>);
+    cudaFuncGetAttributes(&attr, ent_decode_rows<kF16>);
+    cudaFuncGetAttributes(&attr, ent_decode_blocks<kBF16>);
+    cudaFuncGetAttributes(&attr, ent_decode_blocks<kF16>);
+    cudaFuncGetAttributes(&attr, ent_decode_finalize);
+    ++done;
+  }
+  if (have_prev) cudaSetDevice(prev);
+  cudaGetLastError();
+  return done;
+}
+
+}  // namespace gpu
+}  // namespace ent
+}  // namespace zipccl
+
+namespace ffi = ::xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyEncodeCuda, zipccl::ent::gpu::EntropyEncodeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::AnyBuffer>()                     // x [..., n]
+                                  .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., max_nbytes]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 4]
+                                  .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyDecodeCuda, zipccl::ent::gpu::EntropyDecodeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., L]
+                                  .Ret<ffi::AnyBuffer>()                     // y [..., n]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // status [...]
+                                  .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
+                              {ffi::Traits::kCmdBufferCompatible});
