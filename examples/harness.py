@@ -124,8 +124,9 @@ def put(tree, mesh, specs):
 
 
 def local(x) -> np.ndarray:
-  """The value of a replicated array, read from this process's first shard."""
-  return np.asarray(x.addressable_data(0))
+  """The value of a replicated array, read from this process's first shard (numpy
+  values, e.g. the exact byte counts of CollectiveStats, pass through)."""
+  return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
 
 
 def digest(tree) -> bytes:

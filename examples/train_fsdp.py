@@ -222,8 +222,11 @@ def unit_capacities(units, cfg=None) -> dict:
   out = {}
   for u in units:
     raw = 2 * u.shard
-    ladder = zipccl_jax.slot_ladder(zipccl_jax.min_nbytes(COMPUTE, u.shard), raw) + (raw,)
-    out[u.name] = (ladder, ladder)   # gather rows and gradient rows: shard elements each
+    low = zipccl_jax.min_nbytes(COMPUTE, u.shard)
+    # gather rows and gradient rows hold shard elements each; the gradient rows go
+    # over an all-to-all, which has a shorter ladder
+    out[u.name] = (zipccl_jax.slot_ladder(low, raw) + (raw,),
+                   zipccl_jax.slot_ladder(low, raw, all_to_all=True) + (raw,))
   return out
 
 

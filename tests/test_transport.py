@@ -77,6 +77,14 @@ def test_ladder_rungs_are_close_and_static(min_nbytes, raw):
   assert isinstance(rungs[-1], int)   # Python ints: exact above 2 GiB
 
 
+def test_all_to_all_ladder_is_short_and_fine_at_the_bottom():
+  raw = 131_072
+  full, a2a = zc.slot_ladder(90_112, raw), zc.slot_ladder(90_112, raw, all_to_all=True)
+  assert len(a2a) <= 12 < len(full)
+  assert a2a[:8] == full[:8]          # the same 2% rungs where compressible data lands
+  assert a2a[-1] < raw and all(b <= a * 1.05 for a, b in zip(a2a, a2a[1:]))
+
+
 def test_ladder_of_a_row_that_cannot_shrink_is_empty():
   assert zc.slot_ladder(8192, 8192) == () and zc.slot_ladder(9000, 8192) == ()
 

@@ -55,8 +55,9 @@ class _Cfg(NamedTuple):
   perm: tuple = ()      # ppermute
 
 
-def _plan(cfg: _Cfg, collective: str, dtype, m: int) -> options.Plan:
-  return options.plan(cfg.fn, dtype, m, cfg.opts, collective=collective, n_peers=cfg.n_peers)
+def _plan(cfg: _Cfg, collective: str, dtype, m: int, all_to_all: bool = False) -> options.Plan:
+  return options.plan(cfg.fn, dtype, m, cfg.opts, collective=collective, n_peers=cfg.n_peers,
+                      all_to_all=all_to_all)
 
 
 def _ag_impl(x, cfg: _Cfg):
@@ -89,7 +90,7 @@ def _rows_for_peers(x, dim, tiled, n_peers):
 
 def _rs_impl(x, cfg: _Cfg):
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, cfg.n_peers)
-  plan = _plan(cfg, "psum_scatter", x.dtype, rows.shape[1])
+  plan = _plan(cfg, "psum_scatter", x.dtype, rows.shape[1], all_to_all=True)
   recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   y = transport.ordered_sum(recv, x.dtype).reshape(chunk)
   return y, (stats_lib.make_stats("psum_scatter", cfg.opts.codec, [part]) if cfg.stats else None)
@@ -102,11 +103,12 @@ def _psum_impl(x, cfg: _Cfg):
   flat = x.reshape(n)
   if n_peers * m != n:
     flat = jnp.pad(flat, (0, n_peers * m - n))
-  plan = _plan(cfg, "psum", x.dtype, m)
   check = cfg.opts.check_decode
+  plan = _plan(cfg, "psum", x.dtype, m, all_to_all=True)
   recv, p1 = transport.a2a_rows(flat.reshape(n_peers, m), cfg.axes, plan, cfg.stats, check)
   mine = transport.ordered_sum(recv, x.dtype)
-  g, p2 = transport.gather_rows(mine, cfg.axes, n_peers, plan, cfg.stats, check)
+  g, p2 = transport.gather_rows(mine, cfg.axes, n_peers, _plan(cfg, "psum", x.dtype, m),
+                                cfg.stats, check)
   y = g.reshape(n_peers * m)[:n].reshape(x.shape)
   return y, (stats_lib.make_stats("psum", cfg.opts.codec, [p1, p2]) if cfg.stats else None)
 
@@ -114,7 +116,7 @@ def _psum_impl(x, cfg: _Cfg):
 def _a2a_impl(x, cfg: _Cfg):
   n_peers = cfg.n_peers
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
-  plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1])
+  plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1], all_to_all=True)
   recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   c = cfg.dim2
   y = jnp.moveaxis(recv.reshape((n_peers,) + chunk), 0, c)

@@ -142,11 +142,12 @@ def check_dim(fn, arg, value, ndim) -> int:
 
 
 def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
-         n_peers: int | None = None) -> Plan:
+         n_peers: int | None = None, all_to_all: bool = False) -> Plan:
   """How rows of m elements of dtype move: the codec and its slot ladder, or raw.
 
   `collective` ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute")
-  and `n_peers` feed policy="auto"."""
+  and `n_peers` feed policy="auto"; `all_to_all`: the rows go over an all-to-all
+  (a shorter ladder, transport.ALL_TO_ALL_LADDER)."""
   dtype = np.dtype(dtype)
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
@@ -158,7 +159,7 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
   if not codec.supports(dtype):
     return Plan(False, m, dtype, raw_row)
   min_nbytes = codec.min_nbytes(dtype, m)
-  rungs = transport.ladder(min_nbytes, raw_row)
+  rungs = transport.ladder(min_nbytes, raw_row, all_to_all=all_to_all)
   if not rungs:   # even the smallest encoding is not smaller than raw
     return Plan(False, m, dtype, raw_row)
   if opts.policy == "auto" and not auto_compress(

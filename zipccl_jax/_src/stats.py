@@ -68,7 +68,7 @@ class CollectiveStats:
     compressed rung, or the call was not compressed)."""
     top = np.asarray([len(s) - 1 for s in self.slots], np.int32)
     if _concrete(self.rung):
-      return np.any(np.asarray(self.rung) >= top, axis=-1)
+      return np.any(_host(self.rung) >= top, axis=-1)
     return jnp.any(self.rung >= top, axis=-1)
 
   @property
@@ -97,7 +97,7 @@ class CollectiveStats:
   def used_bytes(self):
     """Per transport, the largest used size among the participants (bytes)."""
     if _concrete(self.used_units):
-      return np.asarray(self.used_units, np.int64) * 128
+      return _host(self.used_units).astype(np.int64) * 128
     return self.used_units * 128
 
   @property
@@ -115,24 +115,33 @@ class CollectiveStats:
 
   def summary(self) -> str:
     """One line for logs (eager: reads the values back to the host)."""
-    rung = np.asarray(self.rung)
+    rung = _host(self.rung)
     return (f"{self.collective} codec={self.codec} compressed={self.compressed} "
             f"rung={rung.reshape(-1, rung.shape[-1])[0].tolist()} "
             f"raw_rung={bool(np.any(self.raw_rung))} "
             f"wire={int(np.max(self.wire_bytes))}B raw={self.raw_bytes}B "
             f"ratio={float(np.min(self.ratio)):.3f} "
-            f"escape_rate={float(np.max(np.asarray(self.escape_rate))):.4f} "
-            f"decode_errors={int(np.max(np.asarray(self.decode_errors)))}")
+            f"escape_rate={float(np.max(_host(self.escape_count))) / max(self.elements, 1):.4f} "
+            f"decode_errors={int(np.max(_host(self.decode_errors)))}")
 
 
 def _concrete(a) -> bool:
   return not isinstance(a, jax.core.Tracer)
 
 
+def _host(a) -> np.ndarray:
+  """A concrete stats array on the host. In a multi-process run a global array is not
+  fully addressable: its fields are identical on every participant, so this
+  process's first shard is the value."""
+  if isinstance(a, jax.Array) and not a.is_fully_addressable:
+    a = a.addressable_data(0)
+  return np.asarray(a)
+
+
 def _per_transport(tables, rung):
   """table[t][rung[t]] for every transport t (rung may have leading batch dims)."""
   if _concrete(rung):
-    r = np.asarray(rung)
+    r = _host(rung)
     return np.stack([np.asarray(tab, np.int64)[r[..., t]] for t, tab in enumerate(tables)],
                     axis=-1)
   return jnp.stack([jnp.asarray(np.asarray(tab, np.int64).clip(max=2**31 - 1), jnp.int32)[

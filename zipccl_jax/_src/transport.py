@@ -40,34 +40,39 @@ from zipccl_jax._src import stats
 
 _ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
 # The ladder: FINE_RUNGS rungs 2% apart from the codec's min_nbytes (where data that
-# compresses lands: weights, most gradients), then 5% apart up to the raw size;
-# at most MAX_RUNGS compressed rungs (each is a switch branch, and on XLA:CPU an
-# all-to-all branch costs N slice copies to compile: docs/design.md, "Transport").
+# compresses lands: weights, most gradients), then COARSE growth up to the raw
+# size, at most MAX_RUNGS compressed rungs: each is a switch branch, and on
+# XLA:CPU an all-to-all branch costs N slice copies to compile, so all-to-all
+# transports (psum_scatter, all_to_all, psum's reduce-scatter) get a shorter
+# ladder (docs/design.md, "Transport").
 LADDER_GROWTH = ((1, 50), (1, 20))   # (fine, coarse) growth per rung, exact fractions
 FINE_RUNGS = 12
 MAX_RUNGS = 16
+ALL_TO_ALL_LADDER = (8, LADDER_GROWTH, 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 
 
-def ladder(min_nbytes: int, raw_row: int) -> tuple:
+def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
   """Compressed slot sizes (bytes per row) for rows whose raw size is raw_row.
 
   Ascending multiples of 128 from align128(min_nbytes), all below raw_row: the
   first FINE_RUNGS 2% (at least 128 bytes) apart, the rest 5% apart, so that a
   used size u near the codec's best case lands on a rung at most 2% above u.
   Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
-  listed). A ladder longer than MAX_RUNGS is respaced with larger growths. Python
-  ints: exact for any size.
+  listed). With all_to_all (the rows of an all-to-all transport) the ladder is
+  ALL_TO_ALL_LADDER: 8 rungs 2% apart, then 5%, at most 12. A ladder longer than
+  its maximum is respaced with larger growths. Python ints: exact for any size.
   """
-  (fn, fd), (cn, cd) = LADDER_GROWTH
+  fine, ((fn, fd), (cn, cd)), max_rungs = (ALL_TO_ALL_LADDER if all_to_all else
+                                            (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS))
   while True:
     rungs = []
     s = -(-min_nbytes // _ALIGN) * _ALIGN
     while s < raw_row:
       rungs.append(s)
-      num, den = (fn, fd) if len(rungs) < FINE_RUNGS else (cn, cd)
+      num, den = (fn, fd) if len(rungs) < fine else (cn, cd)
       s = max(s + _ALIGN, s * (den + num) // den // _ALIGN * _ALIGN)
-    if len(rungs) <= MAX_RUNGS:
+    if len(rungs) <= max_rungs:
       return tuple(rungs)
     fn, fd, cn, cd = 3 * fn, 2 * fd, 3 * cn, 2 * cd    # 1.5x the growths, until it fits
 
