@@ -74,7 +74,8 @@ def order0_ratio(words: np.ndarray) -> float:
 def entropy_used(x: np.ndarray):
   import jax
   import jax.numpy as jnp
-  from zipccl_jax._src import entropy
+  import zipccl_jax as zc
+  entropy = zc.get_codec("entropy")
   p, s = jax.jit(entropy.encode_rows)(jnp.asarray(x.reshape(1, -1)))
   y, st = jax.jit(entropy.decode_rows, static_argnums=(1, 2))(p, x.size, x.dtype)
   ok = int(st[0]) == 0 and np.array_equal(np.asarray(y).reshape(-1).view(np.uint16),
@@ -84,8 +85,8 @@ def entropy_used(x: np.ndarray):
 
 def window_ratio(x: np.ndarray) -> float | None:
   try:
-    from zipccl_jax._src import analysis
-    return float(analysis.analyze(x).ratio)
+    import zipccl_jax as zc
+    return float(zc.analyze(x).ratio)
   except Exception as e:  # the window codec's API moves with its format version
     log(f"window codec ratio unavailable: {e}")
     return None
@@ -142,7 +143,8 @@ def _cpu_gbps(fn, nbytes, runs):
 def speed_rows(n: int, runs: int) -> dict:
   import jax
   import jax.numpy as jnp
-  from zipccl_jax._src import entropy
+  import zipccl_jax as zc
+  entropy = zc.get_codec("entropy")
   x = make("gaussian", n).astype(BF16)
   xj = jnp.asarray(x.reshape(1, -1))
   enc = jax.jit(entropy.encode_rows)
@@ -166,8 +168,8 @@ def speed_rows(n: int, runs: int) -> dict:
     log(f"window codec timing skipped: {err}")
   # The row codecs on preallocated host buffers, timed in thread CPU time: no XLA
   # allocation, and waiting for a core under load does not count (sharing it does).
-  from zipccl_jax._src import ffi as zffi
-  nat = zffi.native()
+  import zipccl_jax as zc
+  nat = zc.native()
   w8 = x.view(np.uint16).view(np.uint8)
   buf = np.zeros(entropy.max_nbytes(BF16, n), np.uint8)
   y8 = np.zeros(2 * n, np.uint8)
@@ -176,9 +178,9 @@ def speed_rows(n: int, runs: int) -> dict:
   out["entropy_host_decode"] = _cpu_gbps(lambda: nat.entropy_decode_into(1, buf[:used], n, y8),
                                          x.nbytes, runs)
   try:
-    from zipccl_jax._src import codec as wcodec
-    cap = wcodec.default_escape_capacity(n)
-    wbuf = np.zeros(wcodec.encoded_nbytes(BF16, n, cap), np.uint8)
+    import zipccl_jax as zc
+    cap = zc.default_escape_capacity(n)
+    wbuf = np.zeros(zc.encoded_nbytes(BF16, n, cap), np.uint8)
     nat.encode_into(1, w8, n, cap, wbuf)
     # format v2: decode_into(dtype_code, payload, n, out) reads the row's used length
     enc = _cpu_gbps(lambda: nat.encode_into(1, w8, n, cap, wbuf), x.nbytes, runs)

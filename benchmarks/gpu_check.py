@@ -606,7 +606,7 @@ def phase_entropy(args) -> dict:
   import numpy as np
   jax, zc, gpu, cpu = setup_jax(args)
   import jax.numpy as jnp
-  from zipccl_jax._src import entropy as ent
+  ent = zc.get_codec("entropy")
   bf16, f16 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)
   fns = {}
 

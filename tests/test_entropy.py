@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from zipccl_jax._src import entropy as ent
-from zipccl_jax._src import ffi as zffi
+import zipccl_jax as zc
+
+ent = zc.get_codec("entropy")   # the entropy codec's contract functions
 from tests import reference_entropy as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 DTYPES = [BF16, F16]
 CODE = {BF16: 1, F16: 2}
-NATIVE = zffi.native()
+NATIVE = zc.native()
 
 
 def words(x) -> np.ndarray:
@@ -406,9 +407,9 @@ def test_threads_give_identical_bytes(tmp_path):
   assert st == 0
   assert_bits_equal(y, x)
   np.save(tmp_path / "x.npy", w)
-  code = ("import numpy as np, sys; from zipccl_jax._src import ffi, entropy; import ml_dtypes;"
-          "w = np.load(sys.argv[1]); N = ffi.native();"
-          "out = np.zeros(entropy.max_nbytes(ml_dtypes.bfloat16, w.size), np.uint8);"
+  code = ("import numpy as np, sys; import zipccl_jax as zc; import ml_dtypes;"
+          "w = np.load(sys.argv[1]); N = zc.native();"
+          "out = np.zeros(zc.get_codec('entropy').max_nbytes(ml_dtypes.bfloat16, w.size), np.uint8);"
           "s = N.entropy_encode_into(1, w.view(np.uint8), w.size, out);"
           "out.tofile(sys.argv[2])")
   env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
@@ -452,7 +453,7 @@ def test_portable_path_identical(tmp_path):
     np.save(tmp_path / f"p{k}.npy", out[:used])
     names.append(f"{k}:{CODE[np.dtype(dtype)]}")
   code = (
-      "import numpy as np, sys; from zipccl_jax._src import ffi; N = ffi.native(); d = sys.argv[1]\n"
+      "import numpy as np, sys; import zipccl_jax as zc; N = zc.native(); d = sys.argv[1]\n"
       "for item in sys.argv[2:]:\n"
       "  k, c = map(int, item.split(':')); w = np.load(f'{d}/x{k}.npy'); n = w.size\n"
       "  out = np.zeros(N.entropy_max_nbytes(c, n), np.uint8)\n"
