@@ -62,7 +62,7 @@ def datasets(n: int, seed: int = 0) -> dict:
   return {k: v.astype(np.float32) for k, v in out.items()}
 
 
-def _programs(jax, zc, mesh, P):
+def _programs(jax, zc, mesh, P, codec_name="zipccl"):
   def ag(codec):
     return lambda v: zc.compressed_all_gather(v, "x", tiled=True, to="invarying", codec=codec,
                                               stats=True)
@@ -76,17 +76,17 @@ def _programs(jax, zc, mesh, P):
   specs = {"all_gather": (ag, P()), "psum_scatter": (rs, P("x")), "psum": (ps, P())}
   return {name: {codec: jax.jit(jax.shard_map(make(codec), mesh=mesh, in_specs=P("x"),
                                               out_specs=(out, P())))
-                 for codec in ("zipccl", "raw")}
+                 for codec in (codec_name, "raw")}
           for name, (make, out) in specs.items()}
 
 
-def wire_ratios(n: int) -> list:
+def wire_ratios(n: int, codec: str = "zipccl") -> list:
   import jax
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
   import zipccl_jax as zc
   mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
-  progs = _programs(jax, zc, mesh, P)
+  progs = _programs(jax, zc, mesh, P, codec)
   rows = []
   data = datasets(n)
   for name, by_codec in progs.items():
@@ -95,23 +95,23 @@ def wire_ratios(n: int) -> list:
     hlo = {c: zc.hlo_wire_bytes(comp.as_text()) for c, comp in compiled.items()}
     for kind, x in data.items():
       xb = jnp.asarray(x.reshape(-1)).astype(jnp.bfloat16)
-      y, s = compiled["zipccl"](xb)
+      y, s = compiled[codec](xb)
       y_raw, _ = compiled["raw"](xb)
       same = np.array_equal(np.asarray(y).view(np.uint16), np.asarray(y_raw).view(np.uint16))
       rung = [int(r) for r in np.asarray(s.rung).reshape(-1)]
       # which HLO switch is which transport: psum has the all-to-all one first
       order = {("all-to-all",): 0, ("all-gather",): len(rung) - 1}
-      choice = [rung[order[c.opcodes]] for c in hlo["zipccl"].conditionals]
-      wire_hlo = hlo["zipccl"].taken(choice) if s.compressed else hlo["zipccl"].common
+      choice = [rung[order[c.opcodes]] for c in hlo[codec].conditionals]
+      wire_hlo = hlo[codec].taken(choice) if s.compressed else hlo[codec].common
       wire = int(s.wire_bytes)
       raw = hlo["raw"].common
-      rows.append(dict(collective=name, data=kind, n=n, compressed=bool(s.compressed), rung=rung,
+      rows.append(dict(codec=codec, collective=name, data=kind, n=n, compressed=bool(s.compressed), rung=rung,
                        rungs=[len(t) for t in s.slots], raw_rung=bool(np.any(s.raw_rung)),
                        used=[int(u) for u in np.asarray(s.used_bytes).reshape(-1)],
                        slot=[int(v) for v in np.asarray(s.slot_bytes).reshape(-1)],
                        wire=wire, wire_hlo=int(wire_hlo), raw=int(raw), ratio=raw / wire,
                        escape_rate=float(s.escape_rate), identical_to_raw=bool(same)))
-      common.log(f"{name} {kind}: rung {rung} ratio {raw / wire:.3f} (HLO {wire_hlo} B, stats "
+      common.log(f"{codec} {name} {kind}: rung {rung} ratio {raw / wire:.3f} (HLO {wire_hlo} B, stats "
                  f"{wire} B, raw {raw} B) escapes {100 * float(s.escape_rate):.1f}%")
   return rows
 
@@ -180,12 +180,12 @@ def report(args, info, rows, comp, base, example) -> list:
            "compiled HLO's switch branches (`hlo_wire_bytes(text).taken(rungs)`); *raw* = the "
            "codec=\"raw\" program (uint16 words). *used* = the largest used row size of the "
            "participants, *slot* = the rung's row size.", "",
-           "| collective | data | escapes | rung / rungs | used B | slot B | wire B | raw B | "
+           "| codec | collective | data | escapes | rung / rungs | used B | slot B | wire B | raw B | "
            "ratio | HLO = stats | bit-identical to raw |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(
-        f"| {r['collective']} | {r['data']} | {100 * r['escape_rate']:.1f}% | "
+        f"| {r.get('codec', 'zipccl')} | {r['collective']} | {r['data']} | {100 * r['escape_rate']:.1f}% | "
         f"{','.join(map(str, r['rung']))} / {','.join(map(str, r['rungs']))} | "
         f"{','.join(map(str, r['used']))} | {','.join(map(str, r['slot']))} | {r['wire']:,} | "
         f"{r['raw']:,} | **{r['ratio']:.3f}** | {'yes' if r['wire'] == r['wire_hlo'] else 'NO'} | "
@@ -193,10 +193,10 @@ def report(args, info, rows, comp, base, example) -> list:
   grad = [r for r in rows if r["collective"] in ("psum_scatter", "psum")]
   worst = max(r["wire"] / r["raw"] for r in rows)
   lines += ["", "- gradient-like data through psum_scatter / psum: "
-            + ", ".join(f"{r['collective']} {r['ratio']:.3f}" for r in grad
-                        if r["data"] == "gradient_like") + " (goal >= 1.25)",
+            + ", ".join(f"{r.get('codec', 'zipccl')} {r['collective']} {r['ratio']:.3f}"
+                        for r in grad if r["data"] == "gradient_like") + " (goal >= 1.25)",
             "- weight-like data through all_gather: "
-            + ", ".join(f"{r['ratio']:.3f}" for r in rows
+            + ", ".join(f"{r.get('codec', 'zipccl')} {r['ratio']:.3f}" for r in rows
                         if r["collective"] == "all_gather" and r["data"] == "weight_like")
             + " (goal >= 1.39)",
             f"- the most any call moved relative to raw: {worst:.4f}x (goal <= 1.01)", ""]
@@ -230,7 +230,9 @@ def report(args, info, rows, comp, base, example) -> list:
               f"Gradient rows escape {100 * z['escape_rate']['scatter']:.1f}% on average "
               f"(worst row {100 * z['worst_gradient_row']:.1f}%)."]
   lines += ["", f"Reproduce: `python benchmarks/ladder.py --elements {args.elements} "
-            f"--example-steps {args.example_steps} --compile-runs {args.compile_runs}`", ""]
+            f"--example-steps {args.example_steps} --compile-runs {args.compile_runs}"
+            + (f" --codecs {args.codecs}" if args.codecs != "zipccl" else "")
+            + (" --skip-compile" if args.skip_compile else "") + "`", ""]
   return lines
 
 
@@ -243,18 +245,23 @@ def main(argv=None) -> int:
   ap.add_argument("--example-steps", type=int, default=20, help="FSDP example steps (0: skip)")
   ap.add_argument("--compile-runs", type=int, default=3)
   ap.add_argument("--skip-compile", action="store_true")
+  ap.add_argument("--codecs", default="zipccl",
+                  help="comma-separated codecs for the wire-ratio table (e.g. zipccl,entropy); "
+                       "other than the default, the report is ladder_codecs_<date>.md")
   ap.add_argument("--out", default=common.RESULTS)
   args = ap.parse_args(argv)
   import jax
   jax.config.update("jax_num_cpu_devices", N)
   info = common.machine_info()
-  rows = wire_ratios(args.elements)
+  codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+  rows = [r for c in codecs for r in wire_ratios(args.elements, c)]
   comp = {} if args.skip_compile else compile_times(args.compile_runs)
   with open(os.path.join(HERE, "results", "ladder_compile_baseline.json")) as f:
     base = json.load(f)
   example = run_example(args.example_steps) if args.example_steps else None
   lines = report(args, info, rows, comp, base, example)
-  path = os.path.join(args.out, f"ladder_{common.today()}.md")
+  stem = "ladder" if codecs == ["zipccl"] else "ladder_codecs"
+  path = os.path.join(args.out, f"{stem}_{common.today()}.md")
   common.write_lines(path, lines)
   with open(path[:-3] + ".json", "w") as f:
     json.dump(dict(machine=info, rows=rows, compile=comp, baseline=base, example=example), f,
