@@ -159,7 +159,10 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
   if not codec.supports(dtype):
     return Plan(False, m, dtype, raw_row)
   min_nbytes = codec.min_nbytes(dtype, m)
-  rungs = transport.ladder(min_nbytes, raw_row, all_to_all=all_to_all)
+  # A codec may start its ladder above min_nbytes, where real rows land (entropy.py).
+  floor = getattr(codec.impl, "ladder_floor", None)
+  first = floor(dtype, m) if floor is not None else min_nbytes
+  rungs = transport.ladder(first, raw_row, all_to_all=all_to_all)
   if not rungs:   # even the smallest encoding is not smaller than raw
     return Plan(False, m, dtype, raw_row)
   if opts.policy == "auto" and not auto_compress(
