@@ -31,53 +31,16 @@
 
 #include "entropy_cpu.h"
 #include "entropy_format.h"
+#include "emulate_common.h"
 
 using namespace zipccl::ent;
 namespace ffi = ::xla::ffi;
 
 namespace {
 
-constexpr uint8_t kGarbage = 0xA5;
-
-// `n` bytes ending just before a PROT_NONE page, another one in front; garbage-filled.
-class DevBuf {
- public:
-  explicit DevBuf(size_t n, size_t align = 16) : n_(n) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t need = (n + align - 1) / align * align;
-    body_ = (need + page - 1) / page * page + (need ? 0 : page);
-    map_ = body_ + 2 * page;
-    base_ = (uint8_t*)mmap(nullptr, map_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base_ == MAP_FAILED) {
-      perror("mmap");
-      exit(2);
-    }
-    mprotect(base_, page, PROT_NONE);
-    mprotect(base_ + page + body_, page, PROT_NONE);
-    p_ = base_ + page + body_ - need;
-    memset(p_, kGarbage, n);
-  }
-  ~DevBuf() { munmap(base_, map_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  uint8_t* data() { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  size_t n_, body_ = 0, map_ = 0;
-  uint8_t* base_ = nullptr;
-  uint8_t* p_ = nullptr;
-};
-
-struct FfiBuf {
-  int64_t dims[2];
-  XLA_FFI_Buffer b;
-  FfiBuf(XLA_FFI_DataType t, void* data, uint64_t rows, uint64_t last) {
-    dims[0] = (int64_t)rows;
-    dims[1] = (int64_t)last;
-    b = XLA_FFI_Buffer{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, t, data, 2, dims};
-  }
-};
+using zipccl_emulate::DevBuf;
+using zipccl_emulate::FfiBuf;
+using zipccl_emulate::kGarbage;
 
 XLA_FFI_DataType ffi_dtype(DtypeCode d) { return d == kBF16 ? XLA_FFI_DataType_BF16 : XLA_FFI_DataType_F16; }
 
@@ -94,7 +57,7 @@ void machine(std::mt19937_64& rng) {
 bool gpu_encode(DtypeCode d, const uint16_t* x, uint64_t rows, uint64_t n, uint8_t* out, int32_t* stats,
                 std::mt19937_64& rng) {
   const uint64_t nbytes = max_nbytes(d, n), W = workspace_nbytes(n);
-  DevBuf dx(rows * n * 2, 2), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
+  DevBuf dx(rows * n * 2, 0, 2), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
   memcpy(dx.data(), x, dx.size());
   FfiBuf fx(ffi_dtype(d), dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
       fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
@@ -113,7 +76,7 @@ bool gpu_encode(DtypeCode d, const uint16_t* x, uint64_t rows, uint64_t n, uint8
 bool gpu_decode(DtypeCode d, const uint8_t* in, uint64_t rows, uint64_t L, uint64_t n, uint16_t* y, int32_t* status,
                 std::mt19937_64& rng) {
   const uint64_t W = workspace_nbytes(n);
-  DevBuf dp(rows * L, 1), dy(rows * n * 2, 2), ds(rows * 4), dw(rows * W);
+  DevBuf dp(rows * L, 0, 1), dy(rows * n * 2, 0, 2), ds(rows * 4), dw(rows * W);
   memcpy(dp.data(), in, dp.size());
   FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, L), fy(ffi_dtype(d), dy.data(), rows, n),
       fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
