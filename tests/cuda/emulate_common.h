@@ -1,6 +1,7 @@
 // Buffers shared by the SIMT-emulator drivers (tests/cuda/emulate_host.cc for
 // cuda/codec.cu, tests/cuda/emulate_entropy.cc for cuda/entropy.cu): page-guarded,
-// garbage-filled device buffers and XLA_FFI_Buffer views of them. Include after the
+// garbage-filled device buffers, XLA_FFI_Buffer views of them, and one handler
+// call through them. Include after the
 // kernel file (which brings in simt_host.h and the XLA FFI API).
 #pragma once
 
@@ -11,7 +12,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <string>
+
 #include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace zipccl_emulate {
 
@@ -59,5 +63,76 @@ struct FfiBuf {
     b = XLA_FFI_Buffer{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, t, data, 2, dims};
   }
 };
+
+// The drivers' command line, [--quick] [--stop]: --quick clears *big (no large
+// cases), --stop sets *stop (end at the first failure). False, after the usage
+// line, for anything else.
+inline bool parse_args(int argc, char** argv, bool* big, bool* stop) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      *big = false;
+    } else if (a == "--stop") {
+      *stop = true;
+    } else {
+      fprintf(stderr, "usage: %s [--quick] [--stop]\n", argv[0]);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Where a device buffer lies: `shift` bytes past an `align`-aligned start (DevBuf).
+struct Place {
+  size_t shift = 0, align = 16;
+};
+
+// An encode handler (the signature of gpu::EncodeCudaImpl / EntropyEncodeCudaImpl) on
+// the emulated GPU: x [rows, n] of `elem`-byte words (dtype t) -> out [rows, nbytes],
+// stats [rows, 4], through fresh guarded buffers (workspace [rows, W]); machine() runs
+// just before the call. Returns false (after printing) if the handler returned an error.
+template <typename Impl, typename Machine>
+bool call_encode(Impl impl, Machine machine, XLA_FFI_DataType t, const void* x, size_t elem, Place xp, uint64_t rows,
+                 uint64_t n, uint64_t nbytes, uint64_t W, uint8_t* out, int32_t* stats) {
+  namespace ffi = ::xla::ffi;
+  DevBuf dx(rows * n * elem, xp.shift, xp.align), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
+  memcpy(dx.data(), x, dx.size());
+  FfiBuf fx(t, dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
+      fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
+  machine();
+  const ffi::Error e = impl(nullptr, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b), ffi::Buffer<ffi::S32>(&fs.b),
+                            ffi::Buffer<ffi::U8>(&fw.b));
+  if (e.failure()) {
+    printf("encode handler error: %s\n", e.message().c_str());
+    return false;
+  }
+  memcpy(out, dp.data(), dp.size());
+  memcpy(stats, ds.data(), ds.size());
+  return true;
+}
+
+// A decode handler (gpu::DecodeCudaImpl / EntropyDecodeCudaImpl) on the emulated GPU:
+// payload in [rows, L] -> y [rows, n] of `elem`-byte words (dtype t), status [rows].
+template <typename Impl, typename Machine>
+bool call_decode(Impl impl, Machine machine, XLA_FFI_DataType t, const uint8_t* in, Place pp, uint64_t rows,
+                 uint64_t L, uint64_t n, size_t elem, Place yp, uint64_t W, void* y, int32_t* status) {
+  namespace ffi = ::xla::ffi;
+  DevBuf dp(rows * L, pp.shift, pp.align), dy(rows * n * elem, yp.shift, yp.align), ds(rows * 4), dw(rows * W);
+  memcpy(dp.data(), in, dp.size());
+  FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, L), fy(t, dy.data(), rows, n),
+      fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
+  int64_t sdim[1] = {(int64_t)rows};
+  XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
+  machine();
+  const ffi::Error e = impl(nullptr, ffi::Buffer<ffi::U8>(&fp.b), ffi::AnyBuffer(&fy.b), ffi::Buffer<ffi::S32>(&fs),
+                            ffi::Buffer<ffi::U8>(&fw.b));
+  if (e.failure()) {
+    printf("decode handler error: %s\n", e.message().c_str());
+    return false;
+  }
+  memcpy(y, dy.data(), dy.size());
+  memcpy(status, ds.data(), ds.size());
+  return true;
+}
 
 }  // namespace zipccl_emulate

@@ -56,42 +56,14 @@ void machine(std::mt19937_64& rng) {
 
 bool gpu_encode(DtypeCode d, const uint16_t* x, uint64_t rows, uint64_t n, uint8_t* out, int32_t* stats,
                 std::mt19937_64& rng) {
-  const uint64_t nbytes = max_nbytes(d, n), W = workspace_nbytes(n);
-  DevBuf dx(rows * n * 2, 0, 2), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
-  memcpy(dx.data(), x, dx.size());
-  FfiBuf fx(ffi_dtype(d), dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
-      fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
-  machine(rng);
-  const ffi::Error e = gpu::EntropyEncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b),
-                                                  ffi::Buffer<ffi::S32>(&fs.b), ffi::Buffer<ffi::U8>(&fw.b));
-  if (e.failure()) {
-    printf("encode handler error: %s\n", e.message().c_str());
-    return false;
-  }
-  memcpy(out, dp.data(), dp.size());
-  memcpy(stats, ds.data(), ds.size());
-  return true;
+  return zipccl_emulate::call_encode(gpu::EntropyEncodeCudaImpl, [&] { machine(rng); }, ffi_dtype(d), x, 2, {0, 2},
+                                     rows, n, max_nbytes(d, n), workspace_nbytes(n), out, stats);
 }
 
 bool gpu_decode(DtypeCode d, const uint8_t* in, uint64_t rows, uint64_t L, uint64_t n, uint16_t* y, int32_t* status,
                 std::mt19937_64& rng) {
-  const uint64_t W = workspace_nbytes(n);
-  DevBuf dp(rows * L, 0, 1), dy(rows * n * 2, 0, 2), ds(rows * 4), dw(rows * W);
-  memcpy(dp.data(), in, dp.size());
-  FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, L), fy(ffi_dtype(d), dy.data(), rows, n),
-      fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
-  int64_t sdim[1] = {(int64_t)rows};
-  XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
-  machine(rng);
-  const ffi::Error e = gpu::EntropyDecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&fp.b), ffi::AnyBuffer(&fy.b),
-                                                  ffi::Buffer<ffi::S32>(&fs), ffi::Buffer<ffi::U8>(&fw.b));
-  if (e.failure()) {
-    printf("decode handler error: %s\n", e.message().c_str());
-    return false;
-  }
-  memcpy(y, dy.data(), dy.size());
-  memcpy(status, ds.data(), ds.size());
-  return true;
+  return zipccl_emulate::call_decode(gpu::EntropyDecodeCudaImpl, [&] { machine(rng); }, ffi_dtype(d), in, {0, 1}, rows,
+                                     L, n, 2, {0, 2}, workspace_nbytes(n), y, status);
 }
 
 // ---- test data ---------------------------------------------------------------------------
@@ -363,17 +335,7 @@ void suite(DtypeCode d, std::mt19937_64& rng, bool big) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a crash of a broken kernel
   bool big = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      big = false;
-    } else if (a == "--stop") {
-      stop_early = true;
-    } else {
-      fprintf(stderr, "usage: %s [--quick] [--stop]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!zipccl_emulate::parse_args(argc, argv, &big, &stop_early)) return 2;
   for (uint64_t n : {0ull, 1ull, 4096ull, 4097ull, 1000000ull})
     printf("workspace_nbytes n=%llu W=%llu\n", (unsigned long long)n, (unsigned long long)workspace_nbytes(n));
   std::mt19937_64 rng(2026);
