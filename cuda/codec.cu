@@ -26,11 +26,8 @@
 // ring; each record checked locally against its neighbour, planes against the
 // record, escapes read by offset and bounds-checked) and decode_finalize (header
 // checks in the CPU's order, then the tiles' findings by priority, then the checksum).
-#if defined(ZIPCCL_SIMT_HOST)
-#include "simt_host.h"  // tests/cuda/emulate_host.cc: these kernels on a CPU SIMT emulator
-#else
-#include <cuda_runtime.h>
-#endif
+#include "device_util.h"  // CUDA or, for tests/cuda/emulate_host.cc, the CPU SIMT emulator
+
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -72,52 +69,12 @@ constexpr uint32_t kNoTicket = 0xFFFFFFFFu;  // >= any total_tiles
 
 // ---- device helpers ----------------------------------------------------------------
 
-// Shared-memory declarations and launches, spelled so that the host emulation
-// (ZIPCCL_SIMT_HOST) can give every emulated CTA its own shared memory and run a
-// launch on its fibers.
-#if defined(ZIPCCL_SIMT_HOST)
-#define ZC_SHARED(type, name, dims) auto& name = ::simt::shared_object<type dims>()
-#define ZC_LAUNCH(kernel, grid, block, stream, ...) \
-  ::simt::launch_async((unsigned)(grid), (block), (stream), [=] { kernel(__VA_ARGS__); })
-#else
-#define ZC_SHARED(type, name, dims) __shared__ type name dims
-#define ZC_LAUNCH(kernel, grid, block, stream, ...) \
-  kernel<<<(unsigned)(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
-#if defined(ZIPCCL_SIMT_HOST)
-__device__ __forceinline__ uint64_t ld_relaxed(const uint64_t* p) { return ::simt::ld_relaxed(p); }
-__device__ __forceinline__ void st_relaxed(uint64_t* p, uint64_t v) { ::simt::st_relaxed(p, v); }
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { ::simt::cp_async(smem, gmem, 16); }
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) { ::simt::cp_async(smem, gmem, 8); }
-__device__ __forceinline__ void cp_commit() { ::simt::cp_commit(); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { ::simt::cp_wait(N); }
-#else
-__device__ __forceinline__ uint64_t ld_relaxed(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_relaxed(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-#endif
+using ::zipccl::dev::cp_async16;
+using ::zipccl::dev::cp_async8;
+using ::zipccl::dev::cp_commit;
+using ::zipccl::dev::cp_wait;
+using ::zipccl::dev::ld_relaxed;
+using ::zipccl::dev::st_relaxed;
 
 __device__ __forceinline__ void st_u64(uint8_t* p, uint64_t v) { *reinterpret_cast<uint64_t*>(p) = v; }
 __device__ __forceinline__ uint64_t ld_u64(const uint8_t* p) { return *reinterpret_cast<const uint64_t*>(p); }
@@ -890,18 +847,8 @@ void launch_tiles(void (*k1)(Args), void (*k2)(Args), void (*k4)(Args), uint64_t
 }
 
 namespace ffi = ::xla::ffi;
-
-ffi::Error cuda_error(const char* target, const char* what, cudaError_t e) {
-  cudaGetLastError();  // clear it
-  return ffi::Error::Internal(std::string(target) + " (CUDA): " + what + " failed: " + cudaGetErrorString(e));
-}
-
-// After a launch: its configuration or launch error, if any.
-ffi::Error check_launch(const char* target, const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return cuda_error(target, what, e);
-  return ffi::Error::Success();
-}
+using ::zipccl::dev::check_launch;
+using ::zipccl::dev::cuda_error;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -1026,23 +973,11 @@ bool set_tile_groups(int groups) {
 }
 
 int warm_up() {
-  int count = 0, prev = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-    cudaGetLastError();
-    return 0;
-  }
-  const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
-  int done = 0;
-  for (int d = 0; d < count; ++d) {
-    if (cudaSetDevice(d) != cudaSuccess) continue;
+  return dev::for_each_device([] {
     warm_up_kernels<BF16Traits>();
     warm_up_kernels<F16Traits>();
     warm_up_kernels<F32Traits>();
-    ++done;
-  }
-  if (have_prev) cudaSetDevice(prev);
-  cudaGetLastError();
-  return done;
+  });
 }
 
 }  // namespace gpu

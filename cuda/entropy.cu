@@ -752,16 +752,8 @@ constexpr const char* kEnc = "zipccl_entropy_encode";
 constexpr const char* kDec = "zipccl_entropy_decode";
 constexpr uint64_t kMaxGrid = 0x7FFFFFFFu;
 
-ffi::Error cuda_error(const char* target, const char* what, cudaError_t e) {
-  cudaGetLastError();
-  return ffi::Error::Internal(std::string(target) + " (CUDA): " + what + " failed: " + cudaGetErrorString(e));
-}
-
-ffi::Error check_launch(const char* target, const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return cuda_error(target, what, e);
-  return ffi::Error::Success();
-}
+using ::zipccl::dev::check_launch;
+using ::zipccl::dev::cuda_error;
 
 bool ent_dtype(ffi::DataType t, DtypeCode* d) {
   switch (t) {
@@ -888,15 +880,7 @@ ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> paylo
 }
 
 int warm_up_entropy() {
-  int count = 0, prev = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-    cudaGetLastError();
-    return 0;
-  }
-  const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
-  int done = 0;
-  for (int dv = 0; dv < count; ++dv) {
-    if (cudaSetDevice(dv) != cudaSuccess) continue;
+  return dev::for_each_device([] {
     cudaFuncAttributes attr;
     cudaFuncGetAttributes(&attr, ent_encode_kernel<kBF16>);
     cudaFuncGetAttributes(&attr, ent_encode_kernel<kF16>);
@@ -907,11 +891,7 @@ int warm_up_entropy() {
     cudaFuncGetAttributes(&attr, ent_decode_blocks<kBF16>);
     cudaFuncGetAttributes(&attr, ent_decode_blocks<kF16>);
     cudaFuncGetAttributes(&attr, ent_decode_finalize);
-    ++done;
-  }
-  if (have_prev) cudaSetDevice(prev);
-  cudaGetLastError();
-  return done;
+  });
 }
 
 }  // namespace gpu

@@ -20,6 +20,7 @@ import jax
 import pytest
 
 from benchmarks.gpu_check import parse_ptxas
+from tests import simt_emulator as emulator
 
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc")
@@ -116,17 +117,9 @@ def test_cpu_only_build(tmp_path):
   assert "zipccl_cuda_kernels" not in out.stdout + out.configure_log
 
 
-HARNESS = ROOT / "tests" / "cuda"  # the SIMT emulator and the program that runs codec.cu on it
-
-
 def _build_emulator(cuda_dir: Path, exe: Path) -> None:
   """tests/cuda/emulate_host.cc with the kernels of cuda_dir/codec.cu (the tree's, or a mutated copy)."""
-  cc = subprocess.run(
-      [GXX, "-O2", "-std=c++17", "-Wall", "-Wno-unknown-pragmas", f"-I{ROOT / 'ffi'}", f"-I{cuda_dir}",
-       f"-I{HARNESS}", "-isystem", jax.ffi.include_dir(), str(HARNESS / "emulate_host.cc"),
-       str(ROOT / "ffi" / "codec_cpu.cc"), "-lpthread", "-o", str(exe)],
-      capture_output=True, text=True, timeout=300)
-  assert cc.returncode == 0, cc.stderr[-6000:]
+  emulator.build("emulate_host.cc", "codec_cpu.cc", cuda_dir, exe)
 
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no host C++ compiler")
@@ -136,13 +129,12 @@ needs_gxx = pytest.mark.skipif(GXX is None, reason="no host C++ compiler")
 def test_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
   exe = tmp_path / "emulate_host"
   _build_emulator(ROOT / "cuda", exe)
-  res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-  out = res.stdout + res.stderr
+  res, out = emulator.run(exe)
   assert res.returncode == 0 and " 0 failures" in res.stdout, out[-6000:]
   # It really ran: hundreds of cases, thousands of corrupted payloads over every status.
-  m = re.search(r"(\d+) cases, 0 failures", res.stdout)
-  assert m and int(m.group(1)) >= 400, out[-2000:]
-  seen = dict(map(int, kv.split(":")) for kv in re.search(r"payloads:((?: \d+:\d+)+)", res.stdout).group(1).split())
+  m = emulator.cases(res.stdout)
+  assert m and m >= 400, out[-2000:]
+  seen = emulator.statuses_seen(res.stdout)
   assert all(seen[s] > 0 for s in range(10)) and sum(seen.values()) > 5000, seen
 
 
@@ -174,7 +166,6 @@ def test_simt_emulator_catches_broken_kernels(tmp_path, mutation):
   (cuda / "codec.cu").write_text(mutate(src, marker, statement))
   exe = tmp_path / "emulate_host"
   _build_emulator(cuda, exe)
-  res = subprocess.run([str(exe), "--quick", "--stop"], capture_output=True, text=True, timeout=300)
-  out = res.stdout + res.stderr
+  res, out = emulator.run(exe, "--quick", "--stop", timeout=300)
   assert res.returncode != 0, f"the emulator passed kernels with this bug: {mutation}\n{out[-2000:]}"
   assert "FAIL" in out or "SIMT emulation error" in out, out[-2000:]

@@ -31,53 +31,16 @@
 
 #include "entropy_cpu.h"
 #include "entropy_format.h"
+#include "emulate_common.h"
 
 using namespace zipccl::ent;
 namespace ffi = ::xla::ffi;
 
 namespace {
 
-constexpr uint8_t kGarbage = 0xA5;
-
-// `n` bytes ending just before a PROT_NONE page, another one in front; garbage-filled.
-class DevBuf {
- public:
-  explicit DevBuf(size_t n, size_t align = 16) : n_(n) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t need = (n + align - 1) / align * align;
-    body_ = (need + page - 1) / page * page + (need ? 0 : page);
-    map_ = body_ + 2 * page;
-    base_ = (uint8_t*)mmap(nullptr, map_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base_ == MAP_FAILED) {
-      perror("mmap");
-      exit(2);
-    }
-    mprotect(base_, page, PROT_NONE);
-    mprotect(base_ + page + body_, page, PROT_NONE);
-    p_ = base_ + page + body_ - need;
-    memset(p_, kGarbage, n);
-  }
-  ~DevBuf() { munmap(base_, map_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  uint8_t* data() { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  size_t n_, body_ = 0, map_ = 0;
-  uint8_t* base_ = nullptr;
-  uint8_t* p_ = nullptr;
-};
-
-struct FfiBuf {
-  int64_t dims[2];
-  XLA_FFI_Buffer b;
-  FfiBuf(XLA_FFI_DataType t, void* data, uint64_t rows, uint64_t last) {
-    dims[0] = (int64_t)rows;
-    dims[1] = (int64_t)last;
-    b = XLA_FFI_Buffer{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, t, data, 2, dims};
-  }
-};
+using zipccl_emulate::DevBuf;
+using zipccl_emulate::FfiBuf;
+using zipccl_emulate::kGarbage;
 
 XLA_FFI_DataType ffi_dtype(DtypeCode d) { return d == kBF16 ? XLA_FFI_DataType_BF16 : XLA_FFI_DataType_F16; }
 
@@ -93,42 +56,14 @@ void machine(std::mt19937_64& rng) {
 
 bool gpu_encode(DtypeCode d, const uint16_t* x, uint64_t rows, uint64_t n, uint8_t* out, int32_t* stats,
                 std::mt19937_64& rng) {
-  const uint64_t nbytes = max_nbytes(d, n), W = workspace_nbytes(n);
-  DevBuf dx(rows * n * 2, 2), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
-  memcpy(dx.data(), x, dx.size());
-  FfiBuf fx(ffi_dtype(d), dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
-      fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
-  machine(rng);
-  const ffi::Error e = gpu::EntropyEncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b),
-                                                  ffi::Buffer<ffi::S32>(&fs.b), ffi::Buffer<ffi::U8>(&fw.b));
-  if (e.failure()) {
-    printf("encode handler error: %s\n", e.message().c_str());
-    return false;
-  }
-  memcpy(out, dp.data(), dp.size());
-  memcpy(stats, ds.data(), ds.size());
-  return true;
+  return zipccl_emulate::call_encode(gpu::EntropyEncodeCudaImpl, [&] { machine(rng); }, ffi_dtype(d), x, 2, {0, 2},
+                                     rows, n, max_nbytes(d, n), workspace_nbytes(n), out, stats);
 }
 
 bool gpu_decode(DtypeCode d, const uint8_t* in, uint64_t rows, uint64_t L, uint64_t n, uint16_t* y, int32_t* status,
                 std::mt19937_64& rng) {
-  const uint64_t W = workspace_nbytes(n);
-  DevBuf dp(rows * L, 1), dy(rows * n * 2, 2), ds(rows * 4), dw(rows * W);
-  memcpy(dp.data(), in, dp.size());
-  FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, L), fy(ffi_dtype(d), dy.data(), rows, n),
-      fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
-  int64_t sdim[1] = {(int64_t)rows};
-  XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
-  machine(rng);
-  const ffi::Error e = gpu::EntropyDecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&fp.b), ffi::AnyBuffer(&fy.b),
-                                                  ffi::Buffer<ffi::S32>(&fs), ffi::Buffer<ffi::U8>(&fw.b));
-  if (e.failure()) {
-    printf("decode handler error: %s\n", e.message().c_str());
-    return false;
-  }
-  memcpy(y, dy.data(), dy.size());
-  memcpy(status, ds.data(), ds.size());
-  return true;
+  return zipccl_emulate::call_decode(gpu::EntropyDecodeCudaImpl, [&] { machine(rng); }, ffi_dtype(d), in, {0, 1}, rows,
+                                     L, n, 2, {0, 2}, workspace_nbytes(n), y, status);
 }
 
 // ---- test data ---------------------------------------------------------------------------
@@ -400,17 +335,7 @@ void suite(DtypeCode d, std::mt19937_64& rng, bool big) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a crash of a broken kernel
   bool big = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      big = false;
-    } else if (a == "--stop") {
-      stop_early = true;
-    } else {
-      fprintf(stderr, "usage: %s [--quick] [--stop]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!zipccl_emulate::parse_args(argc, argv, &big, &stop_early)) return 2;
   for (uint64_t n : {0ull, 1ull, 4096ull, 4097ull, 1000000ull})
     printf("workspace_nbytes n=%llu W=%llu\n", (unsigned long long)n, (unsigned long long)workspace_nbytes(n));
   std::mt19937_64 rng(2026);

@@ -31,56 +31,16 @@
 
 #include "codec_cpu.h"
 #include "codec_format.h"
+#include "emulate_common.h"
 
 using namespace zipccl;
 namespace ffi = ::xla::ffi;
 
 namespace {
 
-constexpr uint8_t kGarbage = 0xA5;
-
-// A device buffer: `n` bytes ending 0..15 bytes before a PROT_NONE page (16-byte
-// aligned start, plus `shift` bytes), another PROT_NONE page in front, filled
-// with garbage.
-class DevBuf {
- public:
-  DevBuf(size_t n, size_t shift = 0) : n_(n) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t need = ((n + shift + 15) & ~(size_t)15);
-    body_ = (need + page - 1) / page * page + (need ? 0 : page);
-    map_ = body_ + 2 * page;
-    base_ = (uint8_t*)mmap(nullptr, map_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base_ == MAP_FAILED) {
-      perror("mmap");
-      exit(2);
-    }
-    mprotect(base_, page, PROT_NONE);
-    mprotect(base_ + page + body_, page, PROT_NONE);
-    p_ = base_ + page + body_ - need + shift;
-    memset(p_, kGarbage, n);
-  }
-  ~DevBuf() { munmap(base_, map_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  uint8_t* data() { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  size_t n_, body_ = 0, map_ = 0;
-  uint8_t* base_ = nullptr;
-  uint8_t* p_ = nullptr;
-};
-
-// An XLA_FFI_Buffer over a DevBuf with shape [rows, last].
-struct FfiBuf {
-  int64_t dims[2];
-  XLA_FFI_Buffer b;
-  FfiBuf(XLA_FFI_DataType t, void* data, uint64_t rows, uint64_t last) {
-    dims[0] = (int64_t)rows;
-    dims[1] = (int64_t)last;
-    b = XLA_FFI_Buffer{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, t, data, 2, dims};
-  }
-};
+using zipccl_emulate::DevBuf;
+using zipccl_emulate::FfiBuf;
+using zipccl_emulate::kGarbage;
 
 template <typename T>
 XLA_FFI_DataType ffi_dtype() {
@@ -109,46 +69,18 @@ void machine(std::mt19937_64& rng) {
 template <typename T>
 bool gpu_encode(const typename T::bits_t* x, uint64_t rows, uint64_t n, uint8_t* out, int32_t* stats,
                 size_t x_shift, std::mt19937_64& rng) {
-  using B = typename T::bits_t;
-  const uint64_t nbytes = max_nbytes(T::kCode, n), W = workspace_nbytes(n);
-  DevBuf dx(rows * n * sizeof(B), x_shift), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
-  memcpy(dx.data(), x, dx.size());
-  FfiBuf fx(ffi_dtype<T>(), dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
-      fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
-  machine(rng);
-  const ffi::Error e = gpu::EncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b),
-                                           ffi::Buffer<ffi::S32>(&fs.b), ffi::Buffer<ffi::U8>(&fw.b));
-  if (e.failure()) {
-    printf("encode handler error: %s\n", e.message().c_str());
-    return false;
-  }
-  memcpy(out, dp.data(), dp.size());
-  memcpy(stats, ds.data(), ds.size());
-  return true;
+  return zipccl_emulate::call_encode(gpu::EncodeCudaImpl, [&] { machine(rng); }, ffi_dtype<T>(), x,
+                                     sizeof(typename T::bits_t), {x_shift, 16}, rows, n, max_nbytes(T::kCode, n),
+                                     workspace_nbytes(n), out, stats);
 }
 
 // zipccl_zipccl_decode on the emulated GPU: payload rows of any length nbytes.
 template <typename T>
 bool gpu_decode(const uint8_t* in, uint64_t rows, uint64_t nbytes, uint64_t n, typename T::bits_t* y,
                 int32_t* status, size_t y_shift, std::mt19937_64& rng) {
-  using B = typename T::bits_t;
-  const uint64_t W = workspace_nbytes(n);
-  DevBuf dp(rows * nbytes), dy(rows * n * sizeof(B), y_shift), ds(rows * 4), dw(rows * W);
-  memcpy(dp.data(), in, dp.size());
-  FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes), fy(ffi_dtype<T>(), dy.data(), rows, n),
-      fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
-  int64_t sdim[1] = {(int64_t)rows};
-  XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
-  machine(rng);
-  const ffi::Error e = gpu::DecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&fp.b), ffi::AnyBuffer(&fy.b),
-                                           ffi::Buffer<ffi::S32>(&fs), ffi::Buffer<ffi::U8>(&fw.b));
-  if (e.failure()) {
-    printf("decode handler error: %s\n", e.message().c_str());
-    return false;
-  }
-  memcpy(y, dy.data(), dy.size());
-  memcpy(status, ds.data(), ds.size());
-  return true;
+  return zipccl_emulate::call_decode(gpu::DecodeCudaImpl, [&] { machine(rng); }, ffi_dtype<T>(), in, {0, 16}, rows,
+                                     nbytes, n, sizeof(typename T::bits_t), {y_shift, 16}, workspace_nbytes(n), y,
+                                     status);
 }
 
 // ---- test data -------------------------------------------------------------------------
@@ -453,17 +385,7 @@ void suite(std::mt19937_64& rng, bool big) {
 
 int main(int argc, char** argv) {
   bool big = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      big = false;
-    } else if (a == "--stop") {
-      stop_early = true;
-    } else {
-      fprintf(stderr, "usage: %s [--quick] [--stop]\n", argv[0]);
-      return 2;
-    }
-  }
+  if (!zipccl_emulate::parse_args(argc, argv, &big, &stop_early)) return 2;
   std::mt19937_64 rng(12345);
   suite<BF16Traits>(rng, big);
   suite<F16Traits>(rng, big);
