@@ -475,3 +475,36 @@ def test_portable_path_identical(tmp_path):
     y2, st = native_decode(q, n, dtype)
     assert st == 0
     assert_bits_equal(y2, words(make(dist, n, dtype, seed=40 + k)))
+
+
+# ---- the public encode/decode take codec="entropy" -------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_public_encode_decode_with_the_entropy_codec(dtype):
+  rng = np.random.default_rng(11)
+  x = (rng.standard_normal((3, 5000)) * 0.02).astype(np.float32).astype(dtype)
+  enc = zc.encode(x, codec="entropy")
+  assert enc.codec == "entropy" and int(enc.status) == 0
+  assert enc.payload.shape == (ent.max_nbytes(dtype, x.size),)
+  used = int(enc.used_nbytes)
+  assert used < x.nbytes    # it compresses
+  assert_bits_equal(np.asarray(zc.decode(enc)), x)
+  # a prefix of used bytes is enough (what a collective's slot carries)
+  cut = zc.Encoded(enc.payload[:used], enc.escape_count, enc.status, enc.used_units,
+                   enc.shape, enc.dtype, "entropy")
+  assert_bits_equal(np.asarray(jax.jit(zc.decode)(cut)), x)
+  # too short a prefix: an error eagerly, all-one bits under jit
+  short = zc.Encoded(enc.payload[:used - 128], enc.escape_count, enc.status, enc.used_units,
+                     enc.shape, enc.dtype, "entropy")
+  with pytest.raises(ValueError, match="entropy decode failed"):
+    zc.decode(short)
+  y, st = jax.jit(functools.partial(zc.decode, return_status=True))(short)
+  assert int(st) != 0 and np.all(np.asarray(y).view(np.uint16) == 0xFFFF)
+
+
+def test_public_encode_rejects_what_the_entropy_codec_does_not_take():
+  with pytest.raises(TypeError, match="does not encode float32"):
+    zc.encode(np.zeros(16, np.float32), codec="entropy")
+  with pytest.raises(ValueError, match="codec must be one of"):
+    zc.encode(np.zeros(16, np.float32), codec="huffman")

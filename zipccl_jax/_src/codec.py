@@ -192,14 +192,16 @@ class Encoded:
   Attributes:
     payload: uint8[..., max_nbytes], what a collective moves (or any prefix of it
       of at least `used_nbytes` bytes). Leading dimensions are independent rows.
-    escape_count: int32[...], escapes found per row (saturated at 2^31-1).
+    escape_count: int32[...], the codec's count per row: escapes for "zipccl"
+      (saturated at 2^31-1), blocks stored raw for "entropy".
     status: int32[...], 0 = OK, 1 = DOES_NOT_FIT (the escapes exceed the payload's
       escape area: the row is not decodable; its data barely compresses).
     used_units: int32[...], used_nbytes / 128 per row (max_nbytes / 128 + 1 when
       status = 1).
     shape: static, the logical shape of one row's tensor.
     dtype: static, its dtype.
-    codec: static, "zipccl" or "raw" (identity encoding, same shapes contract).
+    codec: static, the codec's name ("zipccl", "entropy", ...) or "raw"
+      (identity encoding, same shapes contract).
   """
   payload: jax.Array
   escape_count: jax.Array
@@ -337,9 +339,20 @@ def decode_error_message(status: int) -> str:
 
 
 def _check_codec(codec: str, where: str) -> str:
-  if codec not in CODECS:
-    raise ValueError(f"{where}: codec must be one of {CODECS}, got {codec!r}")
+  """"raw" or a registered codec name ("zipccl", "entropy", ...)."""
+  from zipccl_jax._src import registry  # pylint: disable=g-import-not-at-top (registry -> codec)
+  if codec != "raw" and (not isinstance(codec, str) or codec not in registry.names()):
+    raise ValueError(f"{where}: codec must be one of {('raw',) + registry.names()}, "
+                     f"got {codec!r}")
   return codec
+
+
+def _row_codec(codec: str):
+  """The contract functions (encode_rows/decode_rows) of a registered codec."""
+  if codec == "zipccl":
+    return None     # this module's own functions
+  from zipccl_jax._src import registry  # pylint: disable=g-import-not-at-top
+  return registry.get(codec)
 
 
 def encode(x, *, codec: str = "zipccl", escape_capacity: int | None = None) -> Encoded:
@@ -350,7 +363,8 @@ def encode(x, *, codec: str = "zipccl", escape_capacity: int | None = None) -> E
 
   Args:
     x: array of dtype bfloat16, float16 or float32, any shape.
-    codec: "zipccl" (compress) or "raw" (identity bytes, same contract).
+    codec: "zipccl" (the window codec), any other registered codec such as
+      "entropy" (bf16/fp16), or "raw" (identity bytes, same contract).
     escape_capacity: deprecated and ignored (a DeprecationWarning): the payload
       is sized automatically, `max_nbytes(x.dtype, x.size)` bytes of which the
       first `used_nbytes` matter.
@@ -377,9 +391,12 @@ def encode(x, *, codec: str = "zipccl", escape_capacity: int | None = None) -> E
     zero = jnp.zeros((), jnp.int32)
     units = jnp.int32(_align(payload.size) // _ALIGN)
     return Encoded(payload, zero, zero, units, tuple(x.shape), np.dtype(x.dtype), "raw")
-  payload, stats = encode_rows(x.reshape(1, n))
+  other = _row_codec(codec)
+  if other is not None and not other.supports(x.dtype):
+    raise TypeError(f"encode: codec {codec!r} does not encode {np.dtype(x.dtype).name}")
+  payload, stats = (encode_rows if other is None else other.encode_rows)(x.reshape(1, n))
   return Encoded(payload[0], stats[0, 1], stats[0, 0], stats[0, 2], tuple(x.shape),
-                 np.dtype(x.dtype))
+                 np.dtype(x.dtype), codec)
 
 
 def decode(enc: Encoded, *, return_status: bool = False):
@@ -407,12 +424,15 @@ def decode(enc: Encoded, *, return_status: bool = False):
     status = jnp.zeros((), jnp.int32)
   else:
     lead = enc.payload.shape[:-1]
-    y, status = decode_rows(enc.payload.reshape(-1, enc.payload.shape[-1]), n, enc.dtype)
+    other = _row_codec(enc.codec)
+    rows = enc.payload.reshape(-1, enc.payload.shape[-1])
+    y, status = (decode_rows if other is None else other.decode_rows)(rows, n, enc.dtype)
     y = y.reshape(lead + tuple(enc.shape))
     status = status.reshape(lead)
     if not isinstance(status, jax.core.Tracer):
       bad = np.asarray(status)
       if np.any(bad != 0):
         first = int(bad.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
-        raise ValueError(f"zipccl decode failed: {decode_error_message(first)} (status {first})")
+        raise ValueError(f"{enc.codec} decode failed: {decode_error_message(first)} "
+                         f"(status {first})")
   return (y, status) if return_status else y
