@@ -699,9 +699,10 @@ def phase_entropy(args) -> dict:
 
   log("ENTROPY: timing")
   rows_t = []
-  size = (64 << 20) >> (8 if args.rehearse else 0)
   reps, rounds = (10, 5) if args.quick else (20, 7)
-  for dt in (bf16,):
+  plan = [(bf16, 64 << 20), (f16, 64 << 20)] + ([] if args.quick else [(bf16, 1 << 30)])
+  for dt, size in plan:
+    size >>= 8 if args.rehearse else 0
     n = size // 2
     with jax.default_device(gpu):
       xv = (jax.random.normal(jax.random.PRNGKey(3), (1, n), jnp.float32) * 0.02 + 1e-3).astype(dt)
@@ -735,6 +736,82 @@ def phase_entropy(args) -> dict:
           "method": f"median over {rounds} rounds of {reps} back-to-back jitted calls; copy = jitted x ^ s"}
 
 
+def phase_collectives(args) -> dict:
+  """The five compressed collectives and a gradient, jitted inside shard_map on a 1-device mesh of the
+  GPU, for both codecs: the CUDA handlers inside lax.switch branches of the slot ladder. Every result
+  is compared bit for bit with the lax collective (with one participant they are identities, but the
+  whole encode -> agree -> switch -> decode path runs on the GPU), and stats must report a compressed
+  rung on compressible data and the raw rung on random bits."""
+  import ml_dtypes
+  import numpy as np
+  jax, zc, gpu, _ = setup_jax(args)
+  import jax.numpy as jnp
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array([gpu]), ("x",))
+  failures, cases = 0, []
+  n = 1 << 20 if not args.rehearse else 1 << 14
+  ops = {
+      "all_gather": (lambda v, c: zc.compressed_all_gather(v, "x", codec=c, tiled=True),
+                     lambda v: jax.lax.all_gather(v, "x", tiled=True)),
+      "psum_scatter": (lambda v, c: zc.compressed_psum_scatter(v, "x", codec=c, tiled=True),
+                       lambda v: jax.lax.psum_scatter(v, "x", tiled=True)),
+      "psum": (lambda v, c: zc.compressed_psum(v, "x", codec=c), lambda v: jax.lax.psum(v, "x")),
+      "all_to_all": (lambda v, c: zc.compressed_all_to_all(v, "x", 0, 0, codec=c, tiled=True),
+                     lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True)),
+      "ppermute": (lambda v, c: zc.compressed_ppermute(v, "x", [(0, 0)], codec=c),
+                   lambda v: jax.lax.ppermute(v, "x", [(0, 0)])),
+  }
+  for dt in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)):
+    for dist in ("gauss", "bits"):
+      x = jax.device_put(make(dist, n, dt, 7), gpu)
+      for codec in ("zipccl", "entropy"):
+        if codec == "entropy" and dt == np.float32:
+          continue
+        for name, (f, ref) in ops.items():
+          t = time.time()
+          try:
+            g = jax.jit(jax.shard_map(lambda v: f(v, codec), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+            r = jax.jit(jax.shard_map(ref, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+            got, want = np.asarray(g(x)), np.asarray(r(x))
+            word = {2: np.uint16, 4: np.uint32}[dt.itemsize]
+            if name in ("psum", "psum_scatter"):
+              # one participant: the sum is the input. lax may flush denormals to zero and quieten
+              # NaNs (XLA:CPU does), so lax's bits or the input's are right, and NaN must stay NaN
+              same = ((got.view(word) == want.view(word)) | (got.view(word) == np.asarray(x).view(word))
+                      | (np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))))
+            else:  # one participant: a gather / permute returns the input's bits exactly (lax may
+              # quieten NaNs on the way, so the input is the reference, not lax)
+              same = got.view(word) == np.asarray(x).view(word)
+            ok = got.dtype == want.dtype and got.shape == want.shape and bool(same.all())
+            detail = "" if ok else f"{int((~same).sum())} words differ"
+          except Exception as e:  # noqa: BLE001
+            ok, detail = False, f"{type(e).__name__}: {str(e)[:300]}"
+          failures += not ok
+          cases.append({"case": [dt.name, dist, codec, name], "ok": ok, "detail": detail})
+          print(f"  {'ok  ' if ok else 'FAIL'} {dt.name:8s} {dist:6s} {codec:8s} {name:12s} "
+                f"({time.time() - t:.1f}s) {detail}", flush=True)
+  # grad through a compressed psum_scatter and all_gather (FSDP's pair), bf16, both codecs
+  x = jax.device_put(make("gauss", n, ml_dtypes.bfloat16, 9), gpu)
+  for codec in ("zipccl", "entropy"):
+    def loss(v, f):
+      return jnp.sum(f(v).astype(jnp.float32) ** 2)
+    fz = jax.shard_map(lambda v: jax.grad(loss)(v, lambda u: zc.compressed_all_gather(u, "x", codec=codec, tiled=True)),
+                      mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    fr = jax.shard_map(lambda v: jax.grad(loss)(v, lambda u: jax.lax.all_gather(u, "x", tiled=True)),
+                      mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    try:
+      got, want = np.asarray(jax.jit(fz)(x)), np.asarray(jax.jit(fr)(x))
+      ok = np.array_equal(got.view(np.uint16), want.view(np.uint16))
+      detail = "" if ok else f"{int((got.view(np.uint16) != want.view(np.uint16)).sum())} words differ"
+    except Exception as e:  # noqa: BLE001
+      ok, detail = False, f"{type(e).__name__}: {str(e)[:300]}"
+    failures += not ok
+    cases.append({"case": ["bfloat16", "gauss", codec, "grad(all_gather)"], "ok": ok, "detail": detail})
+    print(f"  {'ok  ' if ok else 'FAIL'} bfloat16 gauss  {codec:8s} grad(all_gather) {detail}", flush=True)
+  log(f"COLLECTIVES: {len(cases)} cases, {failures} failures")
+  return {"ok": failures == 0, "failures": failures, "cases": cases}
+
+
 # ---- driver --------------------------------------------------------------------------------------
 
 # The tile kernels' variants (8-element groups per thread; cuda/codec.cu, docs/cuda.md).
@@ -753,7 +830,8 @@ def set_tile_groups(groups: int) -> None:
     return
   cuda.set_tile_groups(groups)
 
-PHASES = {"identity": phase_identity, "timing": phase_timing, "entropy": phase_entropy}
+PHASES = {"identity": phase_identity, "timing": phase_timing, "entropy": phase_entropy,
+          "collectives": phase_collectives}
 
 
 def run_phase_subprocess(name: str, args, timeout: int) -> dict:
@@ -859,6 +937,15 @@ def write_report(args, report: dict) -> None:
       for r in en["rows"]:
         lines.append(f"| {r['dtype']} | {r['op']} | {r['n']} | {r['time_us']:.1f} | {r['gbps_input']:.1f} | "
                      f"{r['copy_gbps']:.0f} | {r['ratio']:.3f} | {'yes' if r['bit_identical'] else 'NO'} |")
+  co = report.get("collectives", {})
+  if co:
+    n_cases = len(co.get("cases", []))
+    lines += ["", "## Collectives on a 1-device mesh of the " + gpu, "",
+              f"- {n_cases - co.get('failures', 0)}/{n_cases} cases bit-identical to lax"
+              + ("" if co.get("ok") else f" ({co.get('error', 'see JSON')})")]
+    for c in co.get("cases", []):
+      if not c["ok"]:
+        lines.append(f"  - FAIL {' '.join(c['case'])}: {c['detail']}")
   md = "\n".join(lines) + "\n"
   print("\n" + md, flush=True)
   dests = [args.out]
@@ -933,10 +1020,12 @@ def main() -> int:
   report["identity"] = run_phase_subprocess("identity", args, timeout=600 if not args.quick else 300)
   report["timing"] = run_phase_subprocess("timing", args, timeout=300)
   report["entropy"] = run_phase_subprocess("entropy", args, timeout=600 if not args.quick else 300)
+  report["collectives"] = run_phase_subprocess("collectives", args, timeout=300)
   write_report(args, report)
   # A phase that ran must have passed (tests: ok is None when tests/test_codec.py is missing).
   ok = (report.get("build", {}).get("ok", True) and report.get("tests", {}).get("ok") is not False
-        and report["identity"].get("ok") and report["timing"].get("ok") and report["entropy"].get("ok"))
+        and report["identity"].get("ok") and report["timing"].get("ok") and report["entropy"].get("ok")
+        and report["collectives"].get("ok"))
   log(f"DONE in {time.time() - T0:.0f}s: {'all checks passed' if ok else 'SOME CHECKS FAILED'}")
   return 0 if ok else 1
 
