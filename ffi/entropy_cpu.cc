@@ -4,9 +4,10 @@
 // Format: docs/format.md ("Entropy codec (codec id 2)") and entropy_format.h. This
 // file is the reference a CUDA port must reproduce byte for byte.
 //
-// Speed: a block's 8 bit streams are decoded interleaved (5 symbols per 64-bit
-// refill, one 2048-entry table lookup per symbol), so the latency of one stream's
-// lookup chain hides behind the others. Rows of >= kParallelMinElems elements are
+// Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
+// refill in a 2048-entry table whose entries hold up to 2 symbols: about 1.9
+// symbols a lookup on Gaussian data), so the latency of one stream's lookup
+// chain hides behind the others. Rows of >= kParallelMinElems elements are
 // split across threads by whole blocks.
 #include "entropy_cpu.h"
 
@@ -61,24 +62,9 @@ inline bool have_fast_isa() {
 constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is faster
 constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
-constexpr uint32_t kSymsPerRefill = 5;  // 5 * 11 = 55 <= 57 bits valid after a refill
-// Decode table entries (DecScratch::tab): the code length in bits [0, 4), the
-// symbol's value bits from bit 7 on (the mantissa field is >= 7 bits wide), so
-// the sum of 5 entries holds the 5 lengths (<= 55) in bits [0, 7).
-constexpr uint32_t kLenMask = 15;
-constexpr uint32_t kSumMask = 127;
-static_assert(kMaxLen <= kLenMask && kSymsPerRefill * kMaxLen <= kSumMask, "entry layout");
-
-// A 16-bit store the compiler cannot merge with its neighbours (GCC otherwise
-// assembles a refill's 5 stores into one 64-bit word with shifts and ORs: 4 extra
-// instructions a symbol in the hottest loop).
-inline void store16(uint16_t* p, uint32_t v) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  asm("movw %w1, %0" : "=m"(*p) : "r"(v));
-#else
-  *p = (uint16_t)v;
-#endif
-}
+constexpr uint32_t kSymsPerRefill = 5;  // lookups per refill: 5 * 11 = 55 <= 57 valid bits
+constexpr uint32_t kLenMask = 15;       // a decode entry's length field (DecScratch::pair)
+static_assert(kMaxLen <= kLenMask, "entry layout");
 
 // Hides a value's constness from the optimizer (keeps it in a register).
 inline void opaque(uint32_t& v) {
@@ -213,6 +199,24 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
+#if EZ_X86
+// bf16 kind E join, 16 elements a step (AVX2): raw byte r = s << 7 | m becomes the
+// word (r | r << 8) & 0x807F (s to bit 15, m to bits 0..6), OR-ed with the
+// symbols' bits. Returns the elements done (a multiple of 16).
+EZ_TARGET_FAST uint32_t or_raw_bf16e_fast(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
+                                          uint16_t keep) {
+  const __m256i k16 = _mm256_set1_epi16((short)keep), m = _mm256_set1_epi16((short)0x807F);
+  uint32_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m256i r = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j)));
+    const __m256i raw = _mm256_and_si256(_mm256_or_si256(r, _mm256_slli_epi16(r, 8)), m);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, k16), raw));
+  }
+  return j;
+}
+#endif
+
 // y[j] = (sv[j] & keep) | the raw bits of element j, for j < len (sv may be y).
 // keep clears what a decoded symbol entry holds besides the symbol's value bits
 // (its code length, in bits that the raw bits own: see DecScratch::tab).
@@ -224,7 +228,11 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
   if (!w) {
-    for (uint32_t j = 0; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
+    uint32_t j = 0;
+#if EZ_X86
+    if constexpr (Fast && K == kKindE && D == kBF16) j = or_raw_bf16e_fast(in, len, sv, y, keep);
+#endif
+    for (; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
@@ -452,18 +460,79 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
 // ---------------------------------------------------------------------------------
 // Block decoder.
 
+// The code lengths of a HUFF block as read by read_lengths (entropy_format.h),
+// bucketed by length: sym[l][0, n[l]) = the symbols of length l in ascending
+// order, i.e. the canonical (length, symbol) order without a sort.
+struct LenBuckets {
+  uint32_t n[kMaxLen + 1];
+  uint16_t sym[kMaxLen + 1][kMaxAlphabet];
+};
+
+// read_lengths with its validation (same results, same -1 cases), writing
+// buckets instead of a length array. Returns the bytes used or -1.
+EZ_INLINE int32_t read_lengths_bucketed(const uint8_t* p, uint32_t avail, uint32_t sym_end, uint32_t A,
+                                        LenBuckets& b) {
+  if (sym_end == 0 || sym_end > A) return -1;
+  for (uint32_t l = 0; l <= kMaxLen; ++l) b.n[l] = 0;
+  uint32_t nn = 0, a = 0, last = 0;  // last = 1 + the last present symbol
+  const uint32_t max_nn = 2 * avail;
+  while (a < sym_end) {
+    if (nn >= max_nn) return -1;
+    const uint32_t v = (p[nn >> 1] >> (4 * (nn & 1))) & 15;
+    ++nn;
+    if (v <= kMaxLen) {
+      if (v) {
+        b.sym[v][b.n[v]++] = (uint16_t)a;
+        last = a + 1;
+      }
+      ++a;
+    } else if (v == 15) {
+      if (nn + 2 > max_nn) return -1;
+      const uint32_t lo = (p[nn >> 1] >> (4 * (nn & 1))) & 15;
+      const uint32_t hi = (p[(nn + 1) >> 1] >> (4 * ((nn + 1) & 1))) & 15;
+      nn += 2;
+      a += (lo | (hi << 4)) + 3;
+    } else {
+      return -1;
+    }
+  }
+  if (a != sym_end || last != sym_end) return -1;
+  if ((nn & 1) && ((p[nn >> 1] >> 4) != 0)) return -1;  // padding nibble must be zero
+  return (int32_t)((nn + 1) / 2);
+}
+
 struct DecScratch {
-  uint8_t len[kMaxAlphabet];
-  uint16_t code[kMaxAlphabet];
-  // Entry = the symbol's value bits | its code length. The value bits of a symbol
-  // are the sign and exponent fields (bits >= 7: bf16 mantissa 7 bits, fp16 10),
-  // so the length (<= 11) fits the low 4 bits, which the raw bits own: an entry
-  // is stored as is and the join masks the length off. A 64-bit shift by the
-  // entry shifts by the length (x86 shift counts are taken mod 64; bit 6 is 0).
-  uint32_t tab[kTableSize];
+  LenBuckets lb;
+  // Pair table, indexed by the next 11 bits of a stream:
+  //   bits [0, 4)   bits the entry consumes (l1, or l1 + l2 when it holds 2 symbols)
+  //   bits [4, 16)  symbol 1's value bits (sign/exponent fields: bf16 bits >= 7, fp16 >= 10)
+  //   bits [16, 20) l1 (the first symbol's own length, for a stream's last symbol)
+  //   bits [20, 32) symbol 2's value bits (zero when the entry holds one symbol)
+  //   bits [32, 64) output advance in bytes (2 or 4)
+  // The low 32 bits are stored as two 16-bit output words; the join masks the
+  // length nibbles off (they sit in bits the raw planes own). A 64-bit shift by
+  // the entry shifts by its length (x86 counts are taken mod 64; bits 4, 5 are 0).
+  uint64_t pair[kTableSize];
+  uint64_t oadd[kMaxAlphabet];  // pair-table build: canonical order (see there)
+  uint8_t olen[kMaxAlphabet + 1];
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
 };
+
+inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// Fills dst[0, cnt) with v, cnt a power of two (runs of 1 and 2 are common). GCC
+// vector types: 32-byte stores where the caller is compiled for AVX2.
+typedef uint64_t u64x4 __attribute__((vector_size(32)));
+EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
+  if (cnt < 4) {
+    dst[0] = v;
+    dst[cnt >> 1] = v;
+    return;
+  }
+  const u64x4 v4 = {v, v, v, v};
+  for (uint32_t i = 0; i < cnt; i += 4) std::memcpy(dst + i, &v4, sizeof v4);
+}
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
@@ -493,8 +562,13 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // HUFF.
   if (size < kHuffHead + rawb) return kDecBadTable;
   const uint32_t sym_end = ld16(blk + 2);
-  const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
-  if (nib < 0 || !canonical_codes(s.len, sym_end, s.code)) return kDecBadTable;
+  LenBuckets& lb = s.lb;
+  const int32_t nib = read_lengths_bucketed(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, lb);
+  if (nib < 0) return kDecBadTable;
+  // The Kraft sum must be exactly 2^11 (a complete code: every index decodes).
+  uint32_t kraft = 0;
+  for (uint32_t l = 1; l <= kMaxLen; ++l) kraft += lb.n[l] << (kMaxLen - l);
+  if (kraft != kTableSize) return kDecBadTable;
   uint32_t start[kStreams + 1];
   start[0] = 0;
   for (uint32_t st = 0; st < kStreams; ++st) {
@@ -510,15 +584,33 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
-  // Entry = the symbol's value bits | code length (DecScratch::tab); the lengths
-  // of a refill's 5 symbols (<= 55) are the low 7 bits of their entries' sum.
-  for (uint32_t a = 0; a < sym_end; ++a) {
-    const uint32_t l = s.len[a];
-    if (!l) continue;
-    const uint32_t e = t.sym_bits(kind, a) | l;
-    uint32_t* dst = s.tab + ((uint32_t)s.code[a] << (kMaxLen - l));
-    const uint32_t cnt = 1u << (kMaxLen - l);
-    for (uint32_t i = 0; i < cnt; ++i) dst[i] = e;
+  // Pair table: symbol s1 (canonical order) owns the 2^(11 - l1) indexes after
+  // its code; inside them the remaining 11 - l1 bits start with the code of each
+  // s2 with l2 <= 11 - l1, in canonical order (2^(11 - l1 - l2) indexes each),
+  // and the indexes after those (longer codes) hold s1 alone.
+  {
+    // Canonical order flattened: each symbol's length and its entry bits as the
+    // second symbol (value bits << 16 + its length + one more output word).
+    uint32_t k = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l)
+      for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
+        s.olen[k] = (uint8_t)l;
+        s.oadd[k] = ((uint64_t)t.sym_bits(kind, lb.sym[l][i]) << 16) + l + (2ull << 32);
+      }
+    uint64_t* dst = s.pair;
+    for (uint32_t i = 0; i < k; ++i) {
+      const uint32_t l1 = s.olen[i], m = kMaxLen - l1;
+      // s.oadd[i] - l1 - 2^33 = value bits << 16; as symbol 1: value bits | l1 | l1 << 16.
+      const uint64_t v = (s.oadd[i] >> 16) & 0xFFFF;
+      const uint64_t b1 = v | l1 | (l1 << 16) | (2ull << 32);
+      uint64_t* const end = dst + (1u << m);
+      for (uint32_t i2 = 0; i2 < k && s.olen[i2] <= m; ++i2) {
+        const uint32_t cnt = 1u << (m - s.olen[i2]);
+        fill64(dst, cnt, b1 + s.oadd[i2]);
+        dst += cnt;
+      }
+      for (; dst < end; ++dst) *dst = b1;
+    }
   }
   // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
   // of <= kMaxLen bits from its start (<= T), so even a corrupt one reads inside
@@ -531,43 +623,63 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     std::memset(s.area + ab, 0, kOverrun);
     p = s.area;
   }
-  const uint32_t* tab = s.tab;
+  const uint64_t* tab = s.pair;
   auto refill = [p](uint32_t q) -> uint64_t { return __builtin_bswap64(load64(p + (q >> 3))) << (q & 7); };
   // The index shift count lives in a register so that BMI2 code shifts with one
   // non-destructive shrx instead of mov + shr.
   uint32_t top = 64 - kMaxLen;
   if (Fast) opaque(top);
-  uint32_t pos[kStreams];
-  for (uint32_t st = 0; st < kStreams; ++st) pos[st] = start[st];
-  uint32_t done = 0;  // symbols decoded per stream so far (full blocks)
+  uint8_t* const out = reinterpret_cast<uint8_t*>(s.sv);
+  uint32_t pos[kStreams], o[kStreams], oend[kStreams];
+  for (uint32_t st = 0; st < kStreams; ++st) {
+    pos[st] = start[st];
+    const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
+    o[st] = 2 * j0;
+    oend[st] = 2 * j1;
+  }
   if (len == kBlock) {
-    constexpr uint32_t rounds = kStreamLen / kSymsPerRefill;
-    for (uint32_t r = 0; r < rounds; ++r) {
-      uint16_t* yr = s.sv + r * kSymsPerRefill;
+    // Rounds of 5 lookups per stream after one refill (5 * 11 = 55 bits <= 57
+    // valid). A round writes <= 10 symbols a stream, so R rounds are safe while
+    // every stream has >= 10 R symbols left. The refill sets bit 0 as a marker
+    // (the window's bit 63 - q % 8 >= 56, never read): after the shifts its
+    // position is the bits consumed.
+    for (;;) {
+      uint32_t left = kStreamLen;
+      for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
+      uint32_t rounds = left / (2 * kSymsPerRefill);
+      if (!rounds) break;
+      for (; rounds; --rounds) {
 #pragma GCC unroll 8
-      for (uint32_t st = 0; st < kStreams; ++st) {
-        const uint32_t q = pos[st];
-        uint64_t buf = refill(q);
-        uint32_t sum = 0;
+        for (uint32_t st = 0; st < kStreams; ++st) {
+          const uint32_t q = pos[st];
+          uint32_t oo = o[st];
+          uint64_t buf = refill(q) | 1;
 #pragma GCC unroll 5
-        for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-          const uint32_t e = tab[buf >> top];
-          buf <<= (e & 63);
-          sum += e;
-          store16(yr + st * kStreamLen + i, e);
+          for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+            const uint64_t e = tab[buf >> top];
+            buf <<= (e & 63);
+            store32(out + oo, (uint32_t)e);
+            oo += (uint32_t)(e >> 32);
+          }
+          pos[st] = q + (uint32_t)__builtin_ctzll(buf);
+          o[st] = oo;
         }
-        pos[st] = q + (sum & kSumMask);
       }
     }
-    done = rounds * kSymsPerRefill;
   }
   for (uint32_t st = 0; st < kStreams; ++st) {
-    const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
-    uint32_t q = pos[st];
-    for (uint32_t jj = j0 + done; jj < j1; ++jj) {
-      const uint32_t e = tab[refill(q) >> (64 - kMaxLen)];
-      q += e & kLenMask;
-      s.sv[jj] = (uint16_t)e;
+    uint32_t q = pos[st], oo = o[st];
+    const uint32_t oe = oend[st];
+    while (oe - oo >= 4) {
+      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
+      store32(out + oo, (uint32_t)e);
+      q += (uint32_t)e & kLenMask;
+      oo += (uint32_t)(e >> 32);
+    }
+    if (oo < oe) {
+      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
+      std::memcpy(out + oo, &e, 2);
+      q += (uint32_t)(e >> 16) & kLenMask;
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
