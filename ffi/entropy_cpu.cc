@@ -297,17 +297,144 @@ EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const
 // ---------------------------------------------------------------------------------
 // Block encoder.
 
+// code_lengths (entropy_format.h, the normative package-merge) computed the same
+// way with less work and latency per item: sentinels instead of bounds selects,
+// the merge candidates carried in registers (below), a running
+// count of the leaves taken instead of a recount per level, and the lengths from
+// those counts by a difference array. Same leaves order, same lists, same result
+// (tests/test_entropy.py compares whole encodings with the reference).
+struct PMFast {
+  uint32_t leaf_w[kMaxAlphabet + 3];
+  uint32_t pk[kMaxAlphabet + 3];           // package weights of the list being built
+  uint16_t leaf_sym[kMaxAlphabet];
+  uint32_t w[2][2 * kMaxAlphabet];         // the previous and the current list's weights
+  uint16_t cl[kMaxLen][2 * kMaxAlphabet];  // level L: leaves among its first o + 1 items
+  uint32_t d[kMaxAlphabet + 1];
+};
+
+EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t* len, PMFast& s) {
+  uint32_t k = 0;
+  for (uint32_t a = 0; a < A; ++a) {
+    len[a] = 0;
+    const uint32_t c = counts[a];
+    if (c) {
+      uint32_t i = k++;
+      while (i > 0 && s.leaf_w[i - 1] > c) {
+        s.leaf_w[i] = s.leaf_w[i - 1];
+        s.leaf_sym[i] = s.leaf_sym[i - 1];
+        --i;
+      }
+      s.leaf_w[i] = c;
+      s.leaf_sym[i] = (uint16_t)a;
+    }
+  }
+  if (k < 2) return k;
+  // Weights stay below 2^16 * 11 (far below the sentinel).
+  constexpr uint32_t kInf = 0x3FFFFFFFu;
+  s.leaf_w[k] = s.leaf_w[k + 1] = s.leaf_w[k + 2] = kInf;
+  uint32_t* prev = s.w[0];
+  for (uint32_t i = 0; i < k; ++i) prev[i] = s.leaf_w[i];
+  uint32_t size = k;
+  for (uint32_t L = 1; L < kMaxLen; ++L) {
+    const uint32_t np = size / 2;  // an unpaired last item is in no package
+    uint32_t* const pk = s.pk;
+    for (uint32_t j = 0; j < np; ++j) pk[j] = prev[2 * j] + prev[2 * j + 1];
+    pk[np] = pk[np + 1] = pk[np + 2] = kInf;
+    const uint32_t total = (L == kMaxLen - 1 && 2 * k - 2 < k + np) ? 2 * k - 2 : k + np;
+    uint32_t* cur = s.w[L & 1];
+    uint16_t* cl = s.cl[L];
+    // The merge keeps the next two candidates of each list in registers: the
+    // loads for step o + 1 are issued from the positions before step o's choice,
+    // so a step's dependency chain is a compare and a few selects, not a load
+    // (the latency that bounds a plain merge).
+    const uint32_t* const lwp = s.leaf_w;
+    uint32_t i = 0, j = 0;
+    uint32_t lw = lwp[0], lw1 = lwp[1], pw = pk[0], pw1 = pk[1];
+    for (uint32_t o = 0; o < total; ++o) {
+      const bool take_leaf = lw <= pw;
+      cur[o] = take_leaf ? lw : pw;
+      const uint32_t lw2 = lwp[i + 2], pw2 = pk[j + 2];
+      i += take_leaf;
+      j += !take_leaf;
+      cl[o] = (uint16_t)i;
+      lw = take_leaf ? lw1 : lw;
+      lw1 = take_leaf ? lw2 : lw1;
+      pw = take_leaf ? pw : pw1;
+      pw1 = take_leaf ? pw1 : pw2;
+    }
+    prev = cur;
+    size = total;
+  }
+  for (uint32_t i = 0; i <= k; ++i) s.d[i] = 0;
+  uint32_t t = 2 * k - 2;
+  for (int L = (int)kMaxLen - 1; L >= 0 && t > 0; --L) {
+    const uint32_t c = L == 0 ? t : s.cl[L][t - 1];  // list 0 is the leaves
+    s.d[c]++;  // leaves [0, c) get one more bit
+    t = 2 * (t - c);
+  }
+  uint32_t run = 0;
+  for (uint32_t i = k; i-- > 0;) {
+    run += s.d[i + 1];
+    len[s.leaf_sym[i]] = (uint8_t)run;
+  }
+  return k;
+}
+
 struct EncScratch {
-  PMScratch pm;
+  PMFast pm;
   uint16_t sym[kBlock];              // J symbols (exponent << 1 | sign) of the block
-  uint16_t cnt[4][kMaxAlphabet];     // histogram lanes (<= 1024 per lane)
+  uint16_t cnt[4][kMaxAlphabet];     // histogram lanes (<= 1024 per lane); zero between blocks
   uint32_t c[2][kMaxAlphabet];       // [kind] counts
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
-  uint16_t code[kMaxAlphabet];
+  uint8_t nibs[2][kMaxAlphabet / 2 + 8];  // [kind] code-length nibble stream
   uint64_t ccode[kMaxAlphabet];      // [J symbol] code (u64: OR-ed from memory)
   uint8_t clen[kMaxAlphabet];        // [J symbol] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
+  uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
 };
+
+// An MSB-first bit writer: codes are shifted into a 64-bit accumulator and
+// counted; a flush after every <= 5 codes (<= 55 bits + < 8 pending bits fit)
+// stores the pending bits at the top of 8 big-endian bytes and advances by
+// whole bytes. The flush only reads acc (the bits above the pending ones shift
+// out of the stored word), so the accumulator's dependency chain is one shift
+// and one OR a code.
+struct BitWriter {
+  uint64_t acc;
+  uint32_t nacc;
+  uint8_t* bp;
+  EZ_INLINE void init(uint8_t* p) {
+    acc = 0;
+    nacc = 0;
+    bp = p;
+  }
+  EZ_INLINE void flush() {
+    store_be64(bp, acc << (63 - nacc) << 1);  // two shifts: nacc may be 0
+    bp += nacc >> 3;
+    nacc &= 7;
+  }
+  // Bits written since p (the init pointer).
+  EZ_INLINE uint32_t bits_since(const uint8_t* p) const { return (uint32_t)(bp - p) * 8 + nacc; }
+};
+
+// Appends the nbits bits of src (MSB first from src[0]; src readable and zero
+// for 16 bytes past nbits / 8) at bit `at` of dst, whose bits past `at` are
+// zero. Writes bytes [at / 8, at / 8 + 8 * ceil((at % 8 + nbits) / 64)).
+EZ_INLINE void append_bits(uint8_t* dst, uint32_t at, const uint8_t* src, uint32_t nbits) {
+  uint8_t* d = dst + at / 8;
+  const uint32_t sh = at & 7;
+  const uint32_t nbytes = (sh + nbits + 7) / 8;
+  if (!sh) {
+    std::memcpy(d, src, (nbits + 7) / 8);
+    return;
+  }
+  uint64_t carry = (uint64_t)d[0] << 56;  // the high sh bits of d[0] are dst's
+  for (uint32_t i = 0; i < nbytes; i += 8) {
+    const uint64_t w = __builtin_bswap64(load64(src + i));
+    store_be64(d + i, carry | (w >> sh));
+    carry = w << (64 - sh);
+  }
+}
 
 // Encodes one block into out (at most max_block_bytes(len) bytes, exactly the
 // returned size written). *raw = the block was stored RAW.
@@ -315,11 +442,16 @@ template <DtypeCode D, bool Fast>
 EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                      bool* raw) {
   constexpr Traits t = traits<D>();
-  constexpr uint32_t AJ = 1u << (t.ebits + 1), AE = 1u << t.ebits;
-  for (int l = 0; l < 4; ++l) std::memset(s.cnt[l], 0, sizeof(uint16_t) * AJ);
-  // Symbols first (a vectorizable pass), then counts in 4 lanes (a run of equal
-  // symbols would otherwise serialize on one counter's store-to-load latency).
-  for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)t.symbol(kKindJ, x[j]);
+  constexpr uint32_t AE = 1u << t.ebits;
+  // Symbols first (a vectorizable pass, with their maximum: 1 + it is the kind-J
+  // sym_end), then counts in 4 lanes (a run of equal symbols would otherwise
+  // serialize on one counter's store-to-load latency).
+  uint16_t mx = 0;  // u16 keeps the max in 16-bit lanes (vpmaxuw)
+  for (uint32_t j = 0; j < len; ++j) {
+    const uint16_t v = (uint16_t)t.symbol(kKindJ, x[j]);
+    s.sym[j] = v;
+    mx = v > mx ? v : mx;
+  }
   uint32_t j = 0;
   for (; j + 8 <= len; j += 8) {
     s.cnt[0][s.sym[j]]++;
@@ -332,36 +464,38 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     s.cnt[3][s.sym[j + 7]]++;
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
-  for (uint32_t a = 0; a < AJ; ++a) s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
-  for (uint32_t e = 0; e < AE; ++e) s.c[kKindE][e] = s.c[kKindJ][2 * e] + s.c[kKindJ][2 * e + 1];
+  uint32_t sym_end[2];
+  sym_end[kKindJ] = mx + 1;
+  sym_end[kKindE] = (mx >> 1) + 1;
+  // Sum the lanes (and clear them for the next block) up to an even bound, so
+  // that kind E's pairs are complete; counts past sym_end are zero.
+  const uint32_t jend2 = 2 * sym_end[kKindE];
+  for (uint32_t a = 0; a < jend2; ++a) {
+    s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
+    s.cnt[0][a] = s.cnt[1][a] = s.cnt[2][a] = s.cnt[3][a] = 0;
+  }
+  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) s.c[kKindE][e] = s.c[kKindJ][2 * e] + s.c[kKindJ][2 * e + 1];
+  (void)AE;
 
   // Candidate sizes in the tie order CONST-E, CONST-J, HUFF-E, HUFF-J, RAW.
   uint32_t best = max_block_bytes(len);
   int best_kind = -1;  // -1 = RAW
   bool best_const = false;
-  uint32_t sym_end[2] = {0, 0}, nib[2] = {0, 0}, area[2] = {0, 0}, one_sym[2] = {0, 0};
-  for (uint32_t kind = 0; kind < 2; ++kind) {
-    const uint32_t A = kind == kKindE ? AE : AJ;
-    for (uint32_t a = A; a-- > 0;)
-      if (s.c[kind][a]) {
-        sym_end[kind] = a + 1;
-        break;
-      }
-    one_sym[kind] = sym_end[kind] - 1;
-  }
+  uint32_t nib[2] = {0, 0}, area[2] = {0, 0}, one_sym[2];
+  for (uint32_t kind = 0; kind < 2; ++kind) one_sym[kind] = sym_end[kind] - 1;
   // Kind J can only pay when the sign is predictable from the exponent: the sign
   // costs at least 1 - |1 - 2p| bits, so J saves at most sum_e |c+ - c-| bits. It
   // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
   // for J halves the code-length work on symmetric data).
   uint32_t imb = 0;
-  for (uint32_t e = 0; e < AE; ++e) {
+  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) {
     const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
     imb += (uint32_t)(d < 0 ? -d : d);
   }
   uint32_t k[2];
-  k[kKindE] = code_lengths(s.c[kKindE], sym_end[kKindE], s.len[kKindE], &s.pm);
+  k[kKindE] = code_lengths_fast(s.c[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
   if (16 * imb >= len) {
-    k[kKindJ] = code_lengths(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], &s.pm);
+    k[kKindJ] = code_lengths_fast(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
   } else {
     k[kKindJ] = 0;
     for (uint32_t a = 0; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
@@ -374,7 +508,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
     for (uint32_t a = 0; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
-    nib[kind] = write_lengths(s.len[kind], sym_end[kind], nullptr);
+    nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
     size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
@@ -404,53 +538,101 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   out[1] = 0;
   st16(out + 2, sym_end[kind]);
   uint8_t* nib_out = out + kHuffHead;
-  write_lengths(s.len[kind], sym_end[kind], nib_out);
-  canonical_codes(s.len[kind], sym_end[kind], s.code);
-  // Indexed by the J symbol (s.sym) for both kinds (entries of absent symbols are
-  // never read).
-  const uint32_t jend = kind == kKindE ? 2 * sym_end[kind] : sym_end[kind];
-  for (uint32_t a = 0; a < jend; ++a) {
-    const uint32_t c = kind == kKindE ? a >> 1 : a;
-    s.ccode[a] = s.code[c];
-    s.clen[a] = s.len[kind][c];
+  std::memcpy(nib_out, s.nibs[kind], nib[kind]);
+  // Canonical codes (entropy_format.h canonical_codes: (length, symbol) order),
+  // written straight into the J-symbol-indexed tables (kind E: both signs).
+  {
+    const uint8_t* ln = s.len[kind];
+    uint32_t nl[kMaxLen + 1] = {0}, next[kMaxLen + 1];
+    for (uint32_t a = 0; a < sym_end[kind]; ++a) nl[ln[a]]++;
+    uint32_t c = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l) {
+      next[l] = c;
+      c = (c + nl[l]) << 1;
+    }
+    for (uint32_t a = 0; a < sym_end[kind]; ++a) {
+      const uint32_t l = ln[a];
+      if (!l) continue;
+      const uint32_t code = next[l]++;
+      if (kind == kKindE) {
+        s.ccode[2 * a] = s.ccode[2 * a + 1] = code;
+        s.clen[2 * a] = s.clen[2 * a + 1] = (uint8_t)l;
+      } else {
+        s.ccode[a] = code;
+        s.clen[a] = (uint8_t)l;
+      }
+    }
   }
 
-  // One MSB-first writer for the 8 streams back to back; a flush after every <= 5
-  // codes (<= 55 bits + < 8 pending bits fit the 64-bit accumulator). Per code:
-  // load the symbol, its length, shift, OR the code from memory, count: separate
-  // length and u64 code arrays avoid unpacking an entry (2 more instructions).
-  uint8_t* bp = s.bits;
-  uint64_t acc = 0;
-  uint32_t nacc = 0;
-  uint32_t before = 0;
-  for (uint32_t st = 0; st < kStreams; ++st) {
-    const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
-    const uint16_t* sp = s.sym + j0;
-    const uint16_t* const se = s.sym + j1;
-    auto push = [&](uint32_t a) {
-      const uint32_t l = s.clen[a];
-      acc = (acc << l) | s.ccode[a];
-      nacc += l;
-    };
-    auto flush = [&]() {
-      store_be64(bp, acc << (64 - nacc));
-      bp += nacc >> 3;
-      nacc &= 7;
-    };
-    for (; se - sp >= (ptrdiff_t)kSymsPerRefill; sp += kSymsPerRefill) {
+  // Per code: load the symbol, its length, shift, OR the code from memory:
+  // separate length and u64 code arrays avoid unpacking an entry.
+  const uint64_t* const ccode = s.ccode;
+  const uint8_t* const clen = s.clen;
+  auto push = [ccode, clen](BitWriter& w, uint32_t a) {
+    const uint32_t l = clen[a];
+    w.acc = (w.acc << l) | ccode[a];
+    w.nacc += l;
+  };
+  uint32_t bits_total;
+  if (len == kBlock) {
+    // Two writers, streams 0..3 into s.bits and 4..7 into s.bits2, advanced in
+    // turn: each accumulator's shift-OR chain (2 cycles a code) overlaps the
+    // other's. Then the second area is appended at the first one's end bit.
+    BitWriter wa, wb;
+    wa.init(s.bits);
+    wb.init(s.bits2);
+    uint32_t before_a = 0, before_b = 0;
+    for (uint32_t st = 0; st < kStreams / 2; ++st) {
+      const uint16_t* sa = s.sym + st * kStreamLen;
+      const uint16_t* sb = s.sym + (st + kStreams / 2) * kStreamLen;
+      constexpr uint32_t groups = kStreamLen / kSymsPerRefill;  // 102, then 2 codes
+      for (uint32_t g = 0; g < groups; ++g, sa += kSymsPerRefill, sb += kSymsPerRefill) {
 #pragma GCC unroll 5
-      for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(sp[i]);
-      flush();
+        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(wa, sa[i]);
+        wa.flush();
+#pragma GCC unroll 5
+        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(wb, sb[i]);
+        wb.flush();
+      }
+      for (uint32_t i = 0; i < kStreamLen - groups * kSymsPerRefill; ++i) {
+        push(wa, sa[i]);
+        push(wb, sb[i]);
+      }
+      wa.flush();
+      wb.flush();
+      const uint32_t now_a = wa.bits_since(s.bits), now_b = wb.bits_since(s.bits2);
+      st16(out + kBlockHead + 2 * st, now_a - before_a);
+      st16(out + kBlockHead + 2 * (st + kStreams / 2), now_b - before_b);
+      before_a = now_a;
+      before_b = now_b;
     }
-    for (; sp < se; ++sp) {
-      push(*sp);
-      flush();
+    // The last flush stored 8 bytes from bp: zeros after the pending bits. Zero
+    // 16 more for append_bits' word reads.
+    std::memset(wb.bp + 8, 0, 16);
+    append_bits(s.bits, before_a, s.bits2, before_b);
+    bits_total = before_a + before_b;
+  } else {
+    BitWriter w;
+    w.init(s.bits);
+    uint32_t before = 0;
+    for (uint32_t st = 0; st < kStreams; ++st) {
+      const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
+      const uint16_t* sp = s.sym + j0;
+      const uint16_t* const se = s.sym + j1;
+      for (; se - sp >= (ptrdiff_t)kSymsPerRefill; sp += kSymsPerRefill) {
+#pragma GCC unroll 5
+        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(w, sp[i]);
+        w.flush();
+      }
+      for (; sp < se; ++sp) push(w, *sp);
+      if (j1 > j0) w.flush();
+      const uint32_t now = w.bits_since(s.bits);
+      st16(out + kBlockHead + 2 * st, now - before);
+      before = now;
     }
-    const uint32_t now = (uint32_t)(bp - s.bits) * 8 + nacc;
-    st16(out + kBlockHead + 2 * st, now - before);
-    before = now;
+    bits_total = before;
   }
-  if (nacc) store_be64(bp, acc << (64 - nacc));
+  (void)bits_total;
   uint8_t* area_out = nib_out + nib[kind];
   std::memcpy(area_out, s.bits, area[kind]);
   write_raw_kind<D, Fast>(kind, x, len, area_out + area[kind]);
@@ -744,7 +926,7 @@ RowStats encode_row_t(const uint16_t* x, uint64_t n, uint8_t* out) {
   // the others write at their worst-case offsets and are moved down afterwards.
   uint64_t cs = 0, cs_end_word = doff / 4;
   par::parallel_for(nt, [&](int t) {
-    std::unique_ptr<EncScratch> s(new EncScratch);
+    std::unique_ptr<EncScratch> s(new EncScratch());  // zeroed: the histogram lanes
     uint8_t* base = out + doff + tb[t] * (uint64_t)max_block_bytes(kBlock);
     uint64_t off = 0, raws = 0;
     for (uint64_t b = tb[t]; b < tb[t + 1]; ++b) {
