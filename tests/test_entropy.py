@@ -516,3 +516,30 @@ def test_public_encode_rejects_what_the_entropy_codec_does_not_take():
     zc.encode(np.zeros(16, np.float32), codec="entropy")
   with pytest.raises(ValueError, match="codec must be one of"):
     zc.encode(np.zeros(16, np.float32), codec="huffman")
+
+
+# ---- analyze(x, codec="entropy") ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_analyze_with_the_entropy_codec(dtype):
+  """analyze measures the entropy codec through its contract functions: used bytes as
+  the native row encoder reports them, max_nbytes as the static slot, the round trip."""
+  for dist, n in (("gauss", 3 * 4096 + 17), ("random_bits", 5000), ("zeros", 1), ("gauss", 0)):
+    x = make(dist, n, dtype, seed=5)
+    a = zc.analyze(x, codec="entropy")
+    _, status, raws, used = native_encode(x)
+    assert a.codec == "entropy" and a.roundtrip_ok and a.fits and not a.overflow
+    assert a.actual_nbytes == used and a.count == raws
+    assert a.static_nbytes == ent.max_nbytes(dtype, n)
+    assert a.escape_count is None and a.escape_rate is None
+    if n:
+      assert a.ratio == pytest.approx(2 * n / used)
+  assert zc.analyze(make("gauss", 50_000, dtype), codec="entropy").ratio > 1.1
+
+
+def test_analyze_refuses_what_the_codec_does_not_take():
+  with pytest.raises(ValueError, match="codec 'entropy' takes bfloat16, float16, got x of dtype float32"):
+    zc.analyze(np.zeros(8, np.float32), codec="entropy")
+  with pytest.raises(ValueError, match="analyze: codec must be one of"):
+    zc.analyze(np.zeros(8, np.float32), codec="nope")
