@@ -158,6 +158,25 @@ constexpr Traits traits() {
 // ---------------------------------------------------------------------------------
 // Raw planes (entropy_format.h: byte plane, then the packed plane).
 
+#if EZ_X86
+// bf16 kind E byte plane, 32 elements a step (AVX2): raw byte = s << 7 | m =
+// (v & 0x7F) | (v >> 8 & 0x80). Returns the elements done (a multiple of 32).
+EZ_TARGET_FAST uint32_t write_raw_bf16e_fast(const uint16_t* x, uint32_t len, uint8_t* out) {
+  const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80);
+  uint32_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
+    const __m256i ra = _mm256_or_si256(_mm256_and_si256(a, m7f), _mm256_and_si256(_mm256_srli_epi16(a, 8), m80));
+    const __m256i rb = _mm256_or_si256(_mm256_and_si256(b, m7f), _mm256_and_si256(_mm256_srli_epi16(b, 8), m80));
+    // packus interleaves the 128-bit lanes (a0-7 b0-7 a8-15 b8-15): restore order
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(ra, rb), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), p);
+  }
+  return j;
+}
+#endif
+
 template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
@@ -165,7 +184,11 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   if (bp) {
-    for (uint32_t j = 0; j < len; ++j) out[j] = (uint8_t)t.raw(K, x[j]);
+    uint32_t j = 0;
+#if EZ_X86
+    if constexpr (Fast && K == kKindE && D == kBF16) j = write_raw_bf16e_fast(x, len, out);
+#endif
+    for (; j < len; ++j) out[j] = (uint8_t)t.raw(K, x[j]);
     out += len;
   }
   if (w) {
