@@ -51,6 +51,9 @@ using ::zipccl::dev::st_relaxed;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 constexpr int kEncThreads = 256;  // 8 warps: warp s codes bit stream s
 constexpr int kDecThreads = 128;
+// ent_decode_blocks: 7 CTAs per SM (register cap 72). At 8 (cap 64) ptxas spills a
+// few registers; the shared memory (~22 KB per CTA) would allow 9-10.
+constexpr int kDecMinCtas = 7;
 constexpr int kRowThreads = 256;  // the per-row kernels
 constexpr uint32_t kMaxArea = kBlock * kMaxLen / 8;  // bytes of the largest bit area (5632)
 constexpr uint32_t kLanesPerStream = 32;
@@ -236,7 +239,7 @@ __device__ __forceinline__ uint32_t leaves_before(const uint32_t* bits, uint32_t
 }
 
 template <DtypeCode D>
-__global__ void __launch_bounds__(kEncThreads, 5) ent_encode_kernel(EncArgs a) {
+__global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
   constexpr Traits t = traits_c<D>();
   using Smem = EncSmem<D>;
   constexpr uint32_t AE = Smem::AE, AJ = Smem::AJ;
@@ -686,7 +689,6 @@ __device__ int32_t header_status(const uint8_t* in, uint64_t L, uint64_t n) {
 template <DtypeCode D>
 __global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
   ZC_SHARED(uint64_t, red, [kRowThreads / 32]);
-  ZC_SHARED(uint32_t, wsum, [kRowThreads / 32]);
   ZC_SHARED(uint32_t, sh, [2]);  // status, a size out of range
   const uint64_t row = blockIdx.x;
   const uint8_t* in = a.in + row * a.L;
@@ -704,34 +706,43 @@ __global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
   const uint64_t nb = a.nb, doff = data_offset(a.n);
   const uint64_t data_bytes = ld64(in + kOffDataBytes), used = ld64(in + kOffUsed);
   uint64_t* off = reinterpret_cast<uint64_t*>(ws + kWsTab);
-  uint64_t carry = doff;
-  for (uint64_t b0 = 0; b0 < nb; b0 += kRowThreads) {
-    const uint64_t b = b0 + tid;
-    uint32_t sz = 0;
-    if (b < nb) {
-      sz = ld16(in + kHeaderBytes + 2 * b);
-      if (sz < kBlockHead || sz > max_block_bytes(block_len(a.n, b))) sh[1] = 1;
-    }
-    const uint32_t incl = warp_incl_scan(sz);
-    if (lane == 31) wsum[warp] = incl;
-    __syncthreads();
-    uint64_t before = carry;
-    uint32_t chunk = 0;
-    for (uint32_t w = 0; w < kRowThreads / 32; ++w) {
-      if (w < warp) before += wsum[w];
-      chunk += wsum[w];
-    }
-    if (b < nb) off[b] = before + incl - sz;
-    carry += chunk;
-    __syncthreads();  // wsum is rewritten by the next chunk
+  // Thread t owns the contiguous blocks [b0, b1): its sizes are summed (independent
+  // loads), the sums scanned over the CTA, then the offsets written in a second pass.
+  // (One chunk of 256 blocks per barrier, as before, took ~1.5 K cycles per chunk on
+  // one SM: ~25 us for a 64 MiB row.)
+  const uint64_t per = (nb + kRowThreads - 1) / kRowThreads;
+  const uint64_t b0 = tid * per < nb ? tid * per : nb, b1 = b0 + per < nb ? b0 + per : nb;
+  uint64_t mine = 0;
+  bool bad = false;
+  for (uint64_t b = b0; b < b1; ++b) {
+    const uint32_t sz = ld16(in + kHeaderBytes + 2 * b);
+    bad |= sz < kBlockHead || sz > max_block_bytes(block_len(a.n, b));
+    mine += sz;
+  }
+  if (bad) sh[1] = 1;
+  uint64_t incl = mine;
+#pragma unroll
+  for (uint32_t d = 1; d < 32; d <<= 1) {
+    const uint64_t o = __shfl_up_sync(kFull, incl, d);
+    if (lane >= d) incl += o;
+  }
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  uint64_t carry = doff, pos = doff + incl - mine;
+  for (uint32_t w = 0; w < kRowThreads / 32; ++w) {
+    carry += red[w];
+    if (w < warp) pos += red[w];
   }
   uint32_t st = kDecOk;
   uint32_t raws = 0;
-  if (sh[1] || carry != doff + data_bytes) {
-    st = kDecBadTable;
-  } else {
-    for (uint64_t b = tid; b < nb; b += kRowThreads) raws += in[off[b]] == 0;
+  const bool valid = !sh[1] && carry == doff + data_bytes;  // then every block lies inside [doff, used)
+  if (!valid) st = kDecBadTable;
+  for (uint64_t b = b0; b < b1; ++b) {
+    off[b] = pos;
+    if (valid) raws += in[pos] == 0;
+    pos += ld16(in + kHeaderBytes + 2 * b);
   }
+  __syncthreads();  // red is reused below
   uint64_t cs = 0;
   for (uint64_t w = tid; w < doff / 4; w += kRowThreads)
     if (w != kOffChecksum / 4 && w != kOffChecksum / 4 + 1) cs += (uint64_t)ld32(in + 4 * w) * (2 * w + 1);
@@ -748,38 +759,94 @@ __global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
   }
 }
 
+// The number of zero bytes of x (exact: no borrow between bytes).
+__device__ __forceinline__ uint32_t zero_bytes(uint32_t x) {
+  const uint32_t y = (x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu;
+  return popc32(~(y | x | 0x7F7F7F7Fu));
+}
+
+// The decoder's symbol array: stream s's 512 entries start 2 s entries (one bank) past
+// 512 s, so that the 8 decoding lanes store into 8 different banks.
+__device__ __forceinline__ uint32_t yslot(uint32_t j) { return j + 2 * (j >> 9); }
+
+// Joins the symbol bits with the raw planes at rp (entropy_format.h) and stores the
+// block's len elements: a group of 8 elements per step (its packed-plane bytes read
+// once), 16-byte stores where the output allows. The kind is a template parameter
+// so that plane widths and shifts are constants.
+template <DtypeCode D, uint32_t KIND>
+__device__ __forceinline__ void join_planes(const uint16_t* sy, const uint8_t* rp, uint16_t* y, uint32_t len) {
+  constexpr Traits t = traits_c<D>();
+  // entropy_format.h Traits::byte_plane / packed_width, as constants.
+  constexpr uint32_t width = KIND == kKindE ? t.mbits + 1 : t.mbits;
+  constexpr bool bp = width >= 8;
+  constexpr uint32_t w = bp ? width - 8 : width;
+  const uint8_t* pp = rp + (bp ? len : 0);
+  const bool vec = (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+  for (uint32_t g = threadIdx.x; g < (len + 7) / 8; g += kDecThreads) {
+    uint64_t acc = 0;
+    if constexpr (w > 0) {
+#pragma unroll
+      for (uint32_t i = 0; i < w; ++i) acc |= (uint64_t)pp[g * w + i] << (8 * i);
+    }
+    uint32_t v[4] = {0, 0, 0, 0};  // elements 2i, 2i + 1 of the group
+#pragma unroll
+    for (uint32_t k = 0; k < 8; ++k) {
+      const uint32_t j = 8 * g + k;
+      uint32_t r = w ? (uint32_t)(acc >> (k * w)) & ((1u << w) - 1) : 0u;
+      if (bp) r = (r << 8) | (j < len ? rp[j] : 0u);
+      v[k / 2] |= ((uint32_t)sy[yslot(j < len ? j : 0)] | t.raw_bits(KIND, r)) << (16 * (k & 1));
+    }
+    if (vec && 8 * g + 8 <= len) {
+      reinterpret_cast<uint4*>(y)[g] = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (uint32_t k = 0; k < 8; ++k)
+        if (8 * g + k < len) y[8 * g + k] = (uint16_t)(v[k / 2] >> (16 * (k & 1)));
+    }
+  }
+}
+
 struct DecSmem {
-  uint16_t y[kBlock];
-  uint32_t tab[kTableSize];  // sym_bits << 16 | code length
-  uint8_t area[kMaxArea + 8];
-  uint8_t len[kMaxAlphabet];
-  uint16_t code[kMaxAlphabet];
-  uint32_t cscratch[2 * (kMaxLen + 2)];
+  uint16_t y[kBlock + 2 * kStreams];  // symbol bits of element j at yslot(j)
+  uint32_t tab[kTableSize];           // sym_bits << 16 | code length (0 = not yet filled)
+  uint32_t area[kMaxArea / 4 + 4];    // the bit area as big-endian words, zero past its end
+  alignas(4) uint8_t len[kMaxAlphabet];  // read as words by the canonical-code ranks
+  uint32_t nl[kMaxLen + 1];           // present symbols per code length
+  uint32_t next[kMaxLen + 1];         // the first canonical code of each length
   uint64_t red[kDecThreads / 32];
+  uint32_t scan[kDecThreads / 32];
   uint32_t start[kStreams + 1];
-  uint32_t status, coding, kind, sym_end, area_off, ab, bad;
+  uint32_t status, coding, kind, sym_end, area_off, ab, bad, lens_ok;
 };
 
 // One CTA per block of every row whose header and directory passed.
 template <DtypeCode D>
-__global__ void __launch_bounds__(kDecThreads, 8) ent_decode_blocks(DecArgs a) {
+__global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(DecArgs a) {
   constexpr Traits t = traits_c<D>();
   constexpr int NT = kDecThreads;
   ZC_SHARED(DecSmem, s, );
-  const uint64_t row = blockIdx.x / a.nb, b = blockIdx.x - row * a.nb;
-  uint8_t* ws = a.ws + row * a.ws_row;
-  if (*reinterpret_cast<const uint32_t*>(ws + kWsHead) != kDecOk) return;  // the same for the whole CTA
-  const uint32_t tid = threadIdx.x;
-  const uint8_t* in = a.in + row * a.L;
-  const uint64_t* off = reinterpret_cast<const uint64_t*>(ws + kWsTab);
-  const uint64_t o0 = off[b], o1 = off[b + 1];
-  const uint32_t size = (uint32_t)(o1 - o0), len = block_len(a.n, b);
-  const uint8_t* blk = in + o0;
-  uint16_t* y = a.y + row * a.n + b * kBlock;
+  // blockIdx.x < 2^31 (the grid is checked on the host): row and block fit 32 bits.
+  const uint32_t row = (uint32_t)(blockIdx.x / a.nb), b = (uint32_t)(blockIdx.x - row * a.nb);
+  const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint8_t* blk;
+  uint32_t size;
+  {
+    const uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
+    if (*reinterpret_cast<const uint32_t*>(ws + kWsHead) != kDecOk) return;  // the same for the whole CTA
+    const uint64_t* off = reinterpret_cast<const uint64_t*>(ws + kWsTab);
+    const uint64_t o0 = off[b], o1 = off[b + 1];
+    size = (uint32_t)(o1 - o0);
+    blk = a.in + (uint64_t)row * a.L + o0;
+  }
+  const uint32_t len = block_len(a.n, b);
 
-  // Thread 0: the block's header and code, validated as the CPU decoder does.
+  // Thread 0: the block's header, code lengths and stream lengths, validated as the
+  // CPU decoder does; the Kraft sum of the lengths (the rest of canonical_codes'
+  // check) follows in parallel. Its failure is BAD_TABLE, which takes precedence
+  // over everything thread 0 can find after the lengths (BAD_TABLE or BAD_STREAM).
+  for (uint32_t i = tid; i <= kMaxLen; i += NT) s.nl[i] = 0;
   if (tid == 0) {
-    uint32_t st = kDecOk, coding = 0, kind = 0;
+    uint32_t st = kDecOk, coding = 0, kind = 0, lens_ok = 0;
     if (size < kBlockHead || blk[1] != 0) {
       st = kDecBadTable;
     } else {
@@ -800,9 +867,10 @@ __global__ void __launch_bounds__(kDecThreads, 8) ent_decode_blocks(DecArgs a) {
           const uint32_t sym_end = ld16(blk + 2);
           const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
           s.sym_end = sym_end;
-          if (nib < 0 || !canonical_codes(s.len, sym_end, s.code, s.cscratch)) {
+          if (nib < 0) {
             st = kDecBadTable;
           } else {
+            lens_ok = 1;
             s.start[0] = 0;
             for (uint32_t k = 0; k < kStreams && st == kDecOk; ++k) {
               const uint32_t j0 = k * kStreamLen < len ? k * kStreamLen : len;
@@ -828,75 +896,150 @@ __global__ void __launch_bounds__(kDecThreads, 8) ent_decode_blocks(DecArgs a) {
     s.status = st;
     s.coding = coding;
     s.kind = kind;
+    s.lens_ok = lens_ok;
     s.bad = 0;
-  }
-  // The block's checksum terms; the row's last block also covers the padding up to used.
-  uint64_t cs = 0;
-  {
-    const uint64_t end = b + 1 == a.nb ? ld64(in + kOffUsed) : o1;
-    for (uint64_t i = o0 + tid; i < end; i += NT) cs += cs_byte(i, in[i]);
   }
   __syncthreads();
   const uint32_t coding = s.coding, kind = s.kind;
-  if (s.status == kDecOk && coding == kHuff) {
-    const uint32_t ab = s.ab;
-    for (uint32_t sym = tid; sym < s.sym_end; sym += NT) {
-      const uint32_t l = s.len[sym];
-      if (!l) continue;
-      const uint32_t e = (t.sym_bits(kind, sym) << 16) | l;
-      const uint32_t first = (uint32_t)s.code[sym] << (kMaxLen - l), cnt = 1u << (kMaxLen - l);
-      for (uint32_t i = 0; i < cnt; ++i) s.tab[first + i] = e;
-    }
-    for (uint32_t i = tid; i < ab + 8; i += NT) s.area[i] = i < ab ? blk[s.area_off + i] : 0;
-    __syncthreads();
-    if (tid < kStreams) {
-      // Stream tid, 11 bits at a time; bytes past the area read as zero (a corrupt
-      // stream that runs past it is reported by its end position either way).
-      const uint32_t j0 = tid * kStreamLen < len ? tid * kStreamLen : len;
-      const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
-      uint32_t q = s.start[tid];
-      for (uint32_t j = j0; j < j1; ++j) {
-        const uint32_t i = (q >> 3) < ab ? (q >> 3) : ab;
-        const uint32_t v = ((uint32_t)s.area[i] << 16) | ((uint32_t)s.area[i + 1] << 8) | s.area[i + 2];
-        const uint32_t e = s.tab[(v >> (13 - (q & 7))) & (kTableSize - 1)];
-        s.y[j] = (uint16_t)(e >> 16);
-        q += e & 15;
+  uint32_t st = s.status;
+  if (s.lens_ok) {
+    // (a) lengths per code length; the table cleared; the bit area as words.
+    const uint32_t sym_end = s.sym_end;
+    for (uint32_t sym = tid; sym < sym_end; sym += NT)
+      if (const uint32_t l = s.len[sym]) atomicAdd(&s.nl[l], 1u);
+    for (uint32_t i = tid; i < kTableSize; i += NT) s.tab[i] = 0;
+    if (st == kDecOk) {
+      const uint32_t ab = s.ab, nw = (ab + 3) / 4 + 2;
+      const uint8_t* ap = blk + s.area_off;
+      for (uint32_t i = tid; i < nw; i += NT) {
+        uint32_t w = 0;
+        for (uint32_t k = 0; k < 4; ++k) w = (w << 8) | (4 * i + k < ab ? ap[4 * i + k] : 0u);
+        s.area[i] = w;
       }
-      if (q != s.start[tid + 1]) s.bad = 1;
     }
     __syncthreads();
-    if (tid == 0 && s.bad) s.status = kDecBadStream;
-  } else if (s.status == kDecOk && coding == kConst) {
+    // (b) Kraft sum (every thread: the same value), then each present symbol's
+    // canonical code (entropy_format.h canonical_codes: next[l] + its rank among the
+    // symbols of length l in symbol order) marks the first entry of its table range.
+    uint32_t kraft = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l) kraft += s.nl[l] << (kMaxLen - l);
+    if (kraft != kTableSize) st = kDecBadTable;
+    if (tid == 0) {  // the first code of each length
+      uint32_t c = 0;
+      for (uint32_t l = 1; l <= kMaxLen; ++l) {
+        s.next[l] = c;
+        c = (c + s.nl[l]) << 1;
+      }
+    }
+    __syncthreads();
+    if (st == kDecOk) {
+      for (uint32_t sym = tid; sym < sym_end; sym += NT) {
+        const uint32_t l = s.len[sym];
+        if (!l) continue;
+        uint32_t c = s.next[l];
+        // + the symbols below sym of length l, four length bytes per step.
+        const uint32_t* lw = reinterpret_cast<const uint32_t*>(s.len);
+        const uint32_t pat = l * 0x01010101u;
+#pragma unroll 1
+        for (uint32_t o = 0; o < sym / 4; ++o) c += zero_bytes(lw[o] ^ pat);
+        if (sym & 3) c += zero_bytes((lw[sym / 4] ^ pat) | (0xFFFFFFFFu << (8 * (sym & 3))));
+        s.tab[c << (kMaxLen - l)] = (t.sym_bits(kind, sym) << 16) | l;
+      }
+    }
+    __syncthreads();
+    if (st == kDecOk) {
+      // (c) Fill each range from its marked first entry: thread t owns entries
+      // [16 t, 16 t + 16); the owner of its first entry is the last marked entry
+      // before it (a max-scan over the threads).
+      constexpr uint32_t E = kTableSize / NT;
+      static_assert(kTableSize % NT == 0, "table entries per thread");
+      int32_t last = -1;
+#pragma unroll 4
+      for (uint32_t i = 0; i < E; ++i)
+        if (s.tab[E * tid + i]) last = (int32_t)(E * tid + i);
+      int32_t incl = last;
+#pragma unroll
+      for (uint32_t d = 1; d < 32; d <<= 1) {
+        const int32_t o = __shfl_up_sync(kFull, incl, d);
+        if (lane >= d && o > incl) incl = o;
+      }
+      if (lane == 31) s.scan[warp] = (uint32_t)incl;
+      __syncthreads();
+      int32_t before = __shfl_up_sync(kFull, incl, 1);
+      if (lane == 0) before = -1;
+      for (uint32_t w = 0; w < warp; ++w)
+        if ((int32_t)s.scan[w] > before) before = (int32_t)s.scan[w];
+      // Entry 0 is always marked (the first code is 0), so before >= 0 where needed.
+      uint32_t cur = before >= 0 ? s.tab[before] : 0u;
+#pragma unroll 4
+      for (uint32_t i = 0; i < E; ++i) {
+        const uint32_t v = s.tab[E * tid + i];
+        if (v) cur = v;
+        else s.tab[E * tid + i] = cur;
+      }
+      __syncthreads();
+      if (tid < kStreams) {
+        // Stream tid through a 64-bit bit buffer (MSB first): 11-bit lookups, a 32-bit
+        // refill whenever fewer than 32 bits remain. Words past the area read as zero
+        // (a corrupt stream that runs past it is reported by its end position).
+        const uint32_t j0 = tid * kStreamLen < len ? tid * kStreamLen : len;
+        const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
+        const uint32_t q0 = s.start[tid], nw = (s.ab + 3) / 4 + 2;
+        uint32_t wi = q0 >> 5;
+        const uint32_t w0 = wi < nw ? s.area[wi] : 0u, w1 = wi + 1 < nw ? s.area[wi + 1] : 0u;
+        uint64_t buf = (((uint64_t)w0 << 32) | w1) << (q0 & 31);
+        uint32_t have = 64 - (q0 & 31), q = q0;
+        wi += 2;
+#pragma unroll 2
+        for (uint32_t j = j0; j < j1; ++j) {
+          const uint32_t e = s.tab[(uint32_t)(buf >> (64 - kMaxLen))];
+          const uint32_t l = e & 15;
+          s.y[yslot(j)] = (uint16_t)(e >> 16);
+          buf <<= l;
+          have -= l;
+          q += l;
+          if (have < 32) {
+            buf |= (uint64_t)(wi < nw ? s.area[wi] : 0u) << (32 - have);
+            ++wi;
+            have += 32;
+          }
+        }
+        if (q != s.start[tid + 1]) s.bad = 1;
+      }
+      __syncthreads();
+      if (s.bad) st = kDecBadStream;
+    }
+  } else if (st == kDecOk && coding == kConst) {
     const uint16_t v = (uint16_t)t.sym_bits(kind, ld16(blk + 2));
-    for (uint32_t j = tid; j < len; j += NT) s.y[j] = v;
+    for (uint32_t j = tid; j < len; j += NT) s.y[yslot(j)] = v;
   }
   __syncthreads();
-  const uint32_t st = s.status;
   if (st == kDecOk) {
     if (coding == kRaw) {
+      uint16_t* y = a.y + row * a.n + (uint64_t)b * kBlock;
       for (uint32_t j = tid; j < len; j += NT) y[j] = ld16(blk + kBlockHead + 2 * j);
     } else {
-      // Join the raw planes (entropy_format.h) and store.
-      const uint32_t roff = coding == kConst ? kBlockHead : s.area_off + s.ab;
-      const bool bp = t.byte_plane(kind);
-      const uint32_t w = t.packed_width(kind);
-      const uint8_t* rp = blk + roff;
-      const uint8_t* pp = rp + (bp ? len : 0);
-      for (uint32_t j = tid; j < len; j += NT) {
-        uint32_t r = 0;
-        if (w) {
-          const uint32_t g = j >> 3, k = j & 7;
-          uint64_t acc = 0;
-          for (uint32_t i = 0; i < w; ++i) acc |= (uint64_t)pp[g * w + i] << (8 * i);
-          r = (uint32_t)(acc >> (k * w)) & ((1u << w) - 1);
-        }
-        if (bp) r = (r << 8) | rp[j];
-        y[j] = (uint16_t)(s.y[j] | t.raw_bits(kind, r));
-      }
+      const uint8_t* rp = blk + (coding == kConst ? kBlockHead : s.area_off + s.ab);
+      uint16_t* y = a.y + row * a.n + (uint64_t)b * kBlock;
+      if (kind == kKindE)
+        join_planes<D, kKindE>(s.y, rp, y, len);
+      else
+        join_planes<D, kKindJ>(s.y, rp, y, len);
     }
+  }
+  // The block's checksum terms; the row's last block also covers the padding up to
+  // used. (The offsets are read again here rather than kept in registers through
+  // the decoding: the output stores in between may alias, so the loads stay.)
+  uint64_t cs = 0;
+  {
+    const uint8_t* rin = a.in + (uint64_t)row * a.L;
+    const uint64_t* roff = reinterpret_cast<const uint64_t*>(a.ws + (uint64_t)row * a.ws_row + kWsTab);
+    const uint64_t c0 = roff[b], end = b + 1 == a.nb ? ld64(rin + kOffUsed) : roff[b + 1];
+    for (uint64_t i = c0 + tid; i < end; i += NT) cs += cs_byte(i, rin[i]);
   }
   const uint64_t sum = cta_sum64<NT>(cs, s.red);
   if (tid == 0) {
+    uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
     if (st != kDecOk) atomicOr(reinterpret_cast<unsigned*>(ws + kWsCount), 1u << st);
     if (sum) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsSum), (unsigned long long)sum);
   }
