@@ -159,8 +159,11 @@ def _matmul_fwd(x, w):
 
 def _matmul_bwd(res, g):
   x, w = res
-  return (jnp.dot(g, w.T, preferred_element_type=jnp.float32).astype(x.dtype),
-          jnp.dot(x.T, g, preferred_element_type=jnp.float32).astype(w.dtype))
+  # Contracting dimensions instead of `.T`: XLA:CPU would copy the transposed
+  # weight (a parameter-sized pass) before the dot.
+  dx = lax.dot_general(g, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  dw = lax.dot_general(x, g, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
 matmul.defvjp(_matmul_fwd, _matmul_bwd)

@@ -846,11 +846,10 @@ class _Meter:
     """Median over `reps` calls of the slowest process's time of one call.
 
     Each call starts after a barrier, and each call's time is the largest over
-    the processes: a collective finishes at different times on each process
-    (the last bytes arrive at one of them last), and back-to-back calls timed on
-    one process let a process that finished late start the next call with its
-    peers' data already in flight, which under-counts the wire time (the
-    all-gather link of the first calibrations was 20-50% too fast that way).
+    the processes, as benchmarks/netns_bench.py measures the calls the model is
+    checked against (and as a training step waits for its slowest peer): a
+    collective finishes at different times on each process, and back-to-back
+    calls timed on process 0 alone let the skew of one call leak into the next.
     """
     jax = self.jax
     for _ in range(self.warmup):
