@@ -14,6 +14,14 @@ matplotlib is installed (`pip install -e .[bench]`). Needs root and iproute2.
     sudo .venv/bin/python benchmarks/netns_train.py                 # the measurement
     sudo .venv/bin/python benchmarks/netns_train.py --quick --procs 2 --out /tmp/x   # smoke
 
+By default FSDP and DP train a model large enough that a step moves ~50 MiB per
+device (DEFAULT_ARGS: the wire, not the compute, dominates at 1 Gbit/s); the
+table names every config. `--breakdown` also runs each example on an unshaped
+link and times the codec on one core, and reports where the step time goes:
+C (the raw step without the shaped wire) + wire (bytes / rate) + codec (bytes /
+codec speed), the zipccl / raw ratio that predicts, and the best ratio possible
+when C -> 0.
+
 Timings are only as good as the machine is quiet: other jobs on the same cores
 show up in every variant (interleaving spreads them evenly, medians damp them).
 """
