@@ -271,9 +271,10 @@ _OPTIONS_DOC = """
       transport took, used vs slot bytes, whether the raw rung was taken, the
       codec's count, decode errors. Costs one 4-byte psum per transport and turns
       the 4-byte agreement into an 8-byte all-gather.
-    check_decode: raise (from a `jax.debug.callback`, so the call fails with an
-      error naming the collective) when a received row fails to decode, instead of
-      only returning NaN rows (and counting them in stats). None: on when the
+    check_decode: fail the call's results (a `jax.pure_callback` that the results
+      depend on raises, so `block_until_ready` raises an error naming the
+      collective) when a received row fails to decode, instead of only returning
+      NaN rows (and counting them in stats). Costs one host callback per call. None: on when the
       environment has ZIPCCL_CHECK_DECODE=1. A decode failure means the payload
       was corrupted in transit; the codec itself never produces one."""
 

@@ -104,13 +104,21 @@ def _agree(used, count, axes, want_stats):
   return lax.pmax(used.astype(jnp.int32), axes), jnp.int32(0), 4
 
 
-def _raise_decode_error(where, bad, worst):
+def _raise_decode_error(where, word, bad, worst):
+  """Host side of check_decode: zero of the wire word dtype, or raises.
+
+  A pure_callback (not a debug callback) on purpose: its error fails this call's
+  results, which the caller sees at block_until_ready, and nothing else. A failing
+  jax.debug.callback stays in JAX's runtime tokens and re-raises at every later
+  effects barrier and at interpreter exit.
+  """
   if int(bad):
     from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
     raise RuntimeError(
         f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode (status "
         f"{int(worst)}: {_codec.decode_error_message(int(worst))}); they hold NaN "
         "(all-one bits). The payload was corrupted in transit.")
+  return np.zeros((), word)
 
 
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where=""):
@@ -152,7 +160,13 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     status = jnp.where(recvs, status, 0)
   bad = jnp.sum(status != 0).astype(jnp.int32)
   if check:
-    jax.debug.callback(functools.partial(_raise_decode_error, where), bad, jnp.max(status))
+    # y ^ zero: the results depend on the check (zero comes from the host at run
+    # time, so XLA cannot fold it away) and fail with its error; one pass over y.
+    word = dtypes.info(dtype).word
+    zero = jax.pure_callback(functools.partial(_raise_decode_error, where, word),
+                             jax.ShapeDtypeStruct((), word), bad, jnp.max(status),
+                             vmap_method="sequential")
+    y = unbits(bits(y) ^ zero, dtype)
   errors = jnp.int32(0)
   if want_stats:
     errors = lax.psum(bad, axes)
