@@ -390,4 +390,7 @@ def test_calibrate_across_two_processes_agrees(tmp_path):
   cal = cm.Calibration.from_json(files[0])
   assert cal.n_peers == 2 and cal.meta["process_count"] == 2
   dec = [json.loads((tmp_path / f"decisions{i}.json").read_text()) for i in range(2)]
+  # Every call is timed after a barrier as the slowest process's time (process 1
+  # sleeps 50 ms per call): both processes get the same median, >= 50 ms.
+  assert dec[0]["skewed_s"] == dec[1]["skewed_s"] >= 0.05, dec
   assert dec[0] == dec[1] and dec[0]["agree"] is True
