@@ -237,8 +237,9 @@ def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:
 
 
 def _chunked(rows, plan, run):
-  """Runs run(rows[:, a:b], chunk_plan) -> (y, part) for every chunk of the plan
-  and concatenates the received chunks along the row: (y[R', m], parts).
+  """Runs run(rows[:, a:b], chunk_plan, after) -> (y, part) for every chunk of the
+  plan (after: the previous compressed chunk's rung, None for the first) and
+  concatenates the received chunks along the row: (y[R', m], parts).
 
   The chunks are transports in program order: chunk k+1's encode depends on
   nothing of chunk k, so a scheduler that overlaps independent ops may run it
