@@ -224,11 +224,17 @@ def test_fit_alpha_beta():
 def test_chunks_model_overlap():
   cal = _cal(link_gbit=2, enc_GBps=2.5, dec_GBps=2.5)
   serial = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=1)
-  piped = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4)
+  piped = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4,
+                        overlap=1.0)
   assert piped < serial
   # Overlap makes compression pay on a link where the serial transport does not.
   assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=1)[0] is False
-  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8)[0] is True
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8, overlap=1.0)[0] is True
+  # Without overlap (XLA:CPU, measured: the default of a "cpu" calibration) chunks
+  # only add latencies.
+  assert cal.platform == "cpu" and cm.overlap_fraction(cal) == 0.0
+  assert cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4) > serial
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8)[0] is False
   # Raw is not pipelined: chunks only changes the compressed time.
   assert cm.model_time("psum", "bfloat16", 2**20, 2, cal, None, chunks=4) == \
       cm.model_time("psum", "bfloat16", 2**20, 2, cal, None, chunks=1)
@@ -384,4 +390,7 @@ def test_calibrate_across_two_processes_agrees(tmp_path):
   cal = cm.Calibration.from_json(files[0])
   assert cal.n_peers == 2 and cal.meta["process_count"] == 2
   dec = [json.loads((tmp_path / f"decisions{i}.json").read_text()) for i in range(2)]
+  # Every call is timed after a barrier as the slowest process's time (process 1
+  # sleeps 50 ms per call): both processes get the same median, >= 50 ms.
+  assert dec[0]["skewed_s"] == dec[1]["skewed_s"] >= 0.05, dec
   assert dec[0] == dec[1] and dec[0]["agree"] is True
