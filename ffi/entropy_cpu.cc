@@ -4,9 +4,10 @@
 // Format: docs/format.md ("Entropy codec (codec id 2)") and entropy_format.h. This
 // file is the reference a CUDA port must reproduce byte for byte.
 //
-// Speed: a block's 8 bit streams are decoded interleaved (5 symbols per 64-bit
-// refill, one 2048-entry table lookup per symbol), so the latency of one stream's
-// lookup chain hides behind the others. Rows of >= kParallelMinElems elements are
+// Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
+// refill in a 2048-entry table whose entries hold up to 2 symbols: about 1.9
+// symbols a lookup on Gaussian data), so the latency of one stream's lookup
+// chain hides behind the others. Rows of >= kParallelMinElems elements are
 // split across threads by whole blocks.
 #include "entropy_cpu.h"
 
@@ -61,24 +62,9 @@ inline bool have_fast_isa() {
 constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is faster
 constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
-constexpr uint32_t kSymsPerRefill = 5;  // 5 * 11 = 55 <= 57 bits valid after a refill
-// Decode table entries (DecScratch::tab): the code length in bits [0, 4), the
-// symbol's value bits from bit 7 on (the mantissa field is >= 7 bits wide), so
-// the sum of 5 entries holds the 5 lengths (<= 55) in bits [0, 7).
-constexpr uint32_t kLenMask = 15;
-constexpr uint32_t kSumMask = 127;
-static_assert(kMaxLen <= kLenMask && kSymsPerRefill * kMaxLen <= kSumMask, "entry layout");
-
-// A 16-bit store the compiler cannot merge with its neighbours (GCC otherwise
-// assembles a refill's 5 stores into one 64-bit word with shifts and ORs: 4 extra
-// instructions a symbol in the hottest loop).
-inline void store16(uint16_t* p, uint32_t v) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  asm("movw %w1, %0" : "=m"(*p) : "r"(v));
-#else
-  *p = (uint16_t)v;
-#endif
-}
+constexpr uint32_t kSymsPerRefill = 5;  // lookups per refill: 5 * 11 = 55 <= 57 valid bits
+constexpr uint32_t kLenMask = 15;       // a decode entry's length field (DecScratch::pair)
+static_assert(kMaxLen <= kLenMask, "entry layout");
 
 // Hides a value's constness from the optimizer (keeps it in a register).
 inline void opaque(uint32_t& v) {
@@ -213,6 +199,24 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
+#if EZ_X86
+// bf16 kind E join, 16 elements a step (AVX2): raw byte r = s << 7 | m becomes the
+// word (r | r << 8) & 0x807F (s to bit 15, m to bits 0..6), OR-ed with the
+// symbols' bits. Returns the elements done (a multiple of 16).
+EZ_TARGET_FAST uint32_t or_raw_bf16e_fast(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
+                                          uint16_t keep) {
+  const __m256i k16 = _mm256_set1_epi16((short)keep), m = _mm256_set1_epi16((short)0x807F);
+  uint32_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m256i r = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j)));
+    const __m256i raw = _mm256_and_si256(_mm256_or_si256(r, _mm256_slli_epi16(r, 8)), m);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, k16), raw));
+  }
+  return j;
+}
+#endif
+
 // y[j] = (sv[j] & keep) | the raw bits of element j, for j < len (sv may be y).
 // keep clears what a decoded symbol entry holds besides the symbol's value bits
 // (its code length, in bits that the raw bits own: see DecScratch::tab).
@@ -224,7 +228,11 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
   if (!w) {
-    for (uint32_t j = 0; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
+    uint32_t j = 0;
+#if EZ_X86
+    if constexpr (Fast && K == kKindE && D == kBF16) j = or_raw_bf16e_fast(in, len, sv, y, keep);
+#endif
+    for (; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
@@ -289,17 +297,144 @@ EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const
 // ---------------------------------------------------------------------------------
 // Block encoder.
 
+// code_lengths (entropy_format.h, the normative package-merge) computed the same
+// way with less work and latency per item: sentinels instead of bounds selects,
+// the merge candidates carried in registers (below), a running
+// count of the leaves taken instead of a recount per level, and the lengths from
+// those counts by a difference array. Same leaves order, same lists, same result
+// (tests/test_entropy.py compares whole encodings with the reference).
+struct PMFast {
+  uint32_t leaf_w[kMaxAlphabet + 3];
+  uint32_t pk[kMaxAlphabet + 3];           // package weights of the list being built
+  uint16_t leaf_sym[kMaxAlphabet];
+  uint32_t w[2][2 * kMaxAlphabet];         // the previous and the current list's weights
+  uint16_t cl[kMaxLen][2 * kMaxAlphabet];  // level L: leaves among its first o + 1 items
+  uint32_t d[kMaxAlphabet + 1];
+};
+
+EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t* len, PMFast& s) {
+  uint32_t k = 0;
+  for (uint32_t a = 0; a < A; ++a) {
+    len[a] = 0;
+    const uint32_t c = counts[a];
+    if (c) {
+      uint32_t i = k++;
+      while (i > 0 && s.leaf_w[i - 1] > c) {
+        s.leaf_w[i] = s.leaf_w[i - 1];
+        s.leaf_sym[i] = s.leaf_sym[i - 1];
+        --i;
+      }
+      s.leaf_w[i] = c;
+      s.leaf_sym[i] = (uint16_t)a;
+    }
+  }
+  if (k < 2) return k;
+  // Weights stay below 2^16 * 11 (far below the sentinel).
+  constexpr uint32_t kInf = 0x3FFFFFFFu;
+  s.leaf_w[k] = s.leaf_w[k + 1] = s.leaf_w[k + 2] = kInf;
+  uint32_t* prev = s.w[0];
+  for (uint32_t i = 0; i < k; ++i) prev[i] = s.leaf_w[i];
+  uint32_t size = k;
+  for (uint32_t L = 1; L < kMaxLen; ++L) {
+    const uint32_t np = size / 2;  // an unpaired last item is in no package
+    uint32_t* const pk = s.pk;
+    for (uint32_t j = 0; j < np; ++j) pk[j] = prev[2 * j] + prev[2 * j + 1];
+    pk[np] = pk[np + 1] = pk[np + 2] = kInf;
+    const uint32_t total = (L == kMaxLen - 1 && 2 * k - 2 < k + np) ? 2 * k - 2 : k + np;
+    uint32_t* cur = s.w[L & 1];
+    uint16_t* cl = s.cl[L];
+    // The merge keeps the next two candidates of each list in registers: the
+    // loads for step o + 1 are issued from the positions before step o's choice,
+    // so a step's dependency chain is a compare and a few selects, not a load
+    // (the latency that bounds a plain merge).
+    const uint32_t* const lwp = s.leaf_w;
+    uint32_t i = 0, j = 0;
+    uint32_t lw = lwp[0], lw1 = lwp[1], pw = pk[0], pw1 = pk[1];
+    for (uint32_t o = 0; o < total; ++o) {
+      const bool take_leaf = lw <= pw;
+      cur[o] = take_leaf ? lw : pw;
+      const uint32_t lw2 = lwp[i + 2], pw2 = pk[j + 2];
+      i += take_leaf;
+      j += !take_leaf;
+      cl[o] = (uint16_t)i;
+      lw = take_leaf ? lw1 : lw;
+      lw1 = take_leaf ? lw2 : lw1;
+      pw = take_leaf ? pw : pw1;
+      pw1 = take_leaf ? pw1 : pw2;
+    }
+    prev = cur;
+    size = total;
+  }
+  for (uint32_t i = 0; i <= k; ++i) s.d[i] = 0;
+  uint32_t t = 2 * k - 2;
+  for (int L = (int)kMaxLen - 1; L >= 0 && t > 0; --L) {
+    const uint32_t c = L == 0 ? t : s.cl[L][t - 1];  // list 0 is the leaves
+    s.d[c]++;  // leaves [0, c) get one more bit
+    t = 2 * (t - c);
+  }
+  uint32_t run = 0;
+  for (uint32_t i = k; i-- > 0;) {
+    run += s.d[i + 1];
+    len[s.leaf_sym[i]] = (uint8_t)run;
+  }
+  return k;
+}
+
 struct EncScratch {
-  PMScratch pm;
+  PMFast pm;
   uint16_t sym[kBlock];              // J symbols (exponent << 1 | sign) of the block
-  uint16_t cnt[4][kMaxAlphabet];     // histogram lanes (<= 1024 per lane)
+  uint16_t cnt[4][kMaxAlphabet];     // histogram lanes (<= 1024 per lane); zero between blocks
   uint32_t c[2][kMaxAlphabet];       // [kind] counts
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
-  uint16_t code[kMaxAlphabet];
+  uint8_t nibs[2][kMaxAlphabet / 2 + 8];  // [kind] code-length nibble stream
   uint64_t ccode[kMaxAlphabet];      // [J symbol] code (u64: OR-ed from memory)
   uint8_t clen[kMaxAlphabet];        // [J symbol] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
+  uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
 };
+
+// An MSB-first bit writer: codes are shifted into a 64-bit accumulator and
+// counted; a flush after every <= 5 codes (<= 55 bits + < 8 pending bits fit)
+// stores the pending bits at the top of 8 big-endian bytes and advances by
+// whole bytes. The flush only reads acc (the bits above the pending ones shift
+// out of the stored word), so the accumulator's dependency chain is one shift
+// and one OR a code.
+struct BitWriter {
+  uint64_t acc;
+  uint32_t nacc;
+  uint8_t* bp;
+  EZ_INLINE void init(uint8_t* p) {
+    acc = 0;
+    nacc = 0;
+    bp = p;
+  }
+  EZ_INLINE void flush() {
+    store_be64(bp, acc << (63 - nacc) << 1);  // two shifts: nacc may be 0
+    bp += nacc >> 3;
+    nacc &= 7;
+  }
+  // Bits written since p (the init pointer).
+  EZ_INLINE uint32_t bits_since(const uint8_t* p) const { return (uint32_t)(bp - p) * 8 + nacc; }
+};
+
+// Appends the nbits bits of src (MSB first from src[0]; src readable and zero
+// for 16 bytes past nbits / 8) at bit `at` of dst, whose bits past `at` are
+// zero. Writes bytes [at / 8, at / 8 + 8 * ceil((at % 8 + nbits) / 64)).
+EZ_INLINE void append_bits(uint8_t* dst, uint32_t at, const uint8_t* src, uint32_t nbits) {
+  uint8_t* d = dst + at / 8;
+  const uint32_t sh = at & 7;
+  const uint32_t nbytes = (sh + nbits + 7) / 8;
+  if (!sh) {
+    std::memcpy(d, src, (nbits + 7) / 8);
+    return;
+  }
+  uint64_t carry = (uint64_t)d[0] << 56;  // the high sh bits of d[0] are dst's
+  for (uint32_t i = 0; i < nbytes; i += 8) {
+    const uint64_t w = __builtin_bswap64(load64(src + i));
+    store_be64(d + i, carry | (w >> sh));
+    carry = w << (64 - sh);
+  }
+}
 
 // Encodes one block into out (at most max_block_bytes(len) bytes, exactly the
 // returned size written). *raw = the block was stored RAW.
@@ -307,11 +442,16 @@ template <DtypeCode D, bool Fast>
 EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                      bool* raw) {
   constexpr Traits t = traits<D>();
-  constexpr uint32_t AJ = 1u << (t.ebits + 1), AE = 1u << t.ebits;
-  for (int l = 0; l < 4; ++l) std::memset(s.cnt[l], 0, sizeof(uint16_t) * AJ);
-  // Symbols first (a vectorizable pass), then counts in 4 lanes (a run of equal
-  // symbols would otherwise serialize on one counter's store-to-load latency).
-  for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)t.symbol(kKindJ, x[j]);
+  constexpr uint32_t AE = 1u << t.ebits;
+  // Symbols first (a vectorizable pass, with their maximum: 1 + it is the kind-J
+  // sym_end), then counts in 4 lanes (a run of equal symbols would otherwise
+  // serialize on one counter's store-to-load latency).
+  uint16_t mx = 0;  // u16 keeps the max in 16-bit lanes (vpmaxuw)
+  for (uint32_t j = 0; j < len; ++j) {
+    const uint16_t v = (uint16_t)t.symbol(kKindJ, x[j]);
+    s.sym[j] = v;
+    mx = v > mx ? v : mx;
+  }
   uint32_t j = 0;
   for (; j + 8 <= len; j += 8) {
     s.cnt[0][s.sym[j]]++;
@@ -324,36 +464,38 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     s.cnt[3][s.sym[j + 7]]++;
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
-  for (uint32_t a = 0; a < AJ; ++a) s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
-  for (uint32_t e = 0; e < AE; ++e) s.c[kKindE][e] = s.c[kKindJ][2 * e] + s.c[kKindJ][2 * e + 1];
+  uint32_t sym_end[2];
+  sym_end[kKindJ] = mx + 1;
+  sym_end[kKindE] = (mx >> 1) + 1;
+  // Sum the lanes (and clear them for the next block) up to an even bound, so
+  // that kind E's pairs are complete; counts past sym_end are zero.
+  const uint32_t jend2 = 2 * sym_end[kKindE];
+  for (uint32_t a = 0; a < jend2; ++a) {
+    s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
+    s.cnt[0][a] = s.cnt[1][a] = s.cnt[2][a] = s.cnt[3][a] = 0;
+  }
+  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) s.c[kKindE][e] = s.c[kKindJ][2 * e] + s.c[kKindJ][2 * e + 1];
+  (void)AE;
 
   // Candidate sizes in the tie order CONST-E, CONST-J, HUFF-E, HUFF-J, RAW.
   uint32_t best = max_block_bytes(len);
   int best_kind = -1;  // -1 = RAW
   bool best_const = false;
-  uint32_t sym_end[2] = {0, 0}, nib[2] = {0, 0}, area[2] = {0, 0}, one_sym[2] = {0, 0};
-  for (uint32_t kind = 0; kind < 2; ++kind) {
-    const uint32_t A = kind == kKindE ? AE : AJ;
-    for (uint32_t a = A; a-- > 0;)
-      if (s.c[kind][a]) {
-        sym_end[kind] = a + 1;
-        break;
-      }
-    one_sym[kind] = sym_end[kind] - 1;
-  }
+  uint32_t nib[2] = {0, 0}, area[2] = {0, 0}, one_sym[2];
+  for (uint32_t kind = 0; kind < 2; ++kind) one_sym[kind] = sym_end[kind] - 1;
   // Kind J can only pay when the sign is predictable from the exponent: the sign
   // costs at least 1 - |1 - 2p| bits, so J saves at most sum_e |c+ - c-| bits. It
   // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
   // for J halves the code-length work on symmetric data).
   uint32_t imb = 0;
-  for (uint32_t e = 0; e < AE; ++e) {
+  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) {
     const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
     imb += (uint32_t)(d < 0 ? -d : d);
   }
   uint32_t k[2];
-  k[kKindE] = code_lengths(s.c[kKindE], sym_end[kKindE], s.len[kKindE], &s.pm);
+  k[kKindE] = code_lengths_fast(s.c[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
   if (16 * imb >= len) {
-    k[kKindJ] = code_lengths(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], &s.pm);
+    k[kKindJ] = code_lengths_fast(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
   } else {
     k[kKindJ] = 0;
     for (uint32_t a = 0; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
@@ -366,7 +508,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
     for (uint32_t a = 0; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
-    nib[kind] = write_lengths(s.len[kind], sym_end[kind], nullptr);
+    nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
     size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
@@ -396,53 +538,101 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   out[1] = 0;
   st16(out + 2, sym_end[kind]);
   uint8_t* nib_out = out + kHuffHead;
-  write_lengths(s.len[kind], sym_end[kind], nib_out);
-  canonical_codes(s.len[kind], sym_end[kind], s.code);
-  // Indexed by the J symbol (s.sym) for both kinds (entries of absent symbols are
-  // never read).
-  const uint32_t jend = kind == kKindE ? 2 * sym_end[kind] : sym_end[kind];
-  for (uint32_t a = 0; a < jend; ++a) {
-    const uint32_t c = kind == kKindE ? a >> 1 : a;
-    s.ccode[a] = s.code[c];
-    s.clen[a] = s.len[kind][c];
+  std::memcpy(nib_out, s.nibs[kind], nib[kind]);
+  // Canonical codes (entropy_format.h canonical_codes: (length, symbol) order),
+  // written straight into the J-symbol-indexed tables (kind E: both signs).
+  {
+    const uint8_t* ln = s.len[kind];
+    uint32_t nl[kMaxLen + 1] = {0}, next[kMaxLen + 1];
+    for (uint32_t a = 0; a < sym_end[kind]; ++a) nl[ln[a]]++;
+    uint32_t c = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l) {
+      next[l] = c;
+      c = (c + nl[l]) << 1;
+    }
+    for (uint32_t a = 0; a < sym_end[kind]; ++a) {
+      const uint32_t l = ln[a];
+      if (!l) continue;
+      const uint32_t code = next[l]++;
+      if (kind == kKindE) {
+        s.ccode[2 * a] = s.ccode[2 * a + 1] = code;
+        s.clen[2 * a] = s.clen[2 * a + 1] = (uint8_t)l;
+      } else {
+        s.ccode[a] = code;
+        s.clen[a] = (uint8_t)l;
+      }
+    }
   }
 
-  // One MSB-first writer for the 8 streams back to back; a flush after every <= 5
-  // codes (<= 55 bits + < 8 pending bits fit the 64-bit accumulator). Per code:
-  // load the symbol, its length, shift, OR the code from memory, count: separate
-  // length and u64 code arrays avoid unpacking an entry (2 more instructions).
-  uint8_t* bp = s.bits;
-  uint64_t acc = 0;
-  uint32_t nacc = 0;
-  uint32_t before = 0;
-  for (uint32_t st = 0; st < kStreams; ++st) {
-    const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
-    const uint16_t* sp = s.sym + j0;
-    const uint16_t* const se = s.sym + j1;
-    auto push = [&](uint32_t a) {
-      const uint32_t l = s.clen[a];
-      acc = (acc << l) | s.ccode[a];
-      nacc += l;
-    };
-    auto flush = [&]() {
-      store_be64(bp, acc << (64 - nacc));
-      bp += nacc >> 3;
-      nacc &= 7;
-    };
-    for (; se - sp >= (ptrdiff_t)kSymsPerRefill; sp += kSymsPerRefill) {
+  // Per code: load the symbol, its length, shift, OR the code from memory:
+  // separate length and u64 code arrays avoid unpacking an entry.
+  const uint64_t* const ccode = s.ccode;
+  const uint8_t* const clen = s.clen;
+  auto push = [ccode, clen](BitWriter& w, uint32_t a) {
+    const uint32_t l = clen[a];
+    w.acc = (w.acc << l) | ccode[a];
+    w.nacc += l;
+  };
+  uint32_t bits_total;
+  if (len == kBlock) {
+    // Two writers, streams 0..3 into s.bits and 4..7 into s.bits2, advanced in
+    // turn: each accumulator's shift-OR chain (2 cycles a code) overlaps the
+    // other's. Then the second area is appended at the first one's end bit.
+    BitWriter wa, wb;
+    wa.init(s.bits);
+    wb.init(s.bits2);
+    uint32_t before_a = 0, before_b = 0;
+    for (uint32_t st = 0; st < kStreams / 2; ++st) {
+      const uint16_t* sa = s.sym + st * kStreamLen;
+      const uint16_t* sb = s.sym + (st + kStreams / 2) * kStreamLen;
+      constexpr uint32_t groups = kStreamLen / kSymsPerRefill;  // 102, then 2 codes
+      for (uint32_t g = 0; g < groups; ++g, sa += kSymsPerRefill, sb += kSymsPerRefill) {
 #pragma GCC unroll 5
-      for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(sp[i]);
-      flush();
+        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(wa, sa[i]);
+        wa.flush();
+#pragma GCC unroll 5
+        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(wb, sb[i]);
+        wb.flush();
+      }
+      for (uint32_t i = 0; i < kStreamLen - groups * kSymsPerRefill; ++i) {
+        push(wa, sa[i]);
+        push(wb, sb[i]);
+      }
+      wa.flush();
+      wb.flush();
+      const uint32_t now_a = wa.bits_since(s.bits), now_b = wb.bits_since(s.bits2);
+      st16(out + kBlockHead + 2 * st, now_a - before_a);
+      st16(out + kBlockHead + 2 * (st + kStreams / 2), now_b - before_b);
+      before_a = now_a;
+      before_b = now_b;
     }
-    for (; sp < se; ++sp) {
-      push(*sp);
-      flush();
+    // The last flush stored 8 bytes from bp: zeros after the pending bits. Zero
+    // 16 more for append_bits' word reads.
+    std::memset(wb.bp + 8, 0, 16);
+    append_bits(s.bits, before_a, s.bits2, before_b);
+    bits_total = before_a + before_b;
+  } else {
+    BitWriter w;
+    w.init(s.bits);
+    uint32_t before = 0;
+    for (uint32_t st = 0; st < kStreams; ++st) {
+      const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
+      const uint16_t* sp = s.sym + j0;
+      const uint16_t* const se = s.sym + j1;
+      for (; se - sp >= (ptrdiff_t)kSymsPerRefill; sp += kSymsPerRefill) {
+#pragma GCC unroll 5
+        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(w, sp[i]);
+        w.flush();
+      }
+      for (; sp < se; ++sp) push(w, *sp);
+      if (j1 > j0) w.flush();
+      const uint32_t now = w.bits_since(s.bits);
+      st16(out + kBlockHead + 2 * st, now - before);
+      before = now;
     }
-    const uint32_t now = (uint32_t)(bp - s.bits) * 8 + nacc;
-    st16(out + kBlockHead + 2 * st, now - before);
-    before = now;
+    bits_total = before;
   }
-  if (nacc) store_be64(bp, acc << (64 - nacc));
+  (void)bits_total;
   uint8_t* area_out = nib_out + nib[kind];
   std::memcpy(area_out, s.bits, area[kind]);
   write_raw_kind<D, Fast>(kind, x, len, area_out + area[kind]);
@@ -452,18 +642,79 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
 // ---------------------------------------------------------------------------------
 // Block decoder.
 
+// The code lengths of a HUFF block as read by read_lengths (entropy_format.h),
+// bucketed by length: sym[l][0, n[l]) = the symbols of length l in ascending
+// order, i.e. the canonical (length, symbol) order without a sort.
+struct LenBuckets {
+  uint32_t n[kMaxLen + 1];
+  uint16_t sym[kMaxLen + 1][kMaxAlphabet];
+};
+
+// read_lengths with its validation (same results, same -1 cases), writing
+// buckets instead of a length array. Returns the bytes used or -1.
+EZ_INLINE int32_t read_lengths_bucketed(const uint8_t* p, uint32_t avail, uint32_t sym_end, uint32_t A,
+                                        LenBuckets& b) {
+  if (sym_end == 0 || sym_end > A) return -1;
+  for (uint32_t l = 0; l <= kMaxLen; ++l) b.n[l] = 0;
+  uint32_t nn = 0, a = 0, last = 0;  // last = 1 + the last present symbol
+  const uint32_t max_nn = 2 * avail;
+  while (a < sym_end) {
+    if (nn >= max_nn) return -1;
+    const uint32_t v = (p[nn >> 1] >> (4 * (nn & 1))) & 15;
+    ++nn;
+    if (v <= kMaxLen) {
+      if (v) {
+        b.sym[v][b.n[v]++] = (uint16_t)a;
+        last = a + 1;
+      }
+      ++a;
+    } else if (v == 15) {
+      if (nn + 2 > max_nn) return -1;
+      const uint32_t lo = (p[nn >> 1] >> (4 * (nn & 1))) & 15;
+      const uint32_t hi = (p[(nn + 1) >> 1] >> (4 * ((nn + 1) & 1))) & 15;
+      nn += 2;
+      a += (lo | (hi << 4)) + 3;
+    } else {
+      return -1;
+    }
+  }
+  if (a != sym_end || last != sym_end) return -1;
+  if ((nn & 1) && ((p[nn >> 1] >> 4) != 0)) return -1;  // padding nibble must be zero
+  return (int32_t)((nn + 1) / 2);
+}
+
 struct DecScratch {
-  uint8_t len[kMaxAlphabet];
-  uint16_t code[kMaxAlphabet];
-  // Entry = the symbol's value bits | its code length. The value bits of a symbol
-  // are the sign and exponent fields (bits >= 7: bf16 mantissa 7 bits, fp16 10),
-  // so the length (<= 11) fits the low 4 bits, which the raw bits own: an entry
-  // is stored as is and the join masks the length off. A 64-bit shift by the
-  // entry shifts by the length (x86 shift counts are taken mod 64; bit 6 is 0).
-  uint32_t tab[kTableSize];
+  LenBuckets lb;
+  // Pair table, indexed by the next 11 bits of a stream:
+  //   bits [0, 4)   bits the entry consumes (l1, or l1 + l2 when it holds 2 symbols)
+  //   bits [4, 16)  symbol 1's value bits (sign/exponent fields: bf16 bits >= 7, fp16 >= 10)
+  //   bits [16, 20) l1 (the first symbol's own length, for a stream's last symbol)
+  //   bits [20, 32) symbol 2's value bits (zero when the entry holds one symbol)
+  //   bits [32, 64) output advance in bytes (2 or 4)
+  // The low 32 bits are stored as two 16-bit output words; the join masks the
+  // length nibbles off (they sit in bits the raw planes own). A 64-bit shift by
+  // the entry shifts by its length (x86 counts are taken mod 64; bits 4, 5 are 0).
+  uint64_t pair[kTableSize];
+  uint64_t oadd[kMaxAlphabet];  // pair-table build: canonical order (see there)
+  uint8_t olen[kMaxAlphabet + 1];
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
 };
+
+inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// Fills dst[0, cnt) with v, cnt a power of two (runs of 1 and 2 are common). GCC
+// vector types: 32-byte stores where the caller is compiled for AVX2.
+typedef uint64_t u64x4 __attribute__((vector_size(32)));
+EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
+  if (cnt < 4) {
+    dst[0] = v;
+    dst[cnt >> 1] = v;
+    return;
+  }
+  const u64x4 v4 = {v, v, v, v};
+  for (uint32_t i = 0; i < cnt; i += 4) std::memcpy(dst + i, &v4, sizeof v4);
+}
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
@@ -493,8 +744,13 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // HUFF.
   if (size < kHuffHead + rawb) return kDecBadTable;
   const uint32_t sym_end = ld16(blk + 2);
-  const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
-  if (nib < 0 || !canonical_codes(s.len, sym_end, s.code)) return kDecBadTable;
+  LenBuckets& lb = s.lb;
+  const int32_t nib = read_lengths_bucketed(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, lb);
+  if (nib < 0) return kDecBadTable;
+  // The Kraft sum must be exactly 2^11 (a complete code: every index decodes).
+  uint32_t kraft = 0;
+  for (uint32_t l = 1; l <= kMaxLen; ++l) kraft += lb.n[l] << (kMaxLen - l);
+  if (kraft != kTableSize) return kDecBadTable;
   uint32_t start[kStreams + 1];
   start[0] = 0;
   for (uint32_t st = 0; st < kStreams; ++st) {
@@ -510,15 +766,33 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
-  // Entry = the symbol's value bits | code length (DecScratch::tab); the lengths
-  // of a refill's 5 symbols (<= 55) are the low 7 bits of their entries' sum.
-  for (uint32_t a = 0; a < sym_end; ++a) {
-    const uint32_t l = s.len[a];
-    if (!l) continue;
-    const uint32_t e = t.sym_bits(kind, a) | l;
-    uint32_t* dst = s.tab + ((uint32_t)s.code[a] << (kMaxLen - l));
-    const uint32_t cnt = 1u << (kMaxLen - l);
-    for (uint32_t i = 0; i < cnt; ++i) dst[i] = e;
+  // Pair table: symbol s1 (canonical order) owns the 2^(11 - l1) indexes after
+  // its code; inside them the remaining 11 - l1 bits start with the code of each
+  // s2 with l2 <= 11 - l1, in canonical order (2^(11 - l1 - l2) indexes each),
+  // and the indexes after those (longer codes) hold s1 alone.
+  {
+    // Canonical order flattened: each symbol's length and its entry bits as the
+    // second symbol (value bits << 16 + its length + one more output word).
+    uint32_t k = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l)
+      for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
+        s.olen[k] = (uint8_t)l;
+        s.oadd[k] = ((uint64_t)t.sym_bits(kind, lb.sym[l][i]) << 16) + l + (2ull << 32);
+      }
+    uint64_t* dst = s.pair;
+    for (uint32_t i = 0; i < k; ++i) {
+      const uint32_t l1 = s.olen[i], m = kMaxLen - l1;
+      // s.oadd[i] - l1 - 2^33 = value bits << 16; as symbol 1: value bits | l1 | l1 << 16.
+      const uint64_t v = (s.oadd[i] >> 16) & 0xFFFF;
+      const uint64_t b1 = v | l1 | (l1 << 16) | (2ull << 32);
+      uint64_t* const end = dst + (1u << m);
+      for (uint32_t i2 = 0; i2 < k && s.olen[i2] <= m; ++i2) {
+        const uint32_t cnt = 1u << (m - s.olen[i2]);
+        fill64(dst, cnt, b1 + s.oadd[i2]);
+        dst += cnt;
+      }
+      for (; dst < end; ++dst) *dst = b1;
+    }
   }
   // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
   // of <= kMaxLen bits from its start (<= T), so even a corrupt one reads inside
@@ -531,43 +805,63 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     std::memset(s.area + ab, 0, kOverrun);
     p = s.area;
   }
-  const uint32_t* tab = s.tab;
+  const uint64_t* tab = s.pair;
   auto refill = [p](uint32_t q) -> uint64_t { return __builtin_bswap64(load64(p + (q >> 3))) << (q & 7); };
   // The index shift count lives in a register so that BMI2 code shifts with one
   // non-destructive shrx instead of mov + shr.
   uint32_t top = 64 - kMaxLen;
   if (Fast) opaque(top);
-  uint32_t pos[kStreams];
-  for (uint32_t st = 0; st < kStreams; ++st) pos[st] = start[st];
-  uint32_t done = 0;  // symbols decoded per stream so far (full blocks)
+  uint8_t* const out = reinterpret_cast<uint8_t*>(s.sv);
+  uint32_t pos[kStreams], o[kStreams], oend[kStreams];
+  for (uint32_t st = 0; st < kStreams; ++st) {
+    pos[st] = start[st];
+    const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
+    o[st] = 2 * j0;
+    oend[st] = 2 * j1;
+  }
   if (len == kBlock) {
-    constexpr uint32_t rounds = kStreamLen / kSymsPerRefill;
-    for (uint32_t r = 0; r < rounds; ++r) {
-      uint16_t* yr = s.sv + r * kSymsPerRefill;
+    // Rounds of 5 lookups per stream after one refill (5 * 11 = 55 bits <= 57
+    // valid). A round writes <= 10 symbols a stream, so R rounds are safe while
+    // every stream has >= 10 R symbols left. The refill sets bit 0 as a marker
+    // (the window's bit 63 - q % 8 >= 56, never read): after the shifts its
+    // position is the bits consumed.
+    for (;;) {
+      uint32_t left = kStreamLen;
+      for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
+      uint32_t rounds = left / (2 * kSymsPerRefill);
+      if (!rounds) break;
+      for (; rounds; --rounds) {
 #pragma GCC unroll 8
-      for (uint32_t st = 0; st < kStreams; ++st) {
-        const uint32_t q = pos[st];
-        uint64_t buf = refill(q);
-        uint32_t sum = 0;
+        for (uint32_t st = 0; st < kStreams; ++st) {
+          const uint32_t q = pos[st];
+          uint32_t oo = o[st];
+          uint64_t buf = refill(q) | 1;
 #pragma GCC unroll 5
-        for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-          const uint32_t e = tab[buf >> top];
-          buf <<= (e & 63);
-          sum += e;
-          store16(yr + st * kStreamLen + i, e);
+          for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+            const uint64_t e = tab[buf >> top];
+            buf <<= (e & 63);
+            store32(out + oo, (uint32_t)e);
+            oo += (uint32_t)(e >> 32);
+          }
+          pos[st] = q + (uint32_t)__builtin_ctzll(buf);
+          o[st] = oo;
         }
-        pos[st] = q + (sum & kSumMask);
       }
     }
-    done = rounds * kSymsPerRefill;
   }
   for (uint32_t st = 0; st < kStreams; ++st) {
-    const uint32_t j0 = std::min(st * kStreamLen, len), j1 = std::min(j0 + kStreamLen, len);
-    uint32_t q = pos[st];
-    for (uint32_t jj = j0 + done; jj < j1; ++jj) {
-      const uint32_t e = tab[refill(q) >> (64 - kMaxLen)];
-      q += e & kLenMask;
-      s.sv[jj] = (uint16_t)e;
+    uint32_t q = pos[st], oo = o[st];
+    const uint32_t oe = oend[st];
+    while (oe - oo >= 4) {
+      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
+      store32(out + oo, (uint32_t)e);
+      q += (uint32_t)e & kLenMask;
+      oo += (uint32_t)(e >> 32);
+    }
+    if (oo < oe) {
+      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
+      std::memcpy(out + oo, &e, 2);
+      q += (uint32_t)(e >> 16) & kLenMask;
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
@@ -632,7 +926,7 @@ RowStats encode_row_t(const uint16_t* x, uint64_t n, uint8_t* out) {
   // the others write at their worst-case offsets and are moved down afterwards.
   uint64_t cs = 0, cs_end_word = doff / 4;
   par::parallel_for(nt, [&](int t) {
-    std::unique_ptr<EncScratch> s(new EncScratch);
+    std::unique_ptr<EncScratch> s(new EncScratch());  // zeroed: the histogram lanes
     uint8_t* base = out + doff + tb[t] * (uint64_t)max_block_bytes(kBlock);
     uint64_t off = 0, raws = 0;
     for (uint64_t b = tb[t]; b < tb[t + 1]; ++b) {

@@ -64,6 +64,14 @@ def make(dist: str, n: int, dtype, seed: int = 0) -> np.ndarray:
          np.exp2(rng.uniform(-20, 0, (m // 1024, 1)))).reshape(-1)[:n]
   elif dist == "relu":
     x = np.maximum(rng.standard_normal(n), 0)
+  elif dist == "streamskew":
+    # Every third 512-element bit stream spreads its exponents wide (long codes),
+    # the others sit on one exponent (1-bit codes): the 8 streams a block decodes
+    # interleaved end at very different rates (the decoder's round/tail split).
+    m = -(-n // 512) * 512
+    seg = np.arange(m) // 512
+    wide = rng.standard_normal(m) * np.exp2(rng.integers(-30, 12, m).astype(np.float64))
+    x = np.where(seg % 3 == 1, wide, 1.0 + 0.5 * rng.random(m))[:n]
   elif dist == "zeros":
     x = np.zeros(n)
   elif dist == "constant":
@@ -90,7 +98,7 @@ def make(dist: str, n: int, dtype, seed: int = 0) -> np.ndarray:
 
 
 DISTS = ["gauss", "laplace", "student_t3", "gelu", "softmax", "mixscale", "relu", "zeros",
-         "constant", "random_bits", "subnormal", "specials"]
+         "constant", "random_bits", "subnormal", "specials", "streamskew"]
 SIZES = [0, 1, 7, 8, 9, 511, 4095, 4096, 4097, 3 * 4096 + 511]
 
 
@@ -279,7 +287,7 @@ def test_fuzz_corrupted(dtype):
   rng = np.random.default_rng(1234)
   rows = []
   for dist, n in (("gauss", 4096 + 300), ("gelu", 2 * 4096), ("constant", 40), ("zeros", 9000),
-                  ("random_bits", 600), ("softmax", 4096)):
+                  ("random_bits", 600), ("softmax", 4096), ("streamskew", 2 * 4096 + 700)):
     x = make(dist, n, dtype, seed=int(rng.integers(1000)))
     out, _, _, used = native_encode(x)
     rows.append((x, out, used))
@@ -508,3 +516,30 @@ def test_public_encode_rejects_what_the_entropy_codec_does_not_take():
     zc.encode(np.zeros(16, np.float32), codec="entropy")
   with pytest.raises(ValueError, match="codec must be one of"):
     zc.encode(np.zeros(16, np.float32), codec="huffman")
+
+
+# ---- analyze(x, codec="entropy") ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_analyze_with_the_entropy_codec(dtype):
+  """analyze measures the entropy codec through its contract functions: used bytes as
+  the native row encoder reports them, max_nbytes as the static slot, the round trip."""
+  for dist, n in (("gauss", 3 * 4096 + 17), ("random_bits", 5000), ("zeros", 1), ("gauss", 0)):
+    x = make(dist, n, dtype, seed=5)
+    a = zc.analyze(x, codec="entropy")
+    _, status, raws, used = native_encode(x)
+    assert a.codec == "entropy" and a.roundtrip_ok and a.fits and not a.overflow
+    assert a.actual_nbytes == used and a.count == raws
+    assert a.static_nbytes == ent.max_nbytes(dtype, n)
+    assert a.escape_count is None and a.escape_rate is None
+    if n:
+      assert a.ratio == pytest.approx(2 * n / used)
+  assert zc.analyze(make("gauss", 50_000, dtype), codec="entropy").ratio > 1.1
+
+
+def test_analyze_refuses_what_the_codec_does_not_take():
+  with pytest.raises(ValueError, match="codec 'entropy' takes bfloat16, float16, got x of dtype float32"):
+    zc.analyze(np.zeros(8, np.float32), codec="entropy")
+  with pytest.raises(ValueError, match="analyze: codec must be one of"):
+    zc.analyze(np.zeros(8, np.float32), codec="nope")

@@ -1,10 +1,12 @@
 """Command line: `python -m zipccl_jax analyze FILE [FILE...]`.
 
 Prints, for every tensor of .npy, .npz and .safetensors files (bfloat16 included),
-what the zipccl codec does to it: the order-0 entropy bound on the ratio, the
-codec's ratio in actual bytes and in the static size a collective moves (default
-escape capacity), the escape rate, whether the default capacity would overflow, and
-whether the bit-exact round trip holds. The first thing to run on a checkpoint.
+what a codec (`--codec`, any registered one; default the window codec "zipccl")
+does to it: the order-0 entropy bound on the ratio, the codec's ratio in actual
+bytes and in the static size a collective moves (window codec: the default escape
+capacity; other codecs: their max_nbytes row), the escape rate and whether the
+default capacity would overflow (window codec), and whether the bit-exact round
+trip holds. The first thing to run on a checkpoint.
 
 Exit status: 0 all analyzed tensors round-trip; 1 a round trip failed or a tensor
 could not be analyzed; 2 a file is missing, of an unknown kind or malformed (or
@@ -56,14 +58,23 @@ class Row:
   estimated: bool = False   # sampled (--max-elements): sizes estimated for the whole tensor
 
 
-def analyze_tensor(path: str, t: tio.Tensor, max_elements: int) -> Row:
-  """Runs zipccl_jax.analyze on one tensor (subsampled past max_elements)."""
+def analyze_tensor(path: str, t: tio.Tensor, max_elements: int, codec: str = "zipccl") -> Row:
+  """Runs zipccl_jax.analyze(x, codec) on one tensor (subsampled past max_elements).
+
+  A tensor of a dtype the codec does not take is listed as skipped.
+  """
   import zipccl_jax  # imported late: `--help` and file errors stay fast
+  from zipccl_jax._src import registry
 
   row = Row(file=path, name=t.name, dtype=t.dtype, shape=list(t.shape), elements=t.size,
             note=t.note)
   if t.array is None:
     row.skipped = t.skip
+    return row
+  c = registry.get(codec, "--codec")
+  if not c.supports(t.array.dtype):
+    row.skipped = (f"codec {codec!r} takes "
+                   f"{', '.join(np.dtype(d).name for d in c.dtypes)}")
     return row
   x = tio.subsample(t.array, max_elements) if max_elements else t.array.reshape(-1)
   x = np.ascontiguousarray(x)
@@ -73,7 +84,7 @@ def analyze_tensor(path: str, t: tio.Tensor, max_elements: int) -> Row:
                  "use --max-elements")
     return row
   try:
-    a = zipccl_jax.analyze(x)
+    a = zipccl_jax.analyze(x, codec=codec)
   except Exception as e:  # report the tensor, go on with the others
     row.error = f"{type(e).__name__}: {e}"
     return row
@@ -82,8 +93,10 @@ def analyze_tensor(path: str, t: tio.Tensor, max_elements: int) -> Row:
     row.raw_nbytes = int(x.nbytes)
     row.actual_nbytes, row.static_nbytes = a.actual_nbytes, a.static_nbytes
     row.escape_count, row.overflow = a.escape_count, a.overflow
-  else:
+  elif codec == "zipccl":
     _whole_tensor_estimate(row, a, t.size, x.dtype)
+  else:
+    _whole_tensor_estimate_rows(row, a, t.size, x.dtype, c)
   if a.n:
     row.entropy_ratio = a.entropy_ratio
     row.entropy_bits_total = a.entropy_bits * row.elements
@@ -113,6 +126,24 @@ def _whole_tensor_estimate(row: Row, a, n: int, dtype) -> None:
   row.overflow = escapes > codec.default_escape_capacity(n)
 
 
+def _whole_tensor_estimate_rows(row: Row, a, n: int, dtype, c) -> None:
+  """Sizes of the WHOLE tensor (n elements) for a codec other than the window one.
+
+  The sample's coded bytes per element, scaled to n, plus the per-row overhead
+  once: a codec's overhead for m elements is taken as max_nbytes(dtype, m) minus
+  the raw bytes (its worst-case row's header, directory and block heads).
+  """
+  row.estimated = True
+  m, item = a.n, np.dtype(dtype).itemsize
+  over_m = int(c.max_nbytes(dtype, m)) - m * item
+  over_n = int(c.max_nbytes(dtype, n)) - n * item
+  per_elem = max(a.actual_nbytes - over_m, 0) / m
+  row.raw_nbytes = n * item
+  row.actual_nbytes = -(-(over_n + math.ceil(per_elem * n)) // 128) * 128
+  row.static_nbytes = int(c.max_nbytes(dtype, n))
+  row.overflow = a.overflow
+
+
 def total_row(rows: Sequence[Row], label: str) -> Row:
   """The sum over analyzed rows: byte-weighted ratios, escape rate over all elements."""
   done = [r for r in rows if r.roundtrip_ok is not None]
@@ -123,12 +154,13 @@ def total_row(rows: Sequence[Row], label: str) -> Row:
   actual = sum(r.actual_nbytes for r in done)
   static = sum(r.static_nbytes for r in done)
   dtypes = sorted({r.dtype for r in done})
+  has_esc = any(r.escape_rate is not None for r in done)  # the window codec's field
   return Row(
       file="", name=label, dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "-"),
       shape=[], elements=n, analyzed_elements=sum(r.analyzed_elements for r in done),
       entropy_ratio=8 * raw / ent if ent else None, ratio=raw / actual if raw else None,
-      static_ratio=raw / static if raw else None, escape_rate=esc / n if n else None,
-      escape_count=esc, overflow=sum(bool(r.overflow) for r in done) if done else None,
+      static_ratio=raw / static if raw else None,
+      escape_rate=esc / n if n and has_esc else None, escape_count=esc if has_esc else None, overflow=sum(bool(r.overflow) for r in done) if done else None,
       roundtrip_ok=all(r.roundtrip_ok for r in done) if done else None, raw_nbytes=raw,
       actual_nbytes=actual, static_nbytes=static, entropy_bits_total=ent,
       estimated=any(r.estimated for r in done),
@@ -138,8 +170,8 @@ def total_row(rows: Sequence[Row], label: str) -> Row:
 # ---- output ---------------------------------------------------------------------------
 
 _COLUMNS = ("tensor", "dtype", "shape", "elements", "entropy", "zipccl", "static", "escapes",
-            "overflow", "roundtrip")
-_RIGHT = {"elements", "entropy", "zipccl", "static", "escapes"}
+            "overflow", "roundtrip")  # column 5 is named after the codec
+_RIGHT = {3, 4, 5, 6, 7}  # right-aligned column indexes
 
 
 def _fmt_ratio(v: float | None) -> str:
@@ -170,15 +202,21 @@ def _cells(r: Row, is_total: bool = False) -> list[str]:
           _fmt_ratio(r.static_ratio), esc, ovf, rt]
 
 
-def format_table(rows: Sequence[Row], total: Row | None) -> str:
-  """A plain-text table of rows plus a total line."""
+def _ratio_column(codec: str) -> str:
+  # "zipccl" as it always was; "entropy codec" would otherwise read like the bound column
+  return codec if codec == "zipccl" else f"{codec} codec"
+
+
+def format_table(rows: Sequence[Row], total: Row | None, codec: str = "zipccl") -> str:
+  """A plain-text table of rows plus a total line (the ratio column named after `codec`)."""
+  columns = _COLUMNS[:5] + (_ratio_column(codec),) + _COLUMNS[6:]
   body = [_cells(r) for r in rows]
   tot = _cells(total, is_total=True) if total is not None else None
   allrows = body + ([tot] if tot else [])
   # Long messages (skipped/error) span the metric columns: do not size columns by them.
   def spans(c):
     return c[4].startswith(("skipped:", "error:"))
-  widths = [len(h) for h in _COLUMNS]
+  widths = [len(h) for h in columns]
   for c in allrows:
     for i, v in enumerate(c):
       if not (spans(c) and i == 4):
@@ -186,15 +224,15 @@ def format_table(rows: Sequence[Row], total: Row | None) -> str:
 
   def line(c):
     out = []
-    for i, (v, w, h) in enumerate(zip(c, widths, _COLUMNS)):
+    for i, (v, w) in enumerate(zip(c, widths)):
       if spans(c) and i == 4:
         out.append(v)
         break
-      out.append(v.rjust(w) if h in _RIGHT else v.ljust(w))
+      out.append(v.rjust(w) if i in _RIGHT else v.ljust(w))
     return "  ".join(out).rstrip()
 
   sep = "  ".join("-" * w for w in widths)
-  lines = [line(list(_COLUMNS)), sep] + [line(c) for c in body]
+  lines = [line(list(columns)), sep] + [line(c) for c in body]
   if tot:
     lines += [sep, line(tot)]
   return "\n".join(lines)
@@ -213,6 +251,17 @@ _LEGEND = (
     "at the sample's escape rate: per-row overhead counted once, as when it is sent)."
 )
 
+_LEGEND_OTHER = (
+    "entropy: order-0 entropy bound on the ratio; {codec} codec: raw / used bytes of the encoded "
+    "row (the bytes the size-adaptive transport needs); static: raw / max_nbytes (the "
+    "fixed-size row a collective moves without the size ladder); escapes: - (a window-codec "
+    "field); overflow: the row does not fit max_nbytes (TOTAL: how many tensors); "
+    "*: dtype interpreted (see --void2); dtypes the codec does not take are skipped. "
+    "Sampled tensors (--max-elements; 'sampled N' in the elements column): the round trip "
+    "is checked on the sample; ratios are estimates for the WHOLE tensor (the sample's coded "
+    "bytes per element times all its elements, plus the per-row overhead once)."
+)
+
 
 # ---- main -----------------------------------------------------------------------------
 
@@ -221,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m zipccl_jax",
                               description="zipccl_jax: lossless exponent compression tools.")
   sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-  a = sub.add_parser("analyze", help="what the zipccl codec does to the tensors of files",
+  a = sub.add_parser("analyze", help="what a codec does to the tensors of files",
                      description="Analyze every tensor of .npy, .npz and .safetensors files "
                      "(bfloat16, float16, float32; other dtypes are listed as skipped).")
   a.add_argument("files", nargs="+", metavar="FILE", help=".npy, .npz or .safetensors file")
@@ -229,6 +278,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="analyze at most N elements of each tensor, sampled as evenly spaced "
                  "contiguous runs over the whole tensor; ratios are then estimates for the "
                  "whole tensor; 0 = all (default)")
+  a.add_argument("--codec", default="zipccl", metavar="NAME",
+                 help="the codec to measure: a registered codec name, e.g. zipccl (the "
+                 "window codec, default) or entropy (bfloat16 and float16 only)")
   a.add_argument("--json", action="store_true", help="print JSON instead of tables")
   a.add_argument("--void2", choices=("bfloat16", "float16", "skip"), default="bfloat16",
                  help="how to read 2-byte void arrays of .npy/.npz files, which is how "
@@ -286,6 +338,11 @@ def run_analyze(args, out=None, err=None) -> int:
   if args.max_elements < 0:
     print("error: --max-elements must be >= 0", file=err)
     return 2
+  codec = getattr(args, "codec", "zipccl")
+  from zipccl_jax._src import registry  # light: no jax
+  if codec not in registry.names():
+    print(f"error: --codec must be one of {', '.join(registry.names())}, got {codec!r}", file=err)
+    return 2
 
   total = sum(_count(f) for f in args.files)
   enabled = total >= _MANY_TENSORS if args.progress is None else args.progress
@@ -298,7 +355,7 @@ def run_analyze(args, out=None, err=None) -> int:
       failure = None
       try:
         for t in tio.iter_tensors(f, void2=args.void2):
-          rows.append(analyze_tensor(f, t, args.max_elements))
+          rows.append(analyze_tensor(f, t, args.max_elements, codec))
           bar.update(1)
       except tio.TensorFileError as e:
         failure = str(e)
@@ -313,7 +370,7 @@ def run_analyze(args, out=None, err=None) -> int:
   grand = total_row(all_rows, "TOTAL (all files)")
 
   if args.json:
-    doc = {"files": [{"path": f, "error": failure, "tensors": [_row_dict(r) for r in rows],
+    doc = {"codec": codec, "files": [{"path": f, "error": failure, "tensors": [_row_dict(r) for r in rows],
                       "total": _row_dict(tot) if tot else None}
                      for f, rows, tot, failure in per_file],
            "total": _row_dict(grand), "status": status}
@@ -323,12 +380,12 @@ def run_analyze(args, out=None, err=None) -> int:
     for f, rows, tot, failure in per_file:
       print(f"== {f}", file=out)
       if rows:
-        print(format_table(rows, tot), file=out)
+        print(format_table(rows, tot, codec), file=out)
       print(file=out)
     if len(per_file) > 1:
-      print(format_table([], grand), file=out)
+      print(format_table([], grand, codec), file=out)
       print(file=out)
-    print(_LEGEND, file=out)
+    print(_LEGEND if codec == "zipccl" else _LEGEND_OTHER.format(codec=codec), file=out)
   for f, _, _, failure in per_file:
     if failure:
       print(f"error: {failure}", file=err)
