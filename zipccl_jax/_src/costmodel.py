@@ -708,8 +708,8 @@ def fit_alpha_beta(x: Sequence[float], t: Sequence[float]) -> LinkFit:
   the lines through two of the points (and the lines through the origin or flat
   through one point). Such a line ignores one wild point among four, and
   absolute residuals let the largest sizes, which the bandwidth-bound calls of
-  training are like, set the slope. alpha: the median of t - beta x. Both are
-  clamped at >= 0 (a falling line: beta 0, alpha the median time).
+  training are like, set the slope. alpha: the median of t - beta x over the
+  three smallest sizes. Both are clamped at >= 0 (a falling line: beta 0).
 
   A least-squares fit weighted by 1/t, used before, let one slow call at a small
   size (2.8 ms for a 4 KiB row next to 0.5 ms for 64 KiB, on a loaded machine)
@@ -732,7 +732,10 @@ def fit_alpha_beta(x: Sequence[float], t: Sequence[float]) -> LinkFit:
         lines.append((float(t[i] - b * x[i]), b))
   cost = [float(np.sum(np.abs(t - a - b * x))) for a, b in lines]
   beta = max(lines[int(np.argmin(cost))][1], 0.0)
-  alpha = float(np.median(t - beta * x))
+  # alpha from the three smallest sizes, where it is most of the time (a 5%
+  # wobble of a 4 MiB call would swamp a 0.1 ms latency); one of them may be off.
+  small = np.argsort(x, kind="stable")[:3]
+  alpha = float(np.median(t[small] - beta * x[small]))
   return LinkFit(max(alpha, 0.0), beta)
 
 
