@@ -10,6 +10,12 @@ network. For every (processes, link) setting it times
   codecs       None (plain jax.lax; XLA:CPU widens bf16 to f32 on the wire),
                "raw" (uint16 bits through zipccl's transport), "zipccl"
                (policy="always"), and "entropy" when that codec is registered
+  chunks       --chunks 1,auto,4 adds, per compressing codec, the variants
+               "<codec>@auto" and "<codec>@4": the same codec with chunks="auto"
+               / chunks=4 (docs/design.md, "Overlap"); "<codec>" alone is chunks=1,
+               the unchunked program. "@auto" is what the library picks with the
+               calibration of the last link in --links (1 on XLA:CPU, where no
+               overlap was measured, unless ZIPCCL_OVERLAP is set)
   data         gaussian (bf16, sigma 0.02), weights (Student-t(5) tensors of
                64 Ki elements at log-uniform scales 1e-3..0.3), gradients (real
                micro-batch gradients of a small MLP trained a few steps with jax,
@@ -71,6 +77,17 @@ DEFAULT_ROUNDS = 3
 DEFAULT_BUDGET_S = 660
 SMOKE = dict(grid="2:0.5", links=("none", "1"), rounds=2, budget=40)
 _UNSHAPED_GBIT = 24.0     # only for the time estimate of "none"
+
+
+def codec_variant(codec: str | None):
+  """"zipccl@4" -> ("zipccl", 4); "zipccl@auto" -> ("zipccl", "auto"); "zipccl" ->
+  ("zipccl", 1) (the unchunked program); None / "raw" -> (codec, None)."""
+  if codec in (None, "None", "raw"):
+    return (None if codec == "None" else codec), None
+  name, _, ch = codec.partition("@")
+  if not ch:
+    return name, 1
+  return name, ("auto" if ch == "auto" else int(ch))
 
 
 def _log(msg: str) -> None:
@@ -372,7 +389,7 @@ def _worker(cfg, pid, rundir, out):
 
   sync = _Sync(rundir, pid, barrier)
   codecs = [None if c == "None" else c for c in cfg["codecs"]]
-  compress_codecs = [c for c in codecs if c not in (None, "raw")]
+  compress_codecs = sorted({codec_variant(c)[0] for c in codecs if c not in (None, "raw")})
   progress = rundir / "progress"
   done = 0
   total = cfg["total_calls"]
@@ -396,9 +413,14 @@ def _worker(cfg, pid, rundir, out):
                        save=False, activate=False, reuse_codecs=cal)
     out["calibrations"][link] = cal.to_dict()
     wlog(f"calibrated on link {link}")
+  if cal is not None and any(codec_variant(c)[1] == "auto" for c in codecs):
+    cm.set_calibration(cal)   # chunks="auto" asks the model (the last link's numbers)
 
   def body(coll, codec):
-    kw = dict(codec=codec, policy="always")
+    name, chunks = codec_variant(codec)
+    kw = dict(codec=name, policy="always")
+    if chunks is not None:
+      kw["chunks"] = chunks
     if coll == "all_gather":
       return lambda v: zc.compressed_all_gather(v, "dp", tiled=True, **kw)
     if coll == "psum_scatter":
@@ -684,6 +706,9 @@ def launch(args) -> int:
   codecs = [None, "raw"] + collective_codecs()   # "entropy" once the transport moves it
   if args.codecs:
     codecs = [None if c == "None" else c for c in args.codecs.split(",")]
+  codecs = [c for base in codecs for c in ([base] if base in (None, "raw") else
+                                            [base] + [f"{base}@{v}" for v in args.chunks
+                                                      if v != "1"])]
   settings = plan(args, codecs)
   scale = allowances(settings, args.rounds, args.budget, len(args.links))
   est = sum(sum(s["round_s"].values()) * args.rounds for s in settings)
@@ -785,8 +810,13 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
       yes, which = cm.decide(coll, "bfloat16", m, procs, cal, codecs=comp)
       pick = which if yes else "raw"
       row["auto"] = pick
-      row["model"] = {"raw": cm.model_time(coll, "bfloat16", m, procs, cal, None),
-                      **{c: cm.model_time(coll, "bfloat16", m, procs, cal, c) for c in comp}}
+      model = {"raw": cm.model_time(coll, "bfloat16", m, procs, cal, None)}
+      for c in comp:
+        name, ch = codec_variant(c)
+        if name in cal.codecs:
+          k = cm.best_chunks(coll, "bfloat16", m, procs, cal, name) if ch == "auto" else ch
+          model[c] = cm.model_time(coll, "bfloat16", m, procs, cal, name, chunks=k)
+      row["model"] = model
       cand = {c: row["times"][c] for c in ["raw"] + comp if c in row["times"]}
       if pick in cand:
         row["auto_over_best"] = cand[pick] / min(cand.values())
@@ -794,6 +824,7 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
   return dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
               machine=_machine(), net=net_note or "network namespace, tc tbf on its loopback",
               args=dict(grid=args.grid, links=list(args.links), rounds=args.rounds,
+                        chunks=list(getattr(args, "chunks", ("1",))),
                         data=list(args.data), collectives=list(args.collectives),
                         budget=args.budget, smoke=args.smoke, pin=args.pin),
               pinned={str(k): v for k, v in pinned.items()}, codecs=[str(c) for c in codecs],
@@ -944,7 +975,9 @@ def write_report(args, doc) -> None:
   text = "\n".join(lines)
   res = Path(args.out)
   res.mkdir(parents=True, exist_ok=True)
-  stem = f"netns_{doc['date'][:10]}" + ("_smoke" if doc["args"]["smoke"] else "")
+  tag = getattr(args, "tag", "")
+  stem = (f"netns_{doc['date'][:10]}" + (f"_{tag}" if tag else "") +
+          ("_smoke" if doc["args"]["smoke"] else ""))
   (res / f"{stem}.md").write_text(text)
   (res / f"{stem}.json").write_text(json.dumps(doc, indent=1))
   png = plot(res / f"{stem}.png", doc)
@@ -1024,6 +1057,11 @@ def main(argv=None) -> int:
   ap.add_argument("--data", default=",".join(DATA))
   ap.add_argument("--codecs", default=None,
                   help="comma-separated among None,raw,zipccl,entropy (default: all available)")
+  ap.add_argument("--chunks", default="1",
+                  help="comma-separated chunk counts (ints, 'auto') of the compressing codecs: "
+                       "each value v != 1 adds the variant '<codec>@v' (default 1: unchunked only)")
+  ap.add_argument("--tag", default="", help="appended to the report's file name "
+                  "(netns_<date>_<tag>.md)")
   ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
   ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                   help="seconds the measurements may take; rounds are cut to fit")
@@ -1061,6 +1099,12 @@ def main(argv=None) -> int:
         ap.error(f"--links: {link!r} must be a positive number of Gbit/s or 'none'")
   if args.rounds < 1:
     ap.error("--rounds must be >= 1")
+  args.chunks = tuple(x.strip() for x in args.chunks.split(",") if x.strip()) or ("1",)
+  for v in args.chunks:
+    if v != "auto" and not (v.isdigit() and 1 <= int(v) <= 16):
+      ap.error(f"--chunks: {v!r} must be 'auto' or an int in [1, 16]")
+  if args.tag and not args.tag.replace("-", "").replace("_", "").isalnum():
+    ap.error(f"--tag: {args.tag!r} may hold letters, digits, '-' and '_' only")
   return launch(args)
 
 

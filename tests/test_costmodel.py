@@ -232,11 +232,17 @@ def test_fit_alpha_beta():
 def test_chunks_model_overlap():
   cal = _cal(link_gbit=2, enc_GBps=2.5, dec_GBps=2.5)
   serial = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=1)
-  piped = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4)
+  piped = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4,
+                        overlap=1.0)
   assert piped < serial
   # Overlap makes compression pay on a link where the serial transport does not.
   assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=1)[0] is False
-  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8)[0] is True
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8, overlap=1.0)[0] is True
+  # Without overlap (XLA:CPU, measured: the default of a "cpu" calibration) chunks
+  # only add latencies.
+  assert cal.platform == "cpu" and cm.overlap_fraction(cal) == 0.0
+  assert cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4) > serial
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, cal, chunks=8)[0] is False
   # Raw is not pipelined: chunks only changes the compressed time.
   assert cm.model_time("psum", "bfloat16", 2**20, 2, cal, None, chunks=4) == \
       cm.model_time("psum", "bfloat16", 2**20, 2, cal, None, chunks=1)

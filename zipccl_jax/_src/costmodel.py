@@ -437,22 +437,62 @@ def _wire_rows(algo: str, n: int) -> int:
   return 1 if algo == "ppermute" else n - 1
 
 
-def _pipeline(stages: Sequence[float], chunks: int, alpha: float) -> float:
-  """Time of stages run in series over `chunks` pipelined chunks.
+# Overlap of codec and wire between the chunks of a chunked transport, per
+# platform: the fraction of the pipelined ideal it reaches (0 = the chunks run in
+# series, 1 = chunk k+1's encode and chunk k-1's decode hide under chunk k's
+# transfer). XLA:CPU runs them in series: measured with gloo on a shaped link
+# (docs/design.md, "Overlap"; benchmarks/overlap_probe.py). Platforms not listed
+# count as 0 until measured; ZIPCCL_OVERLAP declares a value (`overlap_fraction`).
+MEASURED_OVERLAP = {"cpu": 0.0}
+OVERLAP_ENV_VAR = "ZIPCCL_OVERLAP"
+# chunks="auto" considers these counts (transport.MAX_CHUNKS is the largest), and
+# only chunks of at least MIN_CHUNK_ELEMENTS elements (the transport aligns chunks
+# to 4096 elements).
+CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
+MIN_CHUNK_ELEMENTS = 4096
 
-  chunks = 1 is the serial sum. With k chunks the stages of different chunks
-  overlap: sum/k + (k-1)/k * max (the bottleneck stage runs k times), plus
-  (k-1) extra collective latencies.
+
+def overlap_fraction(calibration: Calibration | None = None) -> float:
+  """The overlap fraction the model assumes for chunked transports, in [0, 1].
+
+  $ZIPCCL_OVERLAP when set (read on every call: it must be the same on every
+  participant, like the calibration), else MEASURED_OVERLAP of the calibration's
+  platform, else 0.
   """
-  total = sum(stages)
+  env = os.environ.get(OVERLAP_ENV_VAR, "").strip()
+  if env:
+    try:
+      v = float(env)
+    except ValueError:
+      v = math.nan
+    if not 0.0 <= v <= 1.0:
+      raise ValueError(f"{OVERLAP_ENV_VAR} must be a number in [0, 1], got {env!r}")
+    return v
+  if calibration is None:
+    return 0.0
+  return MEASURED_OVERLAP.get(calibration.platform, 0.0)
+
+
+def _pipeline(stages: Sequence[float], chunks: int, overlap: float) -> float:
+  """Time of `chunks` chunks that each run `stages` (one chunk's stage times).
+
+  In series: chunks x sum(stages). Pipelined (stages of different chunks
+  overlap): sum(stages) + (chunks - 1) x max(stages), the bottleneck stage runs
+  once per further chunk. The result interpolates with `overlap` in [0, 1]; one
+  chunk is sum(stages) either way.
+  """
+  one = sum(stages)
   if chunks <= 1:
-    return total
-  return total / chunks + (chunks - 1) / chunks * max(stages) + (chunks - 1) * alpha
+    return one
+  serial = chunks * one
+  piped = one + (chunks - 1) * max(stages)
+  return (1.0 - overlap) * serial + overlap * piped
 
 
 def model_time(collective: str, dtype, row_elements: int, n_peers: int,
                calibration: Calibration | None = None, codec: str | None = None, *,
-               chunks: int = 1, agreement: bool = True) -> float:
+               chunks: int = 1, agreement: bool = True,
+               overlap: float | None = None) -> float:
   """Modelled seconds of one collective call (None codec: the raw row transport).
 
   Args:
@@ -463,10 +503,14 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
     n_peers: size of the collective's axis.
     calibration: see `resolve_calibration`.
     codec: a codec name present in the calibration, or None for uncompressed.
-    chunks: pipelined chunks of an overlapped transfer (1 = encode, transfer,
-      decode in series, the transport today).
-    agreement: the compressed path runs one tiny all-reduce before sending (the
-      slot ladder's size agreement / the overflow flag).
+    chunks: chunks of the compressed transport (1 = encode, agree, transfer,
+      decode in series, the unchunked transport). Each chunk pays the codec
+      latencies, the collective's alpha and its own agreement; the raw transport
+      is never chunked.
+    agreement: the compressed path runs one tiny all-reduce per chunk before
+      sending (the slot ladder's size agreement).
+    overlap: fraction of the pipelined ideal the chunks reach, in [0, 1]; None:
+      `overlap_fraction(calibration)` (0 on XLA:CPU, measured).
   """
   fn = "model_time"
   if collective not in COLLECTIVES:
@@ -493,22 +537,68 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
     raise ValueError(f"{fn}: codec {codec!r} has no {dt} numbers in calibration "
                      f"{cal.fingerprint} (codecs: {sorted(cal.codecs)})")
   f = fits[dt]
-  wire_row = compressed_row_bytes(raw_row, f.ratio)
+  if overlap is None:
+    overlap = overlap_fraction(cal)
+  elif not 0.0 <= overlap <= 1.0:
+    raise ValueError(f"{fn}: overlap must be in [0, 1], got {overlap!r}")
+  k = min(chunks, m)
+  raw_chunk = raw_row / k                      # bytes of one chunk of a row
+  wire_row = compressed_row_bytes(math.ceil(raw_chunk), f.ratio)
+  agree = _link(cal, "all_reduce", n)[0] if agreement else 0.0
   for algo, enc_rows, dec_rows in _terms(collective, n):
     a, b = _link(cal, algo, n)
-    enc = f.encode_latency_s + f.encode_s_per_byte * enc_rows * raw_row
-    dec = f.decode_latency_s + f.decode_s_per_byte * dec_rows * raw_row
-    wire = a + b * _wire_rows(algo, n) * wire_row
-    t += _pipeline([enc, wire, dec], chunks, a)
-    if agreement:
-      t += _link(cal, "all_reduce", n)[0]
+    enc = f.encode_latency_s + f.encode_s_per_byte * enc_rows * raw_chunk
+    dec = f.decode_latency_s + f.decode_s_per_byte * dec_rows * raw_chunk
+    wire = agree + a + b * _wire_rows(algo, n) * wire_row
+    t += _pipeline([enc, wire, dec], k, overlap)
   return t
+
+
+def best_chunks(collective: str, dtype, row_elements: int, n_peers: int,
+                calibration: Calibration | str | os.PathLike | None = None,
+                codec: str = "zipccl", *, overlap: float | None = None,
+                max_chunks: int = CHUNK_CANDIDATES[-1]) -> int:
+  """chunks="auto": the chunk count with the lowest modelled time of a compressed call.
+
+  Static (shapes, calibration, overlap), so identical on every participant. A
+  count must beat one chunk by more than 1% (the model's noise), and chunks hold
+  at least MIN_CHUNK_ELEMENTS elements. With no overlap (XLA:CPU, measured) every
+  extra chunk only adds latencies, so the answer is 1.
+
+  Args:
+    collective, dtype, row_elements, n_peers, calibration: as `model_time`.
+    codec: the codec the call compresses with; a codec or dtype the calibration
+      lacks gives 1.
+    overlap: as `model_time` (None: `overlap_fraction`).
+    max_chunks: the largest count considered.
+
+  Returns:
+    An int in CHUNK_CANDIDATES, at most max_chunks.
+  """
+  fn = "best_chunks"
+  m = _check_int(fn, "row_elements", row_elements, 0)
+  n = _check_int(fn, "n_peers", n_peers, 1)
+  _check_int(fn, "max_chunks", max_chunks, 1)
+  cal = resolve_calibration(calibration)
+  dt = _dtype_name(fn, dtype)
+  if n == 1 or m == 0 or dt not in cal.codecs.get(codec, {}):
+    return 1
+  best, best_t = 1, model_time(collective, dt, m, n, cal, codec, overlap=overlap)
+  limit = best_t * 0.99
+  for k in CHUNK_CANDIDATES[1:]:
+    if k > max_chunks or m // k < MIN_CHUNK_ELEMENTS:
+      break
+    t = model_time(collective, dt, m, n, cal, codec, chunks=k, overlap=overlap)
+    if t < limit and t < best_t:
+      best, best_t = k, t
+  return best
 
 
 def decide(collective: str, dtype, row_elements: int, n_peers: int,
            calibration: Calibration | str | os.PathLike | None = None,
            codecs: Iterable[str] | None = None, *, chunks: int = 1,
-           margin: float = DEFAULT_MARGIN) -> tuple[bool, str | None]:
+           margin: float = DEFAULT_MARGIN,
+           overlap: float | None = None) -> tuple[bool, str | None]:
   """Whether to compress one collective call, and with which codec.
 
   Static: a pure function of its arguments (shapes and the calibration's
@@ -523,8 +613,9 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
     calibration: a Calibration, a path, or None (see `resolve_calibration`).
     codecs: candidate codec names (default: every codec the calibration has);
       names the calibration lacks are skipped.
-    chunks: pipelined chunks of an overlapped transfer (1 = serial).
+    chunks: chunks of the compressed transport (1 = unchunked; see `model_time`).
     margin: compress only when the compressed time is below (1 - margin) x raw.
+    overlap: as `model_time` (None: `overlap_fraction`, 0 on XLA:CPU).
 
   Returns:
     (True, codec) for the fastest codec when it beats raw by the margin,
@@ -559,7 +650,7 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
   raw = model_time(collective, dt, m, n, cal, None, chunks=chunks)
   best, best_t = None, math.inf
   for c in names:
-    t = model_time(collective, dt, m, n, cal, c, chunks=chunks)
+    t = model_time(collective, dt, m, n, cal, c, chunks=chunks, overlap=overlap)
     if t < best_t:
       best, best_t = c, t
   if best_t < (1.0 - margin) * raw:
@@ -641,7 +732,8 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
             codec: str | None = None, link_gbit: float | None = None,
             alpha_s: float | None = None, encode_GBps: float | None = None,
             decode_GBps: float | None = None, link_efficiency: float = 1.0,
-            chunks: int = 1, margin: float = DEFAULT_MARGIN) -> list[ProjectionRow]:
+            chunks: int = 1, margin: float = DEFAULT_MARGIN,
+            overlap: float | None = None) -> list[ProjectionRow]:
   """Modelled raw vs compressed times on other clusters: where compression pays.
 
   One row per (collective, n_hosts, message size). `message_bytes` is the raw
@@ -674,8 +766,9 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
         elems = max(mb // _ITEMSIZE[dt], 1)
         m = elems if coll in ("all_gather", "ppermute") else max(elems // h, 1)
         raw = model_time(coll, dt, m, h, cal, None, chunks=chunks)
-        comp = model_time(coll, dt, m, h, cal, codec, chunks=chunks)
-        yes, _ = decide(coll, dt, m, h, cal, (codec,), chunks=chunks, margin=margin)
+        comp = model_time(coll, dt, m, h, cal, codec, chunks=chunks, overlap=overlap)
+        yes, _ = decide(coll, dt, m, h, cal, (codec,), chunks=chunks, margin=margin,
+                        overlap=overlap)
         rows.append(ProjectionRow(coll, h, mb, raw, comp, codec, yes))
   return rows
 
