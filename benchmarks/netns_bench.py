@@ -10,6 +10,12 @@ network. For every (processes, link) setting it times
   codecs       None (plain jax.lax; XLA:CPU widens bf16 to f32 on the wire),
                "raw" (uint16 bits through zipccl's transport), "zipccl"
                (policy="always"), and "entropy" when that codec is registered
+  chunks       --chunks 1,auto,4 adds, per compressing codec, the variants
+               "<codec>@auto" and "<codec>@4": the same codec with chunks="auto"
+               / chunks=4 (docs/design.md, "Overlap"); "<codec>" alone is chunks=1,
+               the unchunked program. "@auto" is what the library picks with the
+               calibration of the last link in --links (1 on XLA:CPU, where no
+               overlap was measured, unless ZIPCCL_OVERLAP is set)
   data         gaussian (bf16, sigma 0.02), weights (Student-t(5) tensors of
                64 Ki elements at log-uniform scales 1e-3..0.3), gradients (real
                micro-batch gradients of a small MLP trained a few steps with jax,
@@ -71,6 +77,17 @@ DEFAULT_ROUNDS = 3
 DEFAULT_BUDGET_S = 660
 SMOKE = dict(grid="2:0.5", links=("none", "1"), rounds=2, budget=40)
 _UNSHAPED_GBIT = 24.0     # only for the time estimate of "none"
+
+
+def codec_variant(codec: str | None):
+  """"zipccl@4" -> ("zipccl", 4); "zipccl@auto" -> ("zipccl", "auto"); "zipccl" ->
+  ("zipccl", 1) (the unchunked program); None / "raw" -> (codec, None)."""
+  if codec in (None, "None", "raw"):
+    return (None if codec == "None" else codec), None
+  name, _, ch = codec.partition("@")
+  if not ch:
+    return name, 1
+  return name, ("auto" if ch == "auto" else int(ch))
 
 
 def _log(msg: str) -> None:
@@ -283,10 +300,20 @@ def plan(args, codecs) -> list[dict]:
   return out
 
 
+def _cal_link_bytes(mibs) -> list:
+  """Row sizes the calibration times the links at: 4 KiB..4 MiB and the largest
+  message of the grid (up to 16 MiB). A per-call time grows faster than linearly
+  past the 4 MiB rows (host copies leave the caches): a link fitted on rows up to
+  4 MiB under-estimated the 16 MiB cells by 15-29% at 10 Gbit/s."""
+  sizes = [2**12, 2**16, 2**20, 2**22]
+  top = min(int(max(mibs) * 2**20), 2**24)
+  return sizes + [top] if top > sizes[-1] else sizes
+
+
 def fixed_s(setting: dict, n_links: int) -> float:
   """Estimated time of a setting outside the timed calls: start-up, calibration
   (codecs once, the link on every link) and, per size, data + 15 compilations."""
-  return 10 + 8 + 5 * n_links + 15 * len(setting["mibs"])
+  return 10 + 8 + 10 * n_links + 15 * len(setting["mibs"])
 
 
 def allowances(settings, rounds: int, budget_s: float, n_links: int) -> float:
@@ -362,7 +389,7 @@ def _worker(cfg, pid, rundir, out):
 
   sync = _Sync(rundir, pid, barrier)
   codecs = [None if c == "None" else c for c in cfg["codecs"]]
-  compress_codecs = [c for c in codecs if c not in (None, "raw")]
+  compress_codecs = sorted({codec_variant(c)[0] for c in codecs if c not in (None, "raw")})
   progress = rundir / "progress"
   done = 0
   total = cfg["total_calls"]
@@ -386,9 +413,14 @@ def _worker(cfg, pid, rundir, out):
                        save=False, activate=False, reuse_codecs=cal)
     out["calibrations"][link] = cal.to_dict()
     wlog(f"calibrated on link {link}")
+  if cal is not None and any(codec_variant(c)[1] == "auto" for c in codecs):
+    cm.set_calibration(cal)   # chunks="auto" asks the model (the last link's numbers)
 
   def body(coll, codec):
-    kw = dict(codec=codec, policy="always")
+    name, chunks = codec_variant(codec)
+    kw = dict(codec=name, policy="always")
+    if chunks is not None:
+      kw["chunks"] = chunks
     if coll == "all_gather":
       return lambda v: zc.compressed_all_gather(v, "dp", tiled=True, **kw)
     if coll == "psum_scatter":
@@ -576,8 +608,8 @@ def run_setting(args, net: Net, setting: dict, codecs, scale: float, bar: _Bar, 
              links=list(args.links), collectives=list(args.collectives), data=list(args.data),
              codecs=[str(c) for c in codecs], rounds=args.rounds, round_s=setting["round_s"],
              round_scale=scale, total_calls=total, deadline=deadline,
-             cal_codec_bytes=[2**14, 2**18] if args.smoke else [2**16, 2**20, 2**22],
-             cal_link_bytes=[2**12, 2**16] if args.smoke else [2**12, 2**16, 2**20, 2**22])
+             cal_codec_bytes=[2**14, 2**18] if args.smoke else [2**16, 2**20, 2**22, 2**24],
+             cal_link_bytes=[2**12, 2**16] if args.smoke else _cal_link_bytes(setting["mibs"]))
   (rundir / "cfg.json").write_text(json.dumps(cfg))
   cores = os.cpu_count() or 1
   pin = args.pin == "on" or (args.pin == "auto" and n_proc <= cores)
@@ -674,6 +706,9 @@ def launch(args) -> int:
   codecs = [None, "raw"] + collective_codecs()   # "entropy" once the transport moves it
   if args.codecs:
     codecs = [None if c == "None" else c for c in args.codecs.split(",")]
+  codecs = [c for base in codecs for c in ([base] if base in (None, "raw") else
+                                            [base] + [f"{base}@{v}" for v in args.chunks
+                                                      if v != "1"])]
   settings = plan(args, codecs)
   scale = allowances(settings, args.rounds, args.budget, len(args.links))
   est = sum(sum(s["round_s"].values()) * args.rounds for s in settings)
@@ -775,8 +810,13 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
       yes, which = cm.decide(coll, "bfloat16", m, procs, cal, codecs=comp)
       pick = which if yes else "raw"
       row["auto"] = pick
-      row["model"] = {"raw": cm.model_time(coll, "bfloat16", m, procs, cal, None),
-                      **{c: cm.model_time(coll, "bfloat16", m, procs, cal, c) for c in comp}}
+      model = {"raw": cm.model_time(coll, "bfloat16", m, procs, cal, None)}
+      for c in comp:
+        name, ch = codec_variant(c)
+        if name in cal.codecs:
+          k = cm.best_chunks(coll, "bfloat16", m, procs, cal, name) if ch == "auto" else ch
+          model[c] = cm.model_time(coll, "bfloat16", m, procs, cal, name, chunks=k)
+      row["model"] = model
       cand = {c: row["times"][c] for c in ["raw"] + comp if c in row["times"]}
       if pick in cand:
         row["auto_over_best"] = cand[pick] / min(cand.values())
@@ -784,6 +824,7 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
   return dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
               machine=_machine(), net=net_note or "network namespace, tc tbf on its loopback",
               args=dict(grid=args.grid, links=list(args.links), rounds=args.rounds,
+                        chunks=list(getattr(args, "chunks", ("1",))),
                         data=list(args.data), collectives=list(args.collectives),
                         budget=args.budget, smoke=args.smoke, pin=args.pin),
               pinned={str(k): v for k, v in pinned.items()}, codecs=[str(c) for c in codecs],
@@ -894,8 +935,9 @@ def write_report(args, doc) -> None:
         within = sum(abs(e) <= 0.15 for e in errs)
         lines.append(f"- model vs measured time, {c}: median error "
                      f"{statistics.median(errs) * 100:+.0f}%, median |error| "
-                     f"{statistics.median(abs(e) for e in errs) * 100:.0f}%, within 15% in "
-                     f"{within} of {len(errs)} cells")
+                     f"{statistics.median(abs(e) for e in errs) * 100:.0f}%, largest |error| "
+                     f"{max(abs(e) for e in errs) * 100:.0f}%, within 15% in "
+                     f"{within} of {len(errs)} cells (per cell: 'model err' columns below)")
     lines += ["", "| procs | link | fitted bandwidth (all_gather) | alpha all_gather | "
               "encode GB/s | decode GB/s | ratio assumed |", "|---|---|---:|---:|---:|---:|---:|"]
     for key, c in sorted(doc["calibrations"].items()):
@@ -912,6 +954,7 @@ def write_report(args, doc) -> None:
   hdr = ["procs", "link", "MiB", "collective", "data", "rounds"] + [f"{c} ms" for c in codecs]
   hdr += [f"{c} x raw" for c in codecs if c != "raw"] + [f"{c} bytes" for c in comp]
   hdr += [f"model {c} x raw" for c in comp] + ["auto", "auto/best"]
+  hdr += [f"model err {c}" for c in ["raw"] + comp]
   lines += ["## All cells", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
   for r in doc["rows"]:
     v = [str(r["procs"]), _link_name(r["link"]), f"{r['mib']:g}", r["collective"], r["data"],
@@ -923,13 +966,18 @@ def write_report(args, doc) -> None:
     mod = r.get("model", {})
     v += [f"{mod[c] / mod['raw']:.2f}" if c in mod and mod.get("raw") else "" for c in comp]
     v += [r.get("auto", ""), f"{r['auto_over_best']:.2f}" if "auto_over_best" in r else ""]
+    # (model time / measured time - 1) of each variant: the calibrated model's error
+    v += [f"{(mod[c] / r['times'][c] - 1) * 100:+.0f}%" if c in mod and r["times"].get(c)
+          else "" for c in ["raw"] + comp]
     lines.append("| " + " | ".join(v) + " |")
   cmd = "sudo python benchmarks/netns_bench.py" + (" --smoke" if doc["args"]["smoke"] else "")
   lines += ["", f"Reproduce: `{cmd}` (arguments: {json.dumps(doc['args'])})", ""]
   text = "\n".join(lines)
   res = Path(args.out)
   res.mkdir(parents=True, exist_ok=True)
-  stem = f"netns_{doc['date'][:10]}" + ("_smoke" if doc["args"]["smoke"] else "")
+  tag = getattr(args, "tag", "")
+  stem = (f"netns_{doc['date'][:10]}" + (f"_{tag}" if tag else "") +
+          ("_smoke" if doc["args"]["smoke"] else ""))
   (res / f"{stem}.md").write_text(text)
   (res / f"{stem}.json").write_text(json.dumps(doc, indent=1))
   png = plot(res / f"{stem}.png", doc)
@@ -1009,6 +1057,11 @@ def main(argv=None) -> int:
   ap.add_argument("--data", default=",".join(DATA))
   ap.add_argument("--codecs", default=None,
                   help="comma-separated among None,raw,zipccl,entropy (default: all available)")
+  ap.add_argument("--chunks", default="1",
+                  help="comma-separated chunk counts (ints, 'auto') of the compressing codecs: "
+                       "each value v != 1 adds the variant '<codec>@v' (default 1: unchunked only)")
+  ap.add_argument("--tag", default="", help="appended to the report's file name "
+                  "(netns_<date>_<tag>.md)")
   ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
   ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                   help="seconds the measurements may take; rounds are cut to fit")
@@ -1046,6 +1099,12 @@ def main(argv=None) -> int:
         ap.error(f"--links: {link!r} must be a positive number of Gbit/s or 'none'")
   if args.rounds < 1:
     ap.error("--rounds must be >= 1")
+  args.chunks = tuple(x.strip() for x in args.chunks.split(",") if x.strip()) or ("1",)
+  for v in args.chunks:
+    if v != "auto" and not (v.isdigit() and 1 <= int(v) <= 16):
+      ap.error(f"--chunks: {v!r} must be 'auto' or an int in [1, 16]")
+  if args.tag and not args.tag.replace("-", "").replace("_", "").isalnum():
+    ap.error(f"--tag: {args.tag!r} may hold letters, digits, '-' and '_' only")
   return launch(args)
 
 

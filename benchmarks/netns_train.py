@@ -14,6 +14,14 @@ matplotlib is installed (`pip install -e .[bench]`). Needs root and iproute2.
     sudo .venv/bin/python benchmarks/netns_train.py                 # the measurement
     sudo .venv/bin/python benchmarks/netns_train.py --quick --procs 2 --out /tmp/x   # smoke
 
+By default FSDP and DP train a model large enough that a step moves ~50 MiB per
+device (DEFAULT_ARGS: the wire, not the compute, dominates at 1 Gbit/s); the
+table names every config. `--breakdown` also runs each example on an unshaped
+link and times the codec on one core, and reports where the step time goes:
+C (the raw step without the shaped wire) + wire (bytes / rate) + codec (bytes /
+codec speed), the zipccl / raw ratio that predicts, and the best ratio possible
+when C -> 0.
+
 Timings are only as good as the machine is quiet: other jobs on the same cores
 show up in every variant (interleaving spreads them evenly, medians damp them).
 """
@@ -24,8 +32,11 @@ import datetime
 import json
 import os
 import platform
+import re
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -36,7 +47,19 @@ import launch  # noqa: E402
 EXAMPLES = {"dp": "train_dp.py", "moe": "train_moe.py", "fsdp": "train_fsdp.py"}
 # Step counts of the default run: enough steps after the 3 warm-up ones for a
 # median, few enough for the whole grid to fit in ~8 minutes on 2 cores.
-DEFAULT_STEPS = {"dp": 25, "moe": 25, "fsdp": 25}
+DEFAULT_STEPS = {"dp": 12, "moe": 25, "fsdp": 12}
+# The models measured by default (replaced by --<example>-args). FSDP and DP: the
+# byte-level transformer at width 1024, 2 blocks (25.5 M parameters, 51 MB of bf16
+# weights or gradients per step and direction) on 1 x 32 tokens per device, so
+# that a step moves ~50 MiB per device and the wire, not the compute, dominates
+# at 1 Gbit/s, as in FSDP / DP training of a large model over a slow link. MoE:
+# the example's own config (its all-to-alls carry activations, ~10 bytes per
+# token and width per layer; see the breakdown for why it stays compute-bound).
+DEFAULT_ARGS = {
+    "fsdp": "--d-model 1024 --layers 2 --heads 8 --seq-len 32 --batch-per-device 1",
+    "dp": "--d-model 1024 --layers 2 --heads 8 --seq-len 32 --batch-per-device 1",
+    "moe": "",
+}
 
 
 def _cpu_name() -> str:
@@ -49,40 +72,101 @@ def _cpu_name() -> str:
   return platform.processor() or platform.machine()
 
 
+def parse_rate(rate: str) -> float | None:
+  """A tc rate ("1gbit", "500mbit", "125mbps") in bytes per second; None for none/host."""
+  m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(bit|bps)\s*", rate.lower())
+  if not m:
+    return None
+  scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2)]
+  return float(m.group(1)) * scale / (8 if m.group(3) == "bit" else 1)
+
+
+def measure_codec_speed(core: int | None) -> dict:
+  """Encode / decode throughput of the window codec on one core (raw bytes per second).
+
+  A child process (taskset to `core`, ZIPCCL_NUM_THREADS=1, like a pinned
+  worker) times `encode_rows` / `decode_rows` of one Gaussian bf16 row of 8 Mi
+  elements (16 MiB, the size of the examples' large rows); medians of 5 calls.
+  """
+  code = textwrap.dedent("""
+      import json, statistics, time
+      import jax, jax.numpy as jnp, numpy as np
+      jax.config.update("jax_platforms", "cpu")
+      from zipccl_jax._src import codec
+      n = 8 << 20
+      x = jnp.asarray((np.random.default_rng(0).standard_normal((1, n)) * 0.02)
+                      .astype(jnp.bfloat16))
+      enc = jax.jit(codec.encode_rows)
+      dec = jax.jit(lambda p: codec.decode_rows(p, n, jnp.bfloat16))
+      def med(f, a):
+        jax.block_until_ready(f(a))
+        ts = []
+        for _ in range(5):
+          t = time.perf_counter(); jax.block_until_ready(f(a)); ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+      p, _ = enc(x)
+      print(json.dumps(dict(encode_Bps=2 * n / med(enc, x), decode_Bps=2 * n / med(dec, p))))
+  """)
+  cmd = [sys.executable, "-c", code]
+  if core is not None:
+    cmd = ["taskset", "-c", str(core)] + cmd
+  env = dict(os.environ, ZIPCCL_NUM_THREADS="1", JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300)
+  if r.returncode:
+    raise RuntimeError(f"codec speed measurement failed: {r.stderr[-2000:]}")
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_grid(args) -> list:
   rows = []
   tmp = Path(tempfile.mkdtemp(prefix="netns_train"))
   for nproc in args.procs:
     for ex in args.examples:
-      out = tmp / f"{ex}_{nproc}.json"
-      cmd = [sys.executable, str(ROOT / "examples" / EXAMPLES[ex]), "--json", str(out),
-             "--log-every", "0", "--warmup-steps", str(args.warmup)]
-      cmd += ["--quick"] if args.quick else []
-      if args.calibrate and ex != "fsdp":
-        cmd += ["--calibrate"]
-      if args.codecs:
-        cmd += ["--codecs", args.codecs.replace("auto", "") if ex == "fsdp" else args.codecs]
-      steps = args.steps or (None if args.quick else DEFAULT_STEPS[ex])
-      cmd += ["--steps", str(steps)] if steps else []
-      cmd += args.extra.get(ex, [])
-      print(f"== {ex}, {nproc} processes, {args.rate}: {' '.join(cmd[1:])}", flush=True)
-      t0 = time.monotonic()
-      try:
-        launch.launch(cmd, nproc, netns=None if args.rate == "host" else args.rate, pin=args.pin, deadline_s=args.deadline,
-                      logdir=tmp / f"{ex}_{nproc}", echo=args.verbose, cwd=str(ROOT))
-        res = json.loads(out.read_text())
-        res.update(procs=nproc, wall_s=time.monotonic() - t0, error=None)
-      except launch.LaunchError as e:
-        res = dict(example=f"train_{ex}", procs=nproc, wall_s=time.monotonic() - t0,
-                   error=str(e)[-2000:], ok=False, variants={})
-        print(f"   FAILED: {str(e)[-1500:]}", flush=True)
+      res = run_one(args, tmp, ex, nproc, args.rate, args.codecs, args.steps)
+      if args.breakdown and res["variants"]:
+        # The same model, data and pinning on an unshaped link: the step without
+        # (most of) the wire time, raw and zipccl.
+        steps = args.steps or (None if args.quick else DEFAULT_STEPS[ex])
+        steps = None if steps is None else max(args.warmup + 5, steps // 2)
+        res["unshaped"] = run_one(args, tmp, ex, nproc, "none", "zipccl,raw", steps,
+                                  tag="_none")
       rows.append(res)
-      if res["variants"]:
-        print("   " + ", ".join(f"{k} {v['median_ms']:.1f} ms" for k, v in
-                                  res["variants"].items())
-              + f"; bit-identical: {'yes' if res['ok'] else 'NO'}; {res['wall_s']:.0f} s",
-              flush=True)
   return rows
+
+
+def run_one(args, tmp: Path, ex: str, nproc: int, rate: str, codecs, steps, tag="") -> dict:
+  out = tmp / f"{ex}_{nproc}{tag}.json"
+  cmd = [sys.executable, str(ROOT / "examples" / EXAMPLES[ex]), "--json", str(out),
+         "--log-every", "0", "--warmup-steps", str(args.warmup)]
+  cmd += ["--quick"] if args.quick else []
+  if args.calibrate and ex != "fsdp" and not tag:
+    cmd += ["--calibrate"]
+  if codecs:
+    cmd += ["--codecs", ",".join(c for c in codecs.split(",")
+                                 if c != "auto" or ex != "fsdp")]
+  if steps is None and not tag:
+    steps = None if args.quick else DEFAULT_STEPS[ex]
+  cmd += ["--steps", str(steps)] if steps else []
+  cmd += args.extra.get(ex, [])
+  print(f"== {ex}, {nproc} processes, {rate}: {' '.join(cmd[1:])}", flush=True)
+  t0 = time.monotonic()
+  try:
+    launch.launch(cmd, nproc, netns=None if rate == "host" else rate, pin=args.pin,
+                  deadline_s=args.deadline, logdir=tmp / f"{ex}_{nproc}{tag}",
+                  echo=args.verbose, cwd=str(ROOT))
+    res = json.loads(out.read_text())
+    res.update(procs=nproc, wall_s=time.monotonic() - t0, error=None)
+  except launch.LaunchError as e:
+    res = dict(example=f"train_{ex}", procs=nproc, wall_s=time.monotonic() - t0,
+               error=str(e)[-2000:], ok=False, variants={})
+    print(f"   FAILED: {str(e)[-1500:]}", flush=True)
+  if res["variants"]:
+    print("   " + ", ".join(f"{k} {v['median_ms']:.1f} ms" for k, v in
+                              res["variants"].items())
+          + f"; bit-identical: {'yes' if res['ok'] else 'NO'}; {res['wall_s']:.0f} s",
+          flush=True)
+  return res
 
 
 def _ratio(res, a, b, key="median_ms"):
@@ -142,19 +226,89 @@ def report(rows, args, stem: str) -> str:
           f"{_ratio(r, 'zipccl', 'raw', 'wire_bytes_mean')} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
+  if any(r.get("unshaped") for r in rows):
+    lines += breakdown(rows, args)
   lines += ["Configs (per example): " + "; ".join(
       f"{r.get('example')}: " + ", ".join(f"{k}={v}" for k, v in r.get("config", {}).items()
                                          if k in ("steps", "seq_len", "d_model", "layers",
                                                   "heads", "batch_per_device", "d_ff",
                                                   "experts_per_device"))
       for r in rows if r["procs"] == args.procs[0] and not r.get("error")), ""]
+  model_args = "".join(f" --{ex}-args '{' '.join(args.extra[ex])}'" for ex in args.examples
+                       if args.extra.get(ex) and " ".join(args.extra[ex]) != DEFAULT_ARGS[ex])
   lines += [f"Reproduce: `sudo .venv/bin/python benchmarks/netns_train.py --rate {args.rate} "
-            f"--procs {','.join(map(str, args.procs))}"
+            f"--procs {','.join(map(str, args.procs))} --examples {','.join(args.examples)}"
+            f"{' --steps ' + str(args.steps) if args.steps else ''} --warmup {args.warmup}"
+            f"{model_args}"
             f"{' --quick' if args.quick else ''}{' --pin' if args.pin else ''}"
             f"{' --codecs ' + args.codecs if args.codecs else ''}"
-            f"{' --calibrate' if args.calibrate else ''}`"
-            f" (whole grid: {sum(r['wall_s'] for r in rows):.0f} s)", ""]
+            f"{' --calibrate' if args.calibrate else ''}"
+            f"{' --breakdown' if args.breakdown else ''}"
+            f"{' --name ' + args.name if args.name else ''}`"
+            f" (whole grid: {sum(r['wall_s'] + (r.get('unshaped') or {}).get('wall_s', 0) for r in rows):.0f} s)", ""]
   return "\n".join(lines)
+
+
+def breakdown_row(r: dict, rate_Bps: float, speed: dict) -> dict | None:
+  """The simple model of one example's step: compute + wire + codec (seconds).
+
+  C = the raw step on the unshaped link; wire = bytes every process sends per
+  step (the tbf rate is shared by all of them) / the rate; codec = this
+  process's encoded / decoded bytes per step over the measured codec speeds.
+  """
+  u = r.get("unshaped") or {}
+  v, uv = r.get("variants", {}), u.get("variants", {})
+  if not all(k in v for k in ("zipccl", "raw")) or not all(k in uv for k in ("zipccl", "raw")):
+    return None
+  nproc = r["procs"]
+  c_raw, c_zip = uv["raw"]["median_ms"] / 1e3, uv["zipccl"]["median_ms"] / 1e3
+  w_raw = nproc * v["raw"]["sent_bytes"] / rate_Bps
+  w_zip = nproc * v["zipccl"]["sent_bytes"] / rate_Bps
+  cb = v["zipccl"].get("codec_bytes") or {}
+  codec = cb.get("encoded", 0) / speed["encode_Bps"] + cb.get("decoded", 0) / speed["decode_Bps"]
+  pred_raw, pred_zip = c_raw + w_raw, c_raw + w_zip + codec
+  return dict(c_raw=c_raw, c_zip=c_zip, w_raw=w_raw, w_zip=w_zip, codec=codec,
+              enc_bytes=cb.get("encoded", 0), dec_bytes=cb.get("decoded", 0),
+              pred_raw=pred_raw, pred_zip=pred_zip, pred_ratio=pred_zip / pred_raw,
+              meas_ratio=v["zipccl"]["median_ms"] / v["raw"]["median_ms"],
+              bound=(w_zip + codec) / w_raw, unshaped_extra=c_zip - c_raw)
+
+
+def breakdown(rows, args) -> list:
+  """Markdown lines: where each example's step time goes, and the speed-up to expect."""
+  rate = parse_rate(args.rate)
+  speed = args.codec_speed
+  if rate is None or not speed:
+    return ["(no breakdown: the link rate or the codec speed is unknown)", ""]
+  lines = ["## Where the step time goes", "",
+           f"C = the step with codec='raw' on an unshaped link (same processes, pinning, model "
+           "and data): compute, optimizer, copies and the fast loopback transfer. wire = bytes "
+           f"all processes send per step / {args.rate} (the tbf rate is shared by all "
+           "processes; compiled HLO, smallest rung for zipccl). codec = raw bytes one process "
+           "encodes / encode speed + bytes it decodes / decode speed (the zipccl FFI calls of "
+           f"the compiled step; speed of one pinned core measured just before: encode "
+           f"{speed['encode_Bps'] / 1e9:.2f} GB/s, decode {speed['decode_Bps'] / 1e9:.2f} GB/s). "
+           "predicted raw = C + wire raw; predicted zipccl = C + wire zipccl + codec; bound = "
+           "(wire zipccl + codec) / wire raw, the best zipccl / raw can be when C -> 0. "
+           "'unshaped zipccl - raw' = the measured cost of compressing on the fast link "
+           "(codec, its extra copies, the size agreement). Speed-up = raw / zipccl.", "",
+           "| example | procs | C ms | wire raw ms | wire zipccl ms | codec MiB enc/dec | codec ms "
+           "| unshaped zipccl - raw ms | predicted raw ms | predicted zipccl ms | predicted "
+           "zipccl / raw | measured zipccl / raw | bound | predicted speed-up | measured "
+           "speed-up |", "|---|---:|" + "---:|" * 13]
+  for r in rows:
+    b = breakdown_row(r, rate, speed)
+    if b is None:
+      continue
+    r["breakdown"] = b
+    lines.append(
+        f"| {r.get('example')} | {r['procs']} | {1e3 * b['c_raw']:.0f} | {1e3 * b['w_raw']:.0f} "
+        f"| {1e3 * b['w_zip']:.0f} | {b['enc_bytes'] / 2**20:.1f}/{b['dec_bytes'] / 2**20:.1f} "
+        f"| {1e3 * b['codec']:.0f} | {1e3 * b['unshaped_extra']:.0f} | "
+        f"{1e3 * b['pred_raw']:.0f} | {1e3 * b['pred_zip']:.0f} | {b['pred_ratio']:.3f} | "
+        f"{b['meas_ratio']:.3f} | {b['bound']:.3f} | {1 / b['pred_ratio']:.2f}x | "
+        f"{1 / b['meas_ratio']:.2f}x |")
+  return lines + [""]
 
 
 def plot(rows, args, path: Path) -> bool:
@@ -207,35 +361,53 @@ def main(argv=None) -> int:
                   help="train_dp/train_moe calibrate on the shaped link first (for 'auto')")
   ap.add_argument("--codecs", help="variants, e.g. zipccl,raw,lax,auto (default: the "
                   "examples' zipccl,raw,lax; train_fsdp.py has no auto)")
+  ap.add_argument("--breakdown", action="store_true",
+                  help="also run every example on an unshaped link (zipccl, raw; half the "
+                       "steps) and measure the codec's speed on one core, and report where "
+                       "the step time goes (compute, wire, codec) and the speed-up to expect")
   ap.add_argument("--deadline", type=float, default=300, help="seconds per launch (default 300)")
   ap.add_argument("--out", help="directory for the results (default benchmarks/results)")
+  ap.add_argument("--name", default="", metavar="SUFFIX",
+                  help="appended to the results' file stem train_<date> (e.g. _p4), so that "
+                       "two runs of one day keep both tables")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")
   for ex in EXAMPLES:
-    ap.add_argument(f"--{ex}-args", default="", metavar="ARGS",
-                    help=f"extra arguments for train_{ex}.py (one string)")
+    ap.add_argument(f"--{ex}-args", default=DEFAULT_ARGS[ex], metavar="ARGS",
+                    help=f"model arguments for train_{ex}.py (one string; default "
+                         f"{DEFAULT_ARGS[ex]!r}; --quick ignores the default)")
   args = ap.parse_args(argv)
   args.procs = [int(p) for p in args.procs.split(",")]
   args.examples = [e.strip() for e in args.examples.split(",")]
   if any(e not in EXAMPLES for e in args.examples) or min(args.procs) < 1:
     ap.error(f"--examples must name some of {list(EXAMPLES)}; --procs must be positive")
   args.extra = {ex: getattr(args, f"{ex}_args").split() for ex in EXAMPLES}
+  if args.quick:   # the examples' tiny configs, unless given explicitly
+    args.extra = {ex: [] if getattr(args, f"{ex}_args") == DEFAULT_ARGS[ex] else v
+                  for ex, v in args.extra.items()}
   if os.geteuid() != 0 and args.rate != "host":
     print("netns_train: needs root (ip netns, tc); or pass --rate host", file=sys.stderr)
     return 2
+  args.codec_speed = None
+  if args.breakdown:
+    args.codec_speed = measure_codec_speed(launch._cores()[0] if args.pin else None)
+    print(f"codec speed, one core: encode {args.codec_speed['encode_Bps'] / 1e9:.2f} GB/s, "
+          f"decode {args.codec_speed['decode_Bps'] / 1e9:.2f} GB/s", flush=True)
   rows = run_grid(args)
   out = Path(args.out) if args.out else ROOT / "benchmarks" / "results"
   out.mkdir(parents=True, exist_ok=True)
-  stem = f"train_{datetime.date.today()}"
+  stem = f"train_{datetime.date.today()}{args.name}"
   text = report(rows, args, stem)
   (out / f"{stem}.md").write_text(text)
   (out / f"{stem}.json").write_text(json.dumps(dict(rate=args.rate, procs=args.procs, pin=args.pin,
-                                                    rows=rows), indent=1))
+                                                    codec_speed=args.codec_speed, rows=rows),
+                                               indent=1))
   wrote = [f"{stem}.md", f"{stem}.json"]
   if plot(rows, args, out / f"{stem}.png"):
     wrote.append(f"{stem}.png")
   print("\n" + text)
   print(f"wrote {', '.join(str(out / w) for w in wrote)}")
-  return 0 if rows and all(r["ok"] for r in rows) else 1
+  return 0 if rows and all(r["ok"] and (r.get("unshaped") or {}).get("ok", True)
+                          for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -155,6 +156,72 @@ def _stats_leaves(stats) -> list:
           for path, s in leaves if is_stats(s)]
 
 
+_CODEC_CALL_RE = re.compile(r'custom_call_target="zipccl_(\w+?)_(encode|decode)"')
+_COMP_HEADER_RE = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$")
+
+
+def codec_bytes(hlo_text: str) -> dict:
+  """Raw bytes the codec calls of a compiled step encode and decode, on the common path.
+
+  Reads the zipccl FFI custom calls (`zipccl_<codec>_encode` / `_decode`) of the
+  HLO text; a slot ladder's `lax.switch` has a decode in every rung, so only the
+  first branch of each conditional is followed (the smallest rung; any compressed
+  rung decodes the same rows). Encoded bytes = the encode operand (the raw rows),
+  decoded bytes = the decode's first result (the rows it writes).
+
+  Returns:
+    {"encoded": bytes, "decoded": bytes, "encode_calls": count, "decode_calls": count}.
+  """
+  comps, entry, cur = {}, None, None
+  for line in hlo_text.splitlines():
+    m = _COMP_HEADER_RE.match(line)
+    if m:
+      cur = m.group(2)
+      comps[cur] = []
+      entry = cur if m.group(1) else entry
+    elif cur is not None and line.strip() == "}":
+      cur = None
+    elif cur is not None and "=" in line:
+      comps[cur].append(line)
+  out = {"encoded": 0, "decoded": 0, "encode_calls": 0, "decode_calls": 0}
+
+  def first_array_bytes(text: str) -> int:
+    from zipccl_jax._src.hlo import _shape_bytes   # the HLO parser's shape sizes
+    m = re.search(r"\b(?:pred|[suf]\d+|bf16)\[[\d,]*\]", text)
+    return _shape_bytes(m.group(0)) if m else 0
+
+  def walk(comp, seen):
+    if comp in seen or comp not in comps:
+      return
+    seen = seen | {comp}
+    for line in comps[comp]:
+      m = _CODEC_CALL_RE.search(line)
+      if m:
+        rhs = line.split("=", 1)[1]
+        if m.group(2) == "encode":
+          ops = re.search(r"operand_layout_constraints=\{(.*?)\}\s*,", line)
+          out["encoded"] += first_array_bytes(ops.group(1) if ops else "")
+          out["encode_calls"] += 1
+        else:
+          out["decoded"] += first_array_bytes(rhs)
+          out["decode_calls"] += 1
+      b = re.search(r"branch_computations=\{([^}]*)\}", line)
+      if b:
+        walk(re.findall(r"%([\w.\-]+)", b.group(1))[0], seen)
+        continue
+      f = re.search(r"false_computation=%([\w.\-]+)", line)
+      if f:
+        walk(f.group(1), seen)
+        continue
+      for key in ("calls", "to_apply", "body", "condition"):
+        for sub in re.findall(key + r"=%([\w.\-]+)", line):
+          walk(sub, seen)
+
+  if entry is not None:
+    walk(entry, frozenset())
+  return out
+
+
 @dataclasses.dataclass
 class Variant:
   """One codec variant of a training step, ready to run."""
@@ -164,6 +231,7 @@ class Variant:
   compile_s: float
   sent: float             # bytes one device sends per step, no fallback (HLO model)
   sent_fallback: float    # ... when every fallback fires
+  codec: dict = dataclasses.field(default_factory=dict)   # codec_bytes() of the step
   losses: list = dataclasses.field(default_factory=list)
   times: list = dataclasses.field(default_factory=list)
   wire: list = dataclasses.field(default_factory=list)      # stats.wire_bytes per step
@@ -176,8 +244,10 @@ def compile_variant(label: str, jitted, state, batch) -> Variant:
   t0 = time.perf_counter()
   compiled = jitted.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
-  hlo = zipccl_jax.hlo_wire_bytes(compiled.as_text())
-  return Variant(label, compiled, state, compile_s, hlo.common_sent, hlo.fallback_sent)
+  text = compiled.as_text()
+  hlo = zipccl_jax.hlo_wire_bytes(text)
+  return Variant(label, compiled, state, compile_s, hlo.common_sent, hlo.fallback_sent,
+                 codec_bytes(text))
 
 
 def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None:
@@ -229,7 +299,7 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         p75_ms=1e3 * float(np.percentile(t, 75)), min_ms=1e3 * float(t.min()),
         compile_s=v.compile_s, sent_bytes=v.sent, sent_bytes_fallback=v.sent_fallback,
         wire_bytes_mean=float(np.mean(v.wire)), fallback_steps=v.fell_back,
-        fallbacks=v.fallbacks,
+        fallbacks=v.fallbacks, codec_bytes=v.codec,
         losses=[float(x) for x in words[0, j].view(np.float32)],
         step_ms=[1e3 * float(x) for x in slowest[j]])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}

@@ -70,14 +70,19 @@ def test_cuda_module_compiles_without_spills(cuda_build):
   # The entropy codec's kernels (cuda/entropy.cu): bf16 and fp16, and a dtype-free finalize.
   want |= {f"{k}<{d}> sm_90" for k in ("ent_encode_kernel", "ent_encode_finalize", "ent_decode_rows",
                                        "ent_decode_blocks") for d in ("BF16", "F16")}
-  want.add("ent_decode_finalize sm_90")
+  want |= {"ent_decode_finalize sm_90", "ent_encode_tail sm_90"}
   assert want <= set(usage), f"ptxas -v did not report every kernel; got {sorted(usage)}"
   for name, u in sorted(usage.items()):
     assert u.get("stack") == 0 and u.get("spill_stores") == 0 and u.get("spill_loads") == 0, (name, u)
     # The register cap __launch_bounds__ sets (cuda/codec.cu, min_ctas): 65536 / (threads x CTAs).
     m = re.search(r"<(\w+),G=(\d)>", name)
-    # ent_encode_kernel: 256 threads x 4 CTAs, ent_decode_blocks: 128 x 8 (cuda/entropy.cu): 64 as well.
+    # cuda/entropy.cu: ent_encode_kernel 256 threads x 6 CTAs (42 -> 40), ent_decode_blocks 128 x 7 (73 -> 72);
+    # the other kernels (no min CTAs) 64.
     cap = 64 if not m else 65536 // ((256 // int(m.group(2))) * MIN_CTAS[m.group(1), int(m.group(2))])
+    if name.startswith("ent_encode_kernel<"):
+      cap = 40
+    elif name.startswith("ent_decode_blocks<"):
+      cap = 72
     assert 0 < u.get("registers", 0) <= cap, (name, u, cap)
 
 

@@ -92,6 +92,63 @@ def test_the_identity_check_sees_a_difference():
   assert diff["checks"]["zipccl_first_loss_difference"] == "step 2: 0x3fc00000 vs 0x3fc00001"
 
 
+def test_codec_bytes_counts_the_common_path_of_the_compiled_step():
+  """harness.codec_bytes reads the encode/decode FFI calls of the compiled HLO.
+
+  A compressed psum of m = 3 x 4096 bf16 elements per device over 4 devices:
+  its reduce-scatter encodes 4 rows of m/4 and decodes the 4 that arrive, its
+  all-gather encodes 1 row of m/4 and decodes 4; each slot-ladder switch has a
+  decode in every rung but one rung runs (only the first is counted). raw
+  encodes nothing.
+  """
+  import harness
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import AxisType, PartitionSpec as P
+
+  import zipccl_jax
+  mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4])
+  m = 3 * 4096
+
+  def compiled(codec):
+    f = jax.jit(jax.shard_map(
+        lambda v: zipccl_jax.compressed_psum(v, "d", codec=codec, policy="always"),
+        mesh=mesh, in_specs=P("d"), out_specs=P()))
+    x = jax.device_put(jnp.ones(4 * m, jnp.bfloat16), jax.NamedSharding(mesh, P("d")))
+    return f.lower(x).compile().as_text()
+
+  row = 2 * m // 4                                   # bytes of one bf16 row
+  assert harness.codec_bytes(compiled("zipccl")) == {
+      "encoded": 4 * row + row, "decoded": 4 * row + 4 * row, "encode_calls": 2,
+      "decode_calls": 2}
+  assert harness.codec_bytes(compiled("raw")) == {
+      "encoded": 0, "decoded": 0, "encode_calls": 0, "decode_calls": 0}
+
+
+def test_netns_train_breakdown_arithmetic():
+  """C + wire + codec of benchmarks/netns_train.py, on made-up numbers."""
+  from benchmarks import netns_train as nt
+  assert nt.parse_rate("1gbit") == 1e9 / 8 and nt.parse_rate("500mbit") == 500e6 / 8
+  assert nt.parse_rate("125mbps") == 125e6 and nt.parse_rate("none") is None
+  mib = 2**20
+  res = {"procs": 2,
+         "variants": {"raw": {"median_ms": 1000.0, "sent_bytes": 50 * mib},
+                      "zipccl": {"median_ms": 900.0, "sent_bytes": 35 * mib,
+                                 "codec_bytes": {"encoded": 75e6, "decoded": 100e6}}},
+         "unshaped": {"variants": {"raw": {"median_ms": 200.0}, "zipccl": {"median_ms": 260.0}}}}
+  b = nt.breakdown_row(res, 1e9 / 8, {"encode_Bps": 2.5e9, "decode_Bps": 5e9})
+  wire_raw, wire_zip, codec = 2 * 50 * mib / 125e6, 2 * 35 * mib / 125e6, 0.03 + 0.02
+  assert b["w_raw"] == pytest.approx(wire_raw) and b["w_zip"] == pytest.approx(wire_zip)
+  assert b["codec"] == pytest.approx(codec)
+  assert b["pred_raw"] == pytest.approx(0.2 + wire_raw)
+  assert b["pred_zip"] == pytest.approx(0.2 + wire_zip + codec)
+  assert b["meas_ratio"] == pytest.approx(0.9)
+  assert b["bound"] == pytest.approx((wire_zip + codec) / wire_raw)
+  assert b["unshaped_extra"] == pytest.approx(0.06)
+  del res["unshaped"]
+  assert nt.breakdown_row(res, 1e9 / 8, {"encode_Bps": 1, "decode_Bps": 1}) is None
+
+
 def test_dead_worker_is_reported_with_its_output(tmp_path):
   code = ("import os, sys, time; i = os.environ['ZIPCCL_PROCESS_ID']; "
           "print('worker says', i, os.environ['ZIPCCL_NUM_PROCESSES'], flush=True); "

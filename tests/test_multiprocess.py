@@ -58,6 +58,17 @@ def test_collectives_across_processes(tmp_path, nproc, local):
   assert len(first["digests"]) == 8
 
 
+def test_chunked_collectives_across_processes(tmp_path):
+  """ZIPCCL_CHUNKS=2: every compressed row moves in two chunks (docs/design.md,
+  "Overlap"), each with its own agreement across the processes; the same checks."""
+  results = _launch(tmp_path, 2, 1, {"ZIPCCL_CHUNKS": "2"})
+  for pid, r in enumerate(results):
+    assert r["ok"], f"worker {pid}: " + "\n".join(r["errors"])
+  assert results[1]["digests"] == results[0]["digests"]
+  assert results[0]["flags"]["gaussian"] == [False] * 5
+  assert results[0]["flags"]["random_bits"] == [True] * 5
+
+
 def test_dead_worker_fails_fast_with_its_output(tmp_path):
   """A worker that dies mid-job is reported (exit code and output), and its peers,
   blocked in a collective, are killed instead of hanging the suite."""

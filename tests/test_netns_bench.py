@@ -107,6 +107,15 @@ def test_plan_budget_and_arguments():
   with pytest.raises(SystemExit):
     nb.main(["--collectives", "psum,all_reduce", "--dry-run"])
   assert nb.main(["--smoke", "--dry-run"]) == 0
+  # --chunks: variants "<codec>@v" of the compressing codecs
+  assert nb.codec_variant("zipccl@4") == ("zipccl", 4)
+  assert nb.codec_variant("zipccl@auto") == ("zipccl", "auto")
+  assert nb.codec_variant("zipccl") == ("zipccl", 1)
+  assert nb.codec_variant("raw") == ("raw", None) and nb.codec_variant("None") == (None, None)
+  assert nb.main(["--smoke", "--dry-run", "--chunks", "1,auto,4", "--tag", "c4"]) == 0
+  for bad in (["--chunks", "0"], ["--chunks", "x"], ["--tag", "a/b"]):
+    with pytest.raises(SystemExit):
+      nb.main(["--smoke", "--dry-run"] + bad)
 
 
 def test_report_from_samples(tmp_path):
@@ -119,7 +128,8 @@ def test_report_from_samples(tmp_path):
   for pid in range(2):
     samples, events = [], []
     for rnd in range(3):
-      for codec, t in (("None", 0.02), ("raw", 0.010), ("zipccl", 0.007)):
+      for codec, t in (("None", 0.02), ("raw", 0.010), ("zipccl", 0.007),
+                       ("zipccl@4", 0.0072)):
         samples.append(dict(mib=16.0, link="1", collective="all_gather", data="gaussian",
                             codec=codec, round=rnd, t=t * (1 + 0.1 * pid + 0.01 * rnd), bad=0))
     if pid == 1:
@@ -129,18 +139,23 @@ def test_report_from_samples(tmp_path):
     results.append(dict(pid=pid, procs=2, pinned=True, samples=samples, events=events,
                         bytes=[dict(mib=16.0, collective="all_gather", codec=c, sent=s,
                                     operand=s) for c, s in (("None", 2e7), ("raw", 1e7),
-                                                            ("zipccl", 7.1e6))],
+                                                            ("zipccl", 7.1e6),
+                                                            ("zipccl@4", 7.2e6))],
                         calibrations={"1": cal.to_dict()}, errors=[]))
   args = argparse.Namespace(grid="2:16", links=("1",), rounds=3, data=("gaussian",),
                             collectives=("all_gather",), budget=60.0, smoke=True, pin="auto",
                             out=str(tmp_path))
-  doc = nb.summarize(args, results, [None, "raw", "zipccl"], "", 12.0, [])
+  doc = nb.summarize(args, results, [None, "raw", "zipccl", "zipccl@4"], "", 12.0, [])
   (row,) = doc["rows"]
   # Median over rounds (x1.00, 1.01, 1.02) of the slowest process (pid 1: +0.1).
   assert row["times"]["raw"] == pytest.approx(0.010 * 1.11)
   assert row["time_ratio"]["zipccl"] == pytest.approx(0.7)
   assert row["byte_ratio"]["zipccl"] == pytest.approx(0.71)
   assert row["auto"] == "zipccl" and row["auto_over_best"] == pytest.approx(1.0)
+  # a chunked variant: its own column, modelled with its chunk count
+  assert row["time_ratio"]["zipccl@4"] == pytest.approx(0.72)
+  assert row["model"]["zipccl@4"] == pytest.approx(cm.model_time(
+      "all_gather", "bfloat16", 8 * 2**20, 2, cal, "zipccl", chunks=4))
   assert doc["wrong_results"] == 1
   nb.write_report(args, doc)
   md = next(tmp_path.glob("netns_*_smoke.md")).read_text()

@@ -8,10 +8,13 @@ process-wide `set_calibration`); `decide` is the static per-call decision;
 """
 from zipccl_jax._src.costmodel import (
     ALGORITHMS,
+    CHUNK_CANDIDATES,
     COLLECTIVES,
     DEFAULT_MARGIN,
     DTYPES,
     ENV_VAR,
+    MEASURED_OVERLAP,
+    OVERLAP_ENV_VAR,
     SCHEMA_VERSION,
     Calibration,
     CodecFit,
@@ -20,6 +23,7 @@ from zipccl_jax._src.costmodel import (
     active_calibration,
     agree_across_processes,
     available_codecs,
+    best_chunks,
     calibrate,
     check_agreement,
     compressed_row_bytes,
@@ -30,6 +34,7 @@ from zipccl_jax._src.costmodel import (
     format_projection,
     load_calibration,
     model_time,
+    overlap_fraction,
     project,
     projected_calibration,
     resolve_calibration,
@@ -40,7 +45,8 @@ from zipccl_jax._src.costmodel import (
 )
 
 __all__ = [
-    "ALGORITHMS", "COLLECTIVES", "DEFAULT_MARGIN", "DTYPES", "ENV_VAR", "SCHEMA_VERSION",
+    "ALGORITHMS", "CHUNK_CANDIDATES", "COLLECTIVES", "DEFAULT_MARGIN", "DTYPES", "ENV_VAR",
+    "MEASURED_OVERLAP", "OVERLAP_ENV_VAR", "SCHEMA_VERSION", "best_chunks", "overlap_fraction",
     "Calibration", "CodecFit", "LinkFit", "ProjectionRow", "active_calibration",
     "agree_across_processes",
     "available_codecs", "calibrate", "check_agreement", "compressed_row_bytes", "decide",

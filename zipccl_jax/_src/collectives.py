@@ -64,15 +64,15 @@ def _ag_impl(x, cfg: _Cfg):
   shape = x.shape
   n = x.size
   plan = _plan(cfg, "all_gather", x.dtype, n)
-  g, part = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats,
-                                  cfg.opts.check_decode)
+  g, parts = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats,
+                                   cfg.opts.check_decode)
   y = jnp.moveaxis(g.reshape((cfg.n_peers,) + shape), 0, cfg.dim)
   if cfg.tiled:
     a = cfg.dim
     y = y.reshape(shape[:a] + (cfg.n_peers * shape[a],) + shape[a + 1:])
   if cfg.to == "varying":
     y = compat.pvary(y, cfg.axes)
-  return y, (stats_lib.make_stats("all_gather", cfg.opts.codec, [part]) if cfg.stats else None)
+  return y, (stats_lib.make_stats("all_gather", cfg.opts.codec, parts) if cfg.stats else None)
 
 
 def _rows_for_peers(x, dim, tiled, n_peers):
@@ -91,9 +91,9 @@ def _rows_for_peers(x, dim, tiled, n_peers):
 def _rs_impl(x, cfg: _Cfg):
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, cfg.n_peers)
   plan = _plan(cfg, "psum_scatter", x.dtype, rows.shape[1], all_to_all=True)
-  recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
+  recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   y = transport.ordered_sum(recv, x.dtype).reshape(chunk)
-  return y, (stats_lib.make_stats("psum_scatter", cfg.opts.codec, [part]) if cfg.stats else None)
+  return y, (stats_lib.make_stats("psum_scatter", cfg.opts.codec, parts) if cfg.stats else None)
 
 
 def _psum_impl(x, cfg: _Cfg):
@@ -110,27 +110,27 @@ def _psum_impl(x, cfg: _Cfg):
   g, p2 = transport.gather_rows(mine, cfg.axes, n_peers, _plan(cfg, "psum", x.dtype, m),
                                 cfg.stats, check)
   y = g.reshape(n_peers * m)[:n].reshape(x.shape)
-  return y, (stats_lib.make_stats("psum", cfg.opts.codec, [p1, p2]) if cfg.stats else None)
+  return y, (stats_lib.make_stats("psum", cfg.opts.codec, p1 + p2) if cfg.stats else None)
 
 
 def _a2a_impl(x, cfg: _Cfg):
   n_peers = cfg.n_peers
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
   plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1], all_to_all=True)
-  recv, part = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
+  recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   c = cfg.dim2
   y = jnp.moveaxis(recv.reshape((n_peers,) + chunk), 0, c)
   if cfg.tiled:
     y = y.reshape(chunk[:c] + (n_peers * chunk[c],) + chunk[c + 1:])
-  return y, (stats_lib.make_stats("all_to_all", cfg.opts.codec, [part]) if cfg.stats else None)
+  return y, (stats_lib.make_stats("all_to_all", cfg.opts.codec, parts) if cfg.stats else None)
 
 
 def _pp_impl(x, cfg: _Cfg):
   n = x.size
   plan = _plan(cfg, "ppermute", x.dtype, n)
-  y, part = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan, cfg.stats,
-                                  cfg.opts.check_decode)
-  st = stats_lib.make_stats("ppermute", cfg.opts.codec, [part]) if cfg.stats else None
+  y, parts = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan,
+                                   cfg.stats, cfg.opts.check_decode)
+  st = stats_lib.make_stats("ppermute", cfg.opts.codec, parts) if cfg.stats else None
   return y.reshape(x.shape), st
 
 
@@ -271,11 +271,19 @@ _OPTIONS_DOC = """
       transport took, used vs slot bytes, whether the raw rung was taken, the
       codec's count, decode errors. Costs one 4-byte psum per transport and turns
       the 4-byte agreement into an 8-byte all-gather.
-    check_decode: raise (from a `jax.debug.callback`, so the call fails with an
-      error naming the collective) when a received row fails to decode, instead of
-      only returning NaN rows (and counting them in stats). None: on when the
+    check_decode: fail the call's results (a `jax.pure_callback` that the results
+      depend on raises, so `block_until_ready` raises an error naming the
+      collective) when a received row fails to decode, instead of only returning
+      NaN rows (and counting them in stats). Costs one host callback per call. None: on when the
       environment has ZIPCCL_CHECK_DECODE=1. A decode failure means the payload
-      was corrupted in transit; the codec itself never produces one."""
+      was corrupted in transit; the codec itself never produces one.
+    chunks: split each compressed row into this many chunks, each its own
+      transport (encode, agreement, slot switch), so that a backend that runs
+      independent ops concurrently can overlap one chunk's codec with another's
+      transfer (docs/design.md, "Overlap"); same bits for every count. "auto":
+      the calibrated cost model's count (`costmodel.best_chunks`), 1 without a
+      calibration or where no overlap is known (XLA:CPU). None: the environment's
+      ZIPCCL_CHUNKS, else "auto". An int in [1, 16]; 1 is the unchunked program."""
 
 
 def _with_options_doc(f):
@@ -288,7 +296,8 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
                           to: str = "varying", codec: str | None = "zipccl",
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
-                          stats: bool = False, check_decode: bool | None = None):
+                          stats: bool = False, check_decode: bool | None = None,
+                    chunks: int | str | None = None):
   """`jax.lax.all_gather` with compressed payloads; bit-identical result.
 
   Each device encodes its block once into one row; the participants agree on the
@@ -315,7 +324,8 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
   if to not in ("varying", "invarying"):
     raise ValueError(f"{fn}: to must be 'varying' or 'invarying', got {to!r}")
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, tiled, check_decode)
+                                      grad_escape_capacity, policy, stats, tiled, check_decode,
+                                      chunks)
 
   def plain(leaf, a):
     y = (compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled) if to == "invarying"
@@ -342,7 +352,8 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
                             codec: str | None = "zipccl", escape_capacity: int | None = None,
                             grad_escape_capacity: int | None = None,
                             policy: str = "auto", stats: bool = False,
-                            check_decode: bool | None = None):
+                            check_decode: bool | None = None,
+                            chunks: int | str | None = None):
   """`jax.lax.psum_scatter` over compressed per-destination chunks.
 
   Each device encodes the N chunks of x along `scatter_dimension` as N rows in one
@@ -367,7 +378,8 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
   """
   fn = "compressed_psum_scatter"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, tiled, check_decode)
+                                      grad_escape_capacity, policy, stats, tiled, check_decode,
+                                      chunks)
 
   def plain(leaf, d):
     y = lax.psum_scatter(leaf, axes, scatter_dimension=d, tiled=tiled)
@@ -390,7 +402,8 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
 def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
                     escape_capacity: int | None = None,
                     grad_escape_capacity: int | None = None, policy: str = "auto",
-                    stats: bool = False, check_decode: bool | None = None):
+                    stats: bool = False, check_decode: bool | None = None,
+                    chunks: int | str | None = None):
   """`jax.lax.psum` as compressed reduce-scatter + compressed all-gather.
 
   x is flattened and split into N equal rows (zero-padded); the reduce-scatter
@@ -414,7 +427,8 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
   """
   fn = "compressed_psum"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, False, check_decode)
+                                      grad_escape_capacity, policy, stats, False, check_decode,
+                                      chunks)
 
   def one(leaf):
     plain = _takes_lax(fn, leaf)
@@ -433,7 +447,8 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
                           tiled: bool = False, codec: str | None = "zipccl",
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
-                          stats: bool = False, check_decode: bool | None = None):
+                          stats: bool = False, check_decode: bool | None = None,
+                    chunks: int | str | None = None):
   """`jax.lax.all_to_all` with compressed per-destination chunks; bit-identical.
 
   Args:
@@ -453,7 +468,8 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
   """
   fn = "compressed_all_to_all"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, tiled, check_decode)
+                                      grad_escape_capacity, policy, stats, tiled, check_decode,
+                                      chunks)
 
   def plain(leaf, s, c):
     y = lax.all_to_all(leaf, axes, s, c, tiled=tiled)
@@ -476,7 +492,8 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
 def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
                         escape_capacity: int | None = None,
                         grad_escape_capacity: int | None = None, policy: str = "auto",
-                        stats: bool = False, check_decode: bool | None = None):
+                        stats: bool = False, check_decode: bool | None = None,
+                    chunks: int | str | None = None):
   """`jax.lax.ppermute` with a compressed payload; bit-identical (zeros where
   no one sends, as lax).
 
@@ -496,7 +513,8 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
   """
   fn = "compressed_ppermute"
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
-                                      grad_escape_capacity, policy, stats, False, check_decode)
+                                      grad_escape_capacity, policy, stats, False, check_decode,
+                                      chunks)
   perm = options.check_perm(fn, perm, n_peers)
 
   def one(leaf):

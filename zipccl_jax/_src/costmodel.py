@@ -437,22 +437,62 @@ def _wire_rows(algo: str, n: int) -> int:
   return 1 if algo == "ppermute" else n - 1
 
 
-def _pipeline(stages: Sequence[float], chunks: int, alpha: float) -> float:
-  """Time of stages run in series over `chunks` pipelined chunks.
+# Overlap of codec and wire between the chunks of a chunked transport, per
+# platform: the fraction of the pipelined ideal it reaches (0 = the chunks run in
+# series, 1 = chunk k+1's encode and chunk k-1's decode hide under chunk k's
+# transfer). XLA:CPU runs them in series: measured with gloo on a shaped link
+# (docs/design.md, "Overlap"; benchmarks/overlap_probe.py). Platforms not listed
+# count as 0 until measured; ZIPCCL_OVERLAP declares a value (`overlap_fraction`).
+MEASURED_OVERLAP = {"cpu": 0.0}
+OVERLAP_ENV_VAR = "ZIPCCL_OVERLAP"
+# chunks="auto" considers these counts (transport.MAX_CHUNKS is the largest), and
+# only chunks of at least MIN_CHUNK_ELEMENTS elements (the transport aligns chunks
+# to 4096 elements).
+CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
+MIN_CHUNK_ELEMENTS = 4096
 
-  chunks = 1 is the serial sum. With k chunks the stages of different chunks
-  overlap: sum/k + (k-1)/k * max (the bottleneck stage runs k times), plus
-  (k-1) extra collective latencies.
+
+def overlap_fraction(calibration: Calibration | None = None) -> float:
+  """The overlap fraction the model assumes for chunked transports, in [0, 1].
+
+  $ZIPCCL_OVERLAP when set (read on every call: it must be the same on every
+  participant, like the calibration), else MEASURED_OVERLAP of the calibration's
+  platform, else 0.
   """
-  total = sum(stages)
+  env = os.environ.get(OVERLAP_ENV_VAR, "").strip()
+  if env:
+    try:
+      v = float(env)
+    except ValueError:
+      v = math.nan
+    if not 0.0 <= v <= 1.0:
+      raise ValueError(f"{OVERLAP_ENV_VAR} must be a number in [0, 1], got {env!r}")
+    return v
+  if calibration is None:
+    return 0.0
+  return MEASURED_OVERLAP.get(calibration.platform, 0.0)
+
+
+def _pipeline(stages: Sequence[float], chunks: int, overlap: float) -> float:
+  """Time of `chunks` chunks that each run `stages` (one chunk's stage times).
+
+  In series: chunks x sum(stages). Pipelined (stages of different chunks
+  overlap): sum(stages) + (chunks - 1) x max(stages), the bottleneck stage runs
+  once per further chunk. The result interpolates with `overlap` in [0, 1]; one
+  chunk is sum(stages) either way.
+  """
+  one = sum(stages)
   if chunks <= 1:
-    return total
-  return total / chunks + (chunks - 1) / chunks * max(stages) + (chunks - 1) * alpha
+    return one
+  serial = chunks * one
+  piped = one + (chunks - 1) * max(stages)
+  return (1.0 - overlap) * serial + overlap * piped
 
 
 def model_time(collective: str, dtype, row_elements: int, n_peers: int,
                calibration: Calibration | None = None, codec: str | None = None, *,
-               chunks: int = 1, agreement: bool = True) -> float:
+               chunks: int = 1, agreement: bool = True,
+               overlap: float | None = None) -> float:
   """Modelled seconds of one collective call (None codec: the raw row transport).
 
   Args:
@@ -463,10 +503,14 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
     n_peers: size of the collective's axis.
     calibration: see `resolve_calibration`.
     codec: a codec name present in the calibration, or None for uncompressed.
-    chunks: pipelined chunks of an overlapped transfer (1 = encode, transfer,
-      decode in series, the transport today).
-    agreement: the compressed path runs one tiny all-reduce before sending (the
-      slot ladder's size agreement / the overflow flag).
+    chunks: chunks of the compressed transport (1 = encode, agree, transfer,
+      decode in series, the unchunked transport). Each chunk pays the codec
+      latencies, the collective's alpha and its own agreement; the raw transport
+      is never chunked.
+    agreement: the compressed path runs one tiny all-reduce per chunk before
+      sending (the slot ladder's size agreement).
+    overlap: fraction of the pipelined ideal the chunks reach, in [0, 1]; None:
+      `overlap_fraction(calibration)` (0 on XLA:CPU, measured).
   """
   fn = "model_time"
   if collective not in COLLECTIVES:
@@ -493,22 +537,68 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
     raise ValueError(f"{fn}: codec {codec!r} has no {dt} numbers in calibration "
                      f"{cal.fingerprint} (codecs: {sorted(cal.codecs)})")
   f = fits[dt]
-  wire_row = compressed_row_bytes(raw_row, f.ratio)
+  if overlap is None:
+    overlap = overlap_fraction(cal)
+  elif not 0.0 <= overlap <= 1.0:
+    raise ValueError(f"{fn}: overlap must be in [0, 1], got {overlap!r}")
+  k = min(chunks, m)
+  raw_chunk = raw_row / k                      # bytes of one chunk of a row
+  wire_row = compressed_row_bytes(math.ceil(raw_chunk), f.ratio)
+  agree = _link(cal, "all_reduce", n)[0] if agreement else 0.0
   for algo, enc_rows, dec_rows in _terms(collective, n):
     a, b = _link(cal, algo, n)
-    enc = f.encode_latency_s + f.encode_s_per_byte * enc_rows * raw_row
-    dec = f.decode_latency_s + f.decode_s_per_byte * dec_rows * raw_row
-    wire = a + b * _wire_rows(algo, n) * wire_row
-    t += _pipeline([enc, wire, dec], chunks, a)
-    if agreement:
-      t += _link(cal, "all_reduce", n)[0]
+    enc = f.encode_latency_s + f.encode_s_per_byte * enc_rows * raw_chunk
+    dec = f.decode_latency_s + f.decode_s_per_byte * dec_rows * raw_chunk
+    wire = agree + a + b * _wire_rows(algo, n) * wire_row
+    t += _pipeline([enc, wire, dec], k, overlap)
   return t
+
+
+def best_chunks(collective: str, dtype, row_elements: int, n_peers: int,
+                calibration: Calibration | str | os.PathLike | None = None,
+                codec: str = "zipccl", *, overlap: float | None = None,
+                max_chunks: int = CHUNK_CANDIDATES[-1]) -> int:
+  """chunks="auto": the chunk count with the lowest modelled time of a compressed call.
+
+  Static (shapes, calibration, overlap), so identical on every participant. A
+  count must beat one chunk by more than 1% (the model's noise), and chunks hold
+  at least MIN_CHUNK_ELEMENTS elements. With no overlap (XLA:CPU, measured) every
+  extra chunk only adds latencies, so the answer is 1.
+
+  Args:
+    collective, dtype, row_elements, n_peers, calibration: as `model_time`.
+    codec: the codec the call compresses with; a codec or dtype the calibration
+      lacks gives 1.
+    overlap: as `model_time` (None: `overlap_fraction`).
+    max_chunks: the largest count considered.
+
+  Returns:
+    An int in CHUNK_CANDIDATES, at most max_chunks.
+  """
+  fn = "best_chunks"
+  m = _check_int(fn, "row_elements", row_elements, 0)
+  n = _check_int(fn, "n_peers", n_peers, 1)
+  _check_int(fn, "max_chunks", max_chunks, 1)
+  cal = resolve_calibration(calibration)
+  dt = _dtype_name(fn, dtype)
+  if n == 1 or m == 0 or dt not in cal.codecs.get(codec, {}):
+    return 1
+  best, best_t = 1, model_time(collective, dt, m, n, cal, codec, overlap=overlap)
+  limit = best_t * 0.99
+  for k in CHUNK_CANDIDATES[1:]:
+    if k > max_chunks or m // k < MIN_CHUNK_ELEMENTS:
+      break
+    t = model_time(collective, dt, m, n, cal, codec, chunks=k, overlap=overlap)
+    if t < limit and t < best_t:
+      best, best_t = k, t
+  return best
 
 
 def decide(collective: str, dtype, row_elements: int, n_peers: int,
            calibration: Calibration | str | os.PathLike | None = None,
            codecs: Iterable[str] | None = None, *, chunks: int = 1,
-           margin: float = DEFAULT_MARGIN) -> tuple[bool, str | None]:
+           margin: float = DEFAULT_MARGIN,
+           overlap: float | None = None) -> tuple[bool, str | None]:
   """Whether to compress one collective call, and with which codec.
 
   Static: a pure function of its arguments (shapes and the calibration's
@@ -523,8 +613,9 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
     calibration: a Calibration, a path, or None (see `resolve_calibration`).
     codecs: candidate codec names (default: every codec the calibration has);
       names the calibration lacks are skipped.
-    chunks: pipelined chunks of an overlapped transfer (1 = serial).
+    chunks: chunks of the compressed transport (1 = unchunked; see `model_time`).
     margin: compress only when the compressed time is below (1 - margin) x raw.
+    overlap: as `model_time` (None: `overlap_fraction`, 0 on XLA:CPU).
 
   Returns:
     (True, codec) for the fastest codec when it beats raw by the margin,
@@ -559,7 +650,7 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
   raw = model_time(collective, dt, m, n, cal, None, chunks=chunks)
   best, best_t = None, math.inf
   for c in names:
-    t = model_time(collective, dt, m, n, cal, c, chunks=chunks)
+    t = model_time(collective, dt, m, n, cal, c, chunks=chunks, overlap=overlap)
     if t < best_t:
       best, best_t = c, t
   if best_t < (1.0 - margin) * raw:
@@ -641,7 +732,8 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
             codec: str | None = None, link_gbit: float | None = None,
             alpha_s: float | None = None, encode_GBps: float | None = None,
             decode_GBps: float | None = None, link_efficiency: float = 1.0,
-            chunks: int = 1, margin: float = DEFAULT_MARGIN) -> list[ProjectionRow]:
+            chunks: int = 1, margin: float = DEFAULT_MARGIN,
+            overlap: float | None = None) -> list[ProjectionRow]:
   """Modelled raw vs compressed times on other clusters: where compression pays.
 
   One row per (collective, n_hosts, message size). `message_bytes` is the raw
@@ -674,8 +766,9 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
         elems = max(mb // _ITEMSIZE[dt], 1)
         m = elems if coll in ("all_gather", "ppermute") else max(elems // h, 1)
         raw = model_time(coll, dt, m, h, cal, None, chunks=chunks)
-        comp = model_time(coll, dt, m, h, cal, codec, chunks=chunks)
-        yes, _ = decide(coll, dt, m, h, cal, (codec,), chunks=chunks, margin=margin)
+        comp = model_time(coll, dt, m, h, cal, codec, chunks=chunks, overlap=overlap)
+        yes, _ = decide(coll, dt, m, h, cal, (codec,), chunks=chunks, margin=margin,
+                        overlap=overlap)
         rows.append(ProjectionRow(coll, h, mb, raw, comp, codec, yes))
   return rows
 
@@ -702,11 +795,19 @@ def format_projection(rows: Sequence[ProjectionRow]) -> str:
 
 
 def fit_alpha_beta(x: Sequence[float], t: Sequence[float]) -> LinkFit:
-  """Least-squares fit of t = alpha + beta x, weighted by 1/t (relative errors).
+  """Robust fit of t = alpha + beta x (least absolute deviations, then a median).
 
-  Relative weighting keeps the small sizes (which set alpha) from being drowned
-  by the large ones (which set beta). alpha and beta are clamped at >= 0: a
-  negative fit (noise) is refitted with that parameter at 0.
+  beta: the slope of the line with the smallest sum of absolute residuals among
+  the lines through two of the points (and the lines through the origin or flat
+  through one point). Such a line ignores one wild point among four, and
+  absolute residuals let the largest sizes, which the bandwidth-bound calls of
+  training are like, set the slope. alpha: the median of t - beta x over the
+  three smallest sizes. Both are clamped at >= 0 (a falling line: beta 0).
+
+  A least-squares fit weighted by 1/t, used before, let one slow call at a small
+  size (2.8 ms for a 4 KiB row next to 0.5 ms for 64 KiB, on a loaded machine)
+  tilt the slope: an all-gather link fitted 0.73 Gbit/s from calls whose 1-4 MiB
+  points said 0.46.
   """
   x = np.asarray(x, np.float64)
   t = np.asarray(t, np.float64)
@@ -715,27 +816,20 @@ def fit_alpha_beta(x: Sequence[float], t: Sequence[float]) -> LinkFit:
                      f"{x.shape} and {t.shape}")
   if np.any(t <= 0) or np.any(x < 0):
     raise ValueError("fit_alpha_beta: times must be > 0 and sizes >= 0")
-  w = 1.0 / t
-  a = np.stack([w, x * w], axis=1)
-  (alpha, beta), *_ = np.linalg.lstsq(a, t * w, rcond=None)
-  if beta < 0:
-    return LinkFit(float(np.sum(w * w * t) / np.sum(w * w)), 0.0)
-  if alpha < 0:
-    beta = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
-    return LinkFit(0.0, beta)
-  return LinkFit(float(alpha), float(beta))
-
-
-def _median_time(f: Callable, args, reps: int, warmup: int) -> float:
-  import jax
-  for _ in range(warmup):
-    jax.block_until_ready(f(*args))
-  ts = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    ts.append(time.perf_counter() - t0)
-  return statistics.median(ts)
+  lines = [(float(ti), 0.0) for ti in t]                             # flat
+  lines += [(0.0, float(ti / xi)) for xi, ti in zip(x, t) if xi > 0]  # through the origin
+  for i in range(len(x)):
+    for j in range(i + 1, len(x)):
+      if x[j] != x[i]:
+        b = float((t[j] - t[i]) / (x[j] - x[i]))
+        lines.append((float(t[i] - b * x[i]), b))
+  cost = [float(np.sum(np.abs(t - a - b * x))) for a, b in lines]
+  beta = max(lines[int(np.argmin(cost))][1], 0.0)
+  # alpha from the three smallest sizes, where it is most of the time (a 5%
+  # wobble of a 4 MiB call would swamp a 0.1 ms latency); one of them may be off.
+  small = np.argsort(x, kind="stable")[:3]
+  alpha = float(np.median(t[small] - beta * x[small]))
+  return LinkFit(max(alpha, 0.0), beta)
 
 
 def available_codecs() -> tuple[str, ...]:
@@ -827,6 +921,7 @@ class _Meter:
     self.mesh, self.axes, self.reps, self.warmup = mesh, axes, reps, warmup
     self.all_axes = tuple(mesh.axis_names)
     self.sharding = NamedSharding(mesh, P(self.all_axes))
+    self._bar = self._one = None
 
   def array(self, per_device: np.ndarray):
     """A global array whose every device block is `per_device` (leading dim 1 added)."""
@@ -841,8 +936,40 @@ class _Meter:
     return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=spec,
                                  out_specs=spec if out_specs is None else out_specs))
 
+  def _barrier(self) -> None:
+    """All devices of the mesh meet (a pmax of one int32), so that a timed call
+    starts together everywhere, as a training step's collectives do."""
+    jax = self.jax
+    if self._bar is None:
+      from jax import lax
+      self._bar = jax.jit(jax.shard_map(lambda v: lax.pmax(v, self.all_axes), mesh=self.mesh,
+                                        in_specs=self.P(self.all_axes), out_specs=self.P()))
+      self._one = self.array(np.zeros(1, np.int32))
+    jax.block_until_ready(self._bar(self._one))
+
   def time(self, f, *args) -> float:
-    return _median_time(f, args, self.reps, self.warmup)
+    """Median over `reps` calls of the slowest process's time of one call.
+
+    Each call starts after a barrier, and each call's time is the largest over
+    the processes, as benchmarks/netns_bench.py measures the calls the model is
+    checked against (and as a training step waits for its slowest peer): a
+    collective finishes at different times on each process, and back-to-back
+    calls timed on process 0 alone let the skew of one call leak into the next.
+    """
+    jax = self.jax
+    for _ in range(self.warmup):
+      jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(self.reps):
+      self._barrier()
+      t0 = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      ts.append(time.perf_counter() - t0)
+    ts = np.asarray(ts, np.float64)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      ts = np.asarray(multihost_utils.process_allgather(ts)).reshape(-1, len(ts)).max(axis=0)
+    return float(statistics.median(ts.tolist()))
 
 
 def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log) -> dict:

@@ -42,6 +42,7 @@ class Opts(NamedTuple):
   codec: str | None
   policy: str
   check_decode: bool = False
+  chunks: int | None = None    # None: "auto" (the cost model), else a fixed count >= 1
 
 
 class Plan(NamedTuple):
@@ -52,6 +53,16 @@ class Plan(NamedTuple):
   raw_row: int                 # raw bytes of one row: m * itemsize
   codec: Any = None            # registry.Codec when compress
   rungs: tuple = ()            # compressed slot sizes (bytes per row); the raw rung is implicit
+  # Chunked transport (docs/design.md, "Overlap"): the row's elements [a, b) of each
+  # chunk and the chunk's own plan (its own ladder). Empty: one chunk, the
+  # unchunked program.
+  bounds: tuple = ()
+  parts: tuple = ()
+
+  @property
+  def chunks(self) -> int:
+    """Number of chunks the row is moved in (1 = unchunked)."""
+    return max(len(self.parts), 1)
 
 
 _DEPRECATED = ("{fn}: {name} is deprecated and ignored: each call now sizes its wire "
@@ -69,8 +80,22 @@ def check_capacity(fn, name, value):
   return None
 
 
+def check_chunks(fn, chunks):
+  """`chunks=`: None (then $ZIPCCL_CHUNKS, else "auto"), "auto" or an int in
+  [1, transport.MAX_CHUNKS]. Returns None for auto, else the int."""
+  if chunks is None:
+    chunks = transport.chunks_default()
+  if isinstance(chunks, str) and chunks == "auto":
+    return None
+  if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)):
+    raise TypeError(f"{fn}: chunks must be \"auto\" or an int, got {chunks!r}")
+  if not 1 <= chunks <= transport.MAX_CHUNKS:
+    raise ValueError(f"{fn}: chunks must be in [1, {transport.MAX_CHUNKS}], got {chunks}")
+  return int(chunks)
+
+
 def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=None,
-               check_decode=None) -> Opts:
+               check_decode=None, chunks=None) -> Opts:
   allowed = collective_codecs()
   if codec not in allowed:
     names = ", ".join(repr(c) for c in allowed)
@@ -85,7 +110,7 @@ def check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity=N
     check_decode = transport.check_decode_default()
   if not isinstance(check_decode, bool):
     raise TypeError(f"{fn}: check_decode must be a bool or None, got {check_decode!r}")
-  return Opts(codec, policy, check_decode)
+  return Opts(codec, policy, check_decode, check_chunks(fn, chunks))
 
 
 def check_axes(fn, axis_name) -> tuple:
@@ -113,10 +138,10 @@ def axis_size(fn, axes, axis_name) -> int:
 
 
 def setup(fn, axis_name, codec, escape_capacity, grad_escape_capacity, policy, stats,
-          tiled=False, check_decode=None):
+          tiled=False, check_decode=None, chunks=None):
   """Validation shared by the five public collectives: (options, axes, peer count)."""
   opts = check_opts(fn, codec, escape_capacity, policy, stats, grad_escape_capacity,
-                    check_decode)
+                    check_decode, chunks)
   axes = check_axes(fn, axis_name)
   if not isinstance(tiled, bool):
     raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")
@@ -169,7 +194,42 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
       collective=collective, codec=opts.codec, dtype=dtype, m=m, n_peers=n_peers,
       min_nbytes=min_nbytes):
     return Plan(False, m, dtype, raw_row)
+  chunks = opts.chunks
+  if chunks is None:
+    chunks = auto_chunks(collective=collective, codec=opts.codec, dtype=dtype, m=m,
+                         n_peers=n_peers)
+  bounds = transport.chunk_bounds(m, chunks)
+  if len(bounds) == 1:
+    return Plan(True, m, dtype, raw_row, codec, rungs)
+  return Plan(True, m, dtype, raw_row, codec, rungs, bounds,
+              tuple(_chunk_plan(codec, dtype, b - a, all_to_all) for a, b in bounds))
+
+
+def _chunk_plan(codec, dtype, m: int, all_to_all: bool) -> Plan:
+  """The plan of one chunk of a compressed row: its own ladder (the decision to
+  compress was made for the whole row); a chunk too small to shrink moves raw."""
+  raw_row = m * dtype.itemsize
+  floor = getattr(codec.impl, "ladder_floor", None)
+  first = floor(dtype, m) if floor is not None else codec.min_nbytes(dtype, m)
+  rungs = transport.ladder(first, raw_row, all_to_all=all_to_all)
+  if not rungs:
+    return Plan(False, m, dtype, raw_row)
   return Plan(True, m, dtype, raw_row, codec, rungs)
+
+
+def auto_chunks(*, codec: str, dtype, m: int, collective: str | None = None,
+                n_peers: int | None = None) -> int:
+  """chunks="auto": the chunk count of a compressed row transport.
+
+  With a calibration in force, `costmodel.best_chunks` (the count whose modelled
+  time is lowest; it counts the per-chunk latencies against the overlap of codec
+  and wire the platform allows, `costmodel.overlap_fraction`). Without one, 1:
+  the unchunked transport. Static, identical on every participant.
+  """
+  cal = costmodel.active_calibration() if collective is not None and n_peers else None
+  if cal is None or codec not in cal.codecs:
+    return 1
+  return costmodel.best_chunks(collective, dtype, m, n_peers, cal, codec)
 
 
 def auto_compress(*, codec: str, dtype, m: int, min_nbytes: int,

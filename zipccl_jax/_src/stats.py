@@ -20,9 +20,11 @@ class CollectiveStats:
   """What compression did in one call (returned when the call gets `stats=True`).
 
   A call runs one or two *transports* (psum: a reduce-scatter, then an
-  all-gather). Each transport encodes its rows, agrees with its peers on the
-  largest used size and moves one slot size of a static ladder (the *rung*);
-  the top rung moves the raw words (docs/design.md, "Transport").
+  all-gather), each in C chunks with `chunks=C` (one transport entry per chunk,
+  in order: T = C, or 2C for psum). Each transport encodes its rows, agrees with
+  its peers on the largest used size and moves one slot size of a static ladder
+  (the *rung*); the top rung moves the raw words (docs/design.md, "Transport",
+  "Overlap"). Byte totals add up over all of them.
 
   The array fields are identical on every participant (typed invariant over
   `axis_name`), so they can leave shard_map with `out_specs=P()` when the input

@@ -22,7 +22,13 @@ not compress. The decoder's per-row status is kept: rows that fail to decode
 (only a corrupted wire can cause it) are NaN (all-one bits, written by the
 decoder), counted in the stats, and raise when `check_decode` is on.
 
-Each mover returns (rows that arrived, stats.Part).
+Chunks (docs/design.md, "Overlap"). A plan with C > 1 chunks splits every row
+into C column ranges (`chunk_bounds`) and runs the whole ladder above (encode,
+agree, switch) once per chunk, each with its own ladder; the received chunks are
+concatenated, so the result is the same bits as one transport. Chunking is a
+layer around `_ladder`: with C = 1 the program is exactly the unchunked one.
+
+Each mover returns (rows that arrived, (stats.Part per chunk,)).
 """
 from __future__ import annotations
 
@@ -50,6 +56,12 @@ FINE_RUNGS = 12
 MAX_RUNGS = 16
 ALL_TO_ALL_LADDER = (8, LADDER_GROWTH, 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
+# Chunks: at most MAX_CHUNKS per row (each is a switch of the whole ladder: compile
+# time grows with C); chunk boundaries are multiples of CHUNK_ALIGN elements (both
+# codecs' block sizes, 2048 and 4096, divide it, so chunks hold whole blocks)
+# unless the row is too short for that.
+MAX_CHUNKS = 16
+CHUNK_ALIGN = 4096
 
 
 def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
@@ -83,6 +95,39 @@ def check_decode_default() -> bool:
   return os.environ.get("ZIPCCL_CHECK_DECODE", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+@functools.cache
+def chunks_default():
+  """ZIPCCL_CHUNKS: the default of the collectives' `chunks=None` ("auto" or an int;
+  read once). Anything else is reported by the collective that reads it."""
+  v = os.environ.get("ZIPCCL_CHUNKS", "auto").strip().lower()
+  if v in ("", "auto"):
+    return "auto"
+  try:
+    return int(v)
+  except ValueError:
+    return v
+
+
+def chunk_bounds(m: int, chunks: int) -> tuple:
+  """Element ranges ((a, b), ...) of the chunks of a row of m elements.
+
+  min(chunks, m) non-empty ranges covering [0, m) in order, as equal as possible.
+  When m >= chunks * CHUNK_ALIGN every boundary is a multiple of CHUNK_ALIGN
+  (whole codec blocks; the chunks differ by at most CHUNK_ALIGN elements, the
+  last holds the remainder), else the sizes are floor/ceil of m / chunks.
+  Python ints: static.
+  """
+  if m <= 0 or chunks <= 1:
+    return ((0, max(m, 0)),)
+  if m >= chunks * CHUNK_ALIGN:
+    blocks = -(-m // CHUNK_ALIGN)
+    cuts = [CHUNK_ALIGN * (k * blocks // chunks) for k in range(chunks)]
+  else:
+    cuts = [k * m // chunks for k in range(chunks)]
+  cuts.append(m)
+  return tuple((a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a)
+
+
 def bits(x):
   """Same-width unsigned view: the wire dtype of the uncompressed path."""
   return lax.bitcast_convert_type(x, dtypes.info(x.dtype).word)
@@ -104,22 +149,34 @@ def _agree(used, count, axes, want_stats):
   return lax.pmax(used.astype(jnp.int32), axes), jnp.int32(0), 4
 
 
-def _raise_decode_error(where, bad, worst):
+def _raise_decode_error(where, word, bad, worst):
+  """Host side of check_decode: zero of the wire word dtype, or raises.
+
+  A pure_callback (not a debug callback) on purpose: its error fails this call's
+  results, which the caller sees at block_until_ready, and nothing else. A failing
+  jax.debug.callback stays in JAX's runtime tokens and re-raises at every later
+  effects barrier and at interpreter exit.
+  """
   if int(bad):
     from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
     raise RuntimeError(
         f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode (status "
         f"{int(worst)}: {_codec.decode_error_message(int(worst))}); they hold NaN "
         "(all-one bits). The payload was corrupted in transit.")
+  return np.zeros((), word)
 
 
-def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where=""):
+def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
+            after=None):
   """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
 
   move(a) is the XLA collective applied to a uint8[R, slot] payload or to the
   raw words uint{16,32}[R, m] (the same function for every rung). sends: bool[]
   whether this device's rows are sent (ppermute); recvs: bool[] whether it
-  receives anything (rows it does not receive are zeros, as in lax).
+  receives anything (rows it does not receive are zeros, as in lax). after: an
+  int32 >= 0 the agreement must wait for (a chunked transport passes the previous
+  chunk's rung, so that XLA cannot combine the chunks' agreements into one
+  all-reduce, which would wait for every chunk's encode).
   """
   m = plan.m
   dtype = plan.dtype
@@ -130,6 +187,10 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   if sends is not None:
     used = jnp.where(sends, used, 0)
     count = jnp.where(sends, count, 0)
+  if after is not None:
+    # A data dependence (used >= 0 and rung >= 0, so the value is unchanged):
+    # XLA:CPU drops optimization barriers before it combines all-reduces.
+    used = jnp.maximum(used, jnp.minimum(after, 0).astype(used.dtype))
   agreed, count_total, agree_bytes = _agree(used, count, axes, want_stats)
   units = np.asarray([s // _ALIGN for s in plan.rungs], np.int32)
   rung = jnp.sum(agreed > units).astype(jnp.int32)       # the first rung >= agreed size
@@ -152,7 +213,13 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     status = jnp.where(recvs, status, 0)
   bad = jnp.sum(status != 0).astype(jnp.int32)
   if check:
-    jax.debug.callback(functools.partial(_raise_decode_error, where), bad, jnp.max(status))
+    # y ^ zero: the results depend on the check (zero comes from the host at run
+    # time, so XLA cannot fold it away) and fail with its error; one pass over y.
+    word = dtypes.info(dtype).word
+    zero = jax.pure_callback(functools.partial(_raise_decode_error, where, word),
+                             jax.ShapeDtypeStruct((), word), bad, jnp.max(status),
+                             vmap_method="sequential")
+    y = unbits(bits(y) ^ zero, dtype)
   errors = jnp.int32(0)
   if want_stats:
     errors = lax.psum(bad, axes)
@@ -169,51 +236,98 @@ def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:
                     rows_sent * plan.raw_row, elements, True)
 
 
+def _chunked(rows, plan, run):
+  """Runs run(rows[:, a:b], chunk_plan, after) -> (y, part) for every chunk of the
+  plan (after: the previous compressed chunk's rung, None for the first) and
+  concatenates the received chunks along the row: (y[R', m], parts).
+
+  The chunks are transports in program order: chunk k+1's encode depends on
+  nothing of chunk k, so a scheduler that overlaps independent ops may run it
+  during chunk k's collective; only its agreement waits for chunk k's (`_ladder`'s
+  `after`), which keeps the agreements apart (docs/design.md, "Overlap").
+  """
+  ys, parts = [], []
+  prev = None
+  for (a, b), sub in zip(plan.bounds, plan.parts):
+    y, part = run(rows[:, a:b], sub, prev)
+    ys.append(bits(y))
+    parts.append(part)
+    prev = part.rung if sub.compress else prev
+  # concatenated as unsigned words: XLA:CPU may compute a bf16 concatenate in f32,
+  # which would canonicalise NaN payloads
+  return unbits(jnp.concatenate(ys, axis=1), plan.dtype), tuple(parts)
+
+
 def a2a_rows(rows, axes, plan, want_stats, check=False):
-  """rows[j] goes to peer j; returns recv with recv[i] from peer i."""
+  """rows[j] goes to peer j; returns (recv with recv[i] from peer i, parts)."""
   n_peers = rows.shape[0]
 
   def move(a):
     return lax.all_to_all(a, axes, 0, 0, tiled=True)
 
-  if not plan.compress:
-    return unbits(move(bits(rows)), plan.dtype), stats.plain_part(
-        n_peers * plan.raw_row, plan.raw_row)
-  y, info = _ladder(rows, plan, axes, want_stats, check, move=move, where="an all_to_all")
-  return y, _part(plan, info, n_peers, n_peers * n_peers * plan.m)
+  def one(r, p, after=None):
+    if not p.compress:
+      return unbits(move(bits(r)), p.dtype), stats.plain_part(n_peers * p.raw_row, p.raw_row)
+    y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_to_all",
+                      after=after)
+    return y, _part(p, info, n_peers, n_peers * n_peers * p.m)
+
+  if plan.parts:
+    return _chunked(rows, plan, one)
+  y, part = one(rows, plan)
+  return y, (part,)
 
 
 def gather_rows(row, axes, n_peers, plan, want_stats, check=False):
-  """row[m] of every peer -> [N, m], typed invariant over axes (identical everywhere)."""
+  """row[m] of every peer -> ([N, m] typed invariant over axes (identical everywhere),
+  parts)."""
 
   def move(a):
     return compat.all_gather_invariant(a[0], axes)
 
-  if not plan.compress:
-    return unbits(move(bits(row[None])), plan.dtype), stats.plain_part(plan.raw_row, plan.raw_row)
-  y, info = _ladder(row[None], plan, axes, want_stats, check, move=move, where="an all_gather")
-  return y, _part(plan, info, 1, n_peers * plan.m)
+  def one(r, p, after=None):
+    if not p.compress:
+      return unbits(move(bits(r)), p.dtype), stats.plain_part(p.raw_row, p.raw_row)
+    y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_gather",
+                      after=after)
+    return y, _part(p, info, 1, n_peers * p.m)
+
+  if plan.parts:
+    return _chunked(row[None], plan, one)
+  y, part = one(row[None], plan)
+  return y, (part,)
 
 
 def permute_row(row, axes, perm, n_peers, plan, want_stats, check=False):
-  """lax.ppermute of row[m]; peers that receive nothing get zeros, as in lax."""
+  """lax.ppermute of row[m] -> (row, parts); peers that receive nothing get zeros,
+  as in lax."""
 
   def move(a):
     return lax.ppermute(a[0], axes, perm)[None]
 
-  if not plan.compress:
-    return unbits(move(bits(row[None])), plan.dtype)[0], stats.plain_part(
-        plan.raw_row, plan.raw_row)
   sends_tbl = np.zeros(n_peers, bool)
   recvs_tbl = np.zeros(n_peers, bool)
   for s, d in perm:
     sends_tbl[s] = True
     recvs_tbl[d] = True
+
+  def one(r, p, after=None):
+    if not p.compress:
+      return unbits(move(bits(r)), p.dtype), stats.plain_part(p.raw_row, p.raw_row)
+    y, info = _ladder(r, p, axes, want_stats, check, move=move,
+                      sends=jnp.asarray(sends_tbl)[me], recvs=jnp.asarray(recvs_tbl)[me],
+                      where="a ppermute", after=after)
+    return y, _part(p, info, 1, len(perm) * p.m)
+
+  if not plan.compress:
+    y, part = one(row[None], plan)
+    return y[0], (part,)
   me = lax.axis_index(axes)
-  y, info = _ladder(row[None], plan, axes, want_stats, check, move=move,
-                    sends=jnp.asarray(sends_tbl)[me], recvs=jnp.asarray(recvs_tbl)[me],
-                    where="a ppermute")
-  return y[0], _part(plan, info, 1, len(perm) * plan.m)
+  if plan.parts:
+    y, parts = _chunked(row[None], plan, one)
+    return y[0], parts
+  y, part = one(row[None], plan)
+  return y[0], (part,)
 
 
 def ordered_sum(recv, dtype):
