@@ -324,9 +324,37 @@ def rung_sweep(counts=(1, 2, 4, 8, 16)) -> list:
   return rows
 
 
-def run_example(steps: int) -> dict | None:
+def example_spacing(example: dict) -> dict:
+  """The example's bytes per kind if every call had taken each SPACINGS ladder.
+
+  From the agreed used size of every call the example records (its JSON "used":
+  (row elements, bytes)): slots only (no agreement bytes), raw / slots, per kind
+  and in total."""
+  import jax.numpy as jnp
+  import zipccl_jax as zc
+  from zipccl_jax._src import transport
+  used = example["runs"]["zipccl"].get("used") or {}
+  out = {}
+  for name, spec in SPACINGS.items():
+    row = {}
+    with _spacing(transport, spec):
+      for kind, calls in used.items():
+        raw = sum(2 * m for m, _ in calls)
+        slots = 0
+        for m, u in calls:
+          rungs = transport.ladder(zc.min_nbytes(jnp.bfloat16, m), 2 * m)
+          slots += next((r for r in rungs if r >= u), 2 * m)
+        row[kind] = (raw, slots)
+    raw_all = sum(r for r, _ in row.values())
+    slots_all = sum(v for _, v in row.values())
+    out[name] = {k: r / v for k, (r, v) in row.items()} | {"total": raw_all / max(slots_all, 1)}
+  return out
+
+
+def run_example(steps: int, full: bool = False) -> dict | None:
   path = os.path.join(tempfile.mkdtemp(prefix="ladder_example_"), "fsdp.json")
-  cmd = [sys.executable, os.path.join(HERE, "..", "examples", "train_fsdp.py"), "--quick",
+  cmd = [sys.executable, os.path.join(HERE, "..", "examples", "train_fsdp.py")] + (
+      [] if full else ["--quick"]) + [
          "--steps", str(steps), "--no-progress", "--no-analyze", "--json", path]
   common.log("example: " + " ".join(cmd[1:]))
   res = subprocess.run(cmd, capture_output=True, text=True)
@@ -425,7 +453,8 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
     lines.append("")
   if example:
     z, r = example["runs"]["zipccl"], example["runs"]["raw"]
-    lines += ["", "## FSDP example (examples/train_fsdp.py --quick, "
+    lines += ["", "## FSDP example (examples/train_fsdp.py"
+              f"{'' if args.example_full else ' --quick'}, "
               f"{len(z['losses'])} steps, no capacity arguments)", "",
               "| bytes per step (all devices) | zipccl | raw | ratio |", "|---|---|---|---|"]
     for name, key in (("gradient reduce-scatters", "scatter"), ("weight all-gathers", "gather")):
@@ -437,8 +466,20 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
               f"calls on the raw rung: {z['fallbacks']} of {z['calls']} per collective kind.",
               f"Gradient rows escape {100 * z['escape_rate']['scatter']:.1f}% on average "
               f"(worst row {100 * z['worst_gradient_row']:.1f}%)."]
+    spacing = example_spacing(example)
+    if spacing:
+      lines += ["", "The same calls on other ladders (each call's agreed used size, recorded by "
+                "the example, rounded up to the ladder; slots only, no agreement bytes; the "
+                "library uses the first ladder for gathers, the second for the gradients' "
+                "all-to-all):", "",
+                "| ladder | gathers | gradient reduce-scatters | total |", "|---|---|---|---|"]
+      for name, r in spacing.items():
+        lines.append(f"| {name} | {r.get('gather', 0):.4f} | {r.get('scatter', 0):.4f} | "
+                     f"{r['total']:.4f} |")
+
   lines += ["", f"Reproduce: `python benchmarks/ladder.py --elements {args.elements} "
             f"--example-steps {args.example_steps} --compile-runs {args.compile_runs}"
+            + (" --example-full" if args.example_full else "")
             + (f" --codecs {args.codecs}" if args.codecs != "zipccl" else "")
             + (" --skip-compile" if args.skip_compile else "")
             + (" --skip-spacing" if args.skip_spacing else "") + "`", ""]
@@ -452,6 +493,8 @@ def main(argv=None) -> int:
                   help="bf16 elements per device (default 2^19: 128 KiB rows for psum_scatter, "
                        "above the 64 KiB of policy='auto')")
   ap.add_argument("--example-steps", type=int, default=20, help="FSDP example steps (0: skip)")
+  ap.add_argument("--example-full", action="store_true",
+                  help="run the example's full configuration (make demo's) instead of --quick")
   ap.add_argument("--compile-runs", type=int, default=3)
   ap.add_argument("--skip-compile", action="store_true")
   ap.add_argument("--skip-spacing", action="store_true",
@@ -471,7 +514,7 @@ def main(argv=None) -> int:
     base = json.load(f)
   sweep = [] if args.skip_compile or args.skip_spacing else rung_sweep()
   gaps = {} if args.skip_spacing else spacing_gaps()
-  example = run_example(args.example_steps) if args.example_steps else None
+  example = run_example(args.example_steps, args.example_full) if args.example_steps else None
   lines = report(args, info, rows, comp, base, example, gaps, sweep)
   stem = "ladder" if codecs == ["zipccl"] else "ladder_codecs"
   path = os.path.join(args.out, f"{stem}_{common.today()}.md")
