@@ -243,7 +243,8 @@ def report(rows, args, stem: str) -> str:
             f"{' --quick' if args.quick else ''}{' --pin' if args.pin else ''}"
             f"{' --codecs ' + args.codecs if args.codecs else ''}"
             f"{' --calibrate' if args.calibrate else ''}"
-            f"{' --breakdown' if args.breakdown else ''}`"
+            f"{' --breakdown' if args.breakdown else ''}"
+            f"{' --name ' + args.name if args.name else ''}`"
             f" (whole grid: {sum(r['wall_s'] + (r.get('unshaped') or {}).get('wall_s', 0) for r in rows):.0f} s)", ""]
   return "\n".join(lines)
 
@@ -366,6 +367,9 @@ def main(argv=None) -> int:
                        "the step time goes (compute, wire, codec) and the speed-up to expect")
   ap.add_argument("--deadline", type=float, default=300, help="seconds per launch (default 300)")
   ap.add_argument("--out", help="directory for the results (default benchmarks/results)")
+  ap.add_argument("--name", default="", metavar="SUFFIX",
+                  help="appended to the results' file stem train_<date> (e.g. _p4), so that "
+                       "two runs of one day keep both tables")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")
   for ex in EXAMPLES:
     ap.add_argument(f"--{ex}-args", default=DEFAULT_ARGS[ex], metavar="ARGS",
@@ -391,7 +395,7 @@ def main(argv=None) -> int:
   rows = run_grid(args)
   out = Path(args.out) if args.out else ROOT / "benchmarks" / "results"
   out.mkdir(parents=True, exist_ok=True)
-  stem = f"train_{datetime.date.today()}"
+  stem = f"train_{datetime.date.today()}{args.name}"
   text = report(rows, args, stem)
   (out / f"{stem}.md").write_text(text)
   (out / f"{stem}.json").write_text(json.dumps(dict(rate=args.rate, procs=args.procs, pin=args.pin,

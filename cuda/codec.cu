@@ -173,26 +173,53 @@ __device__ __forceinline__ uint64_t cs_bytes(uint64_t o, uint32_t v) {
 // Decoupled look-back (warp 0): the number of escapes in tiles 0 .. tl-1 of the row.
 // Each state word is flag << 32 | count, flag 1 = the tile's own count, 2 = the
 // inclusive prefix through that tile. Tile 0 always publishes 2, so the walk ends.
+//
+// Each lane reads kLookK states per round trip (the warp: 32 kLookK predecessors).
+// The persistent CTAs work in rounds of about one tile each, all publishing their
+// counts at about the same time; a tile then walks back until it meets an inclusive
+// state, and those only appear from the start of the round onwards, so the walk of
+// the round's p-th tile takes about p / (2 x states per round trip) round trips. With
+// ~1600 CTAs (bf16, G = 4 on an H200) and 32 states per round trip that was ~25 L2
+// round trips (~15 us) per round of ~5 us of work (the first GPU run: ~21 us per
+// round); 128 per round trip cut it to ~6. See docs/cuda.md. (G = 1 keeps K = 1:
+// its register cap of 48 spills with more, and its 5 CTAs of 8 warps per SM make
+// rounds of fewer tiles.)
+template <int kLookK>
 __device__ __forceinline__ uint32_t lookback(const uint64_t* states, uint32_t tl, int lane) {
   uint32_t ex = 0;
   int64_t top = (int64_t)tl - 1;
   for (;;) {
-    const int64_t idx = top - lane;
-    uint64_t s = idx >= 0 ? ld_relaxed(states + idx) : kFlagPrefix;
+    uint64_t s[kLookK];
+    bool missing = false;
+#pragma unroll
+    for (int j = 0; j < kLookK; ++j) {
+      const int64_t idx = top - 32 * j - lane;  // j = 0, lane 0: the nearest predecessor
+      s[j] = idx >= 0 ? ld_relaxed(states + idx) : kFlagPrefix;
+      missing |= (s[j] >> 32) == 0;
+    }
     int spins = 0;
-    while (__any_sync(kFull, (s >> 32) == 0)) {
+    while (__any_sync(kFull, missing)) {
       if (++spins > 8) __nanosleep(32);
-      if ((s >> 32) == 0) s = ld_relaxed(states + idx);
+      missing = false;
+#pragma unroll
+      for (int j = 0; j < kLookK; ++j)
+        if ((s[j] >> 32) == 0) {
+          s[j] = ld_relaxed(states + (top - 32 * j - lane));
+          missing |= (s[j] >> 32) == 0;
+        }
     }
-    const uint32_t pmask = __ballot_sync(kFull, (s >> 32) == 2);
-    uint32_t v = (uint32_t)s;
-    if (pmask) {
-      const int first = __ffs(pmask) - 1;  // nearest tile with an inclusive prefix
-      if (lane > first) v = 0;
-      return ex + __reduce_add_sync(kFull, v);
+#pragma unroll
+    for (int j = 0; j < kLookK; ++j) {
+      const uint32_t pmask = __ballot_sync(kFull, (s[j] >> 32) == 2);
+      uint32_t v = (uint32_t)s[j];
+      if (pmask) {
+        const int first = __ffs(pmask) - 1;  // nearest tile with an inclusive prefix
+        if (lane > first) v = 0;
+        return ex + __reduce_add_sync(kFull, v);
+      }
+      ex += __reduce_add_sync(kFull, v);
     }
-    ex += __reduce_add_sync(kFull, v);
-    top -= 32;
+    top -= 32 * kLookK;
   }
 }
 
@@ -358,7 +385,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
     if (warp == 0) {
       // Publish this tile's count, then find the escapes before it.
       if (lane == 0) st_relaxed(states + tl, (tl == 0 ? kFlagPrefix : kFlagAggregate) | cnt);
-      const uint32_t ex = tl > 0 ? lookback(states, tl, lane) : 0u;
+      const uint32_t ex = tl > 0 ? lookback<G == 1 ? 1 : 4>(states, tl, lane) : 0u;
       if (lane == 0) {
         if (tl > 0) st_relaxed(states + tl, kFlagPrefix | (ex + cnt));
         if (last_tile) st_u64(ws + kWsTotal, (uint64_t)ex + cnt);

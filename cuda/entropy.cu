@@ -483,6 +483,10 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
       s.base = excl;
       out[kHeaderBytes + 2 * b] = (uint8_t)best;
       out[kHeaderBytes + 2 * b + 1] = (uint8_t)(best >> 8);
+      // The block's zero header bytes (no checksum term): byte 1, and 0..3 of RAW.
+      uint8_t* bh = out + data_offset(a.n) + excl;
+      bh[1] = 0;
+      if (coding == kRaw) bh[0] = bh[2] = bh[3] = 0;
       if (coding == kRaw) atomicAdd(reinterpret_cast<unsigned*>(ws + kWsCount), 1u);
       if (b + 1 == a.nb) *reinterpret_cast<uint64_t*>(ws + kWsData) = excl + best;
     }
@@ -514,7 +518,10 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     }
   };
 
-  if (coding == kRaw) {  // bytes 0..3 stay zero
+  // Every byte of the block is stored here (the payload is not memset: its zero
+  // header bytes were stored with the directory entry; ent_encode_tail zeroes what
+  // follows the blocks).
+  if (coding == kRaw) {
     for (uint32_t j = tid; j < len; j += NT) {
       put(kBlockHead + 2 * j, s.x[j] & 0xFF);
       put(kBlockHead + 2 * j + 1, s.x[j] >> 8);
@@ -614,6 +621,31 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
   if (tid == 0 && sum) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsSum), (unsigned long long)sum);
 }
 
+// Zeroes every row from the end of its blocks (data_off + data_bytes, known once
+// ent_encode_kernel has run) to the end of the payload row: the zero padding up to
+// used_nbytes and the unused rest. CTA (row, c) covers bytes [c, c + 1) x kTailBytes
+// of its row, 16-byte stores where whole aligned words are zero.
+constexpr uint64_t kTailBytes = 64 * 1024;
+__global__ void __launch_bounds__(kRowThreads) ent_encode_tail(EncArgs a, uint32_t ctas_per_row) {
+  const uint64_t row = blockIdx.x / ctas_per_row, c = blockIdx.x - row * ctas_per_row;
+  uint8_t* out = a.out + row * a.out_row;
+  const uint8_t* ws = a.ws + row * a.ws_row;
+  const uint64_t data = a.nb ? *reinterpret_cast<const uint64_t*>(ws + kWsData) : 0;
+  const uint64_t start = data_offset(a.n) + data;
+  const uint64_t lo = c * kTailBytes > start ? c * kTailBytes : start;
+  const uint64_t hi = (c + 1) * kTailBytes < a.out_row ? (c + 1) * kTailBytes : a.out_row;
+  if (lo >= hi) return;
+  // [lo, w0) bytes, [w0, w1) 16-byte words (aligned in memory), [w1, hi) bytes.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(out);
+  uint64_t w0 = ((base + lo + 15) & ~(uintptr_t)15) - base, w1 = ((base + hi) & ~(uintptr_t)15) - base;
+  if (w0 > hi) w0 = hi;
+  if (w1 < w0) w1 = w0;
+  for (uint64_t i = lo + threadIdx.x; i < w0; i += kRowThreads) out[i] = 0;
+  for (uint64_t i = w0 + 16 * threadIdx.x; i < w1; i += 16 * kRowThreads)
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(0, 0, 0, 0);
+  for (uint64_t i = w1 + threadIdx.x; i < hi; i += kRowThreads) out[i] = 0;
+}
+
 // One CTA per row: header, checksum (the blocks' terms + header and directory), stats.
 template <DtypeCode D>
 __global__ void __launch_bounds__(kRowThreads) ent_encode_finalize(EncArgs a, int32_t* stats) {
@@ -625,7 +657,12 @@ __global__ void __launch_bounds__(kRowThreads) ent_encode_finalize(EncArgs a, in
   const uint64_t data = nb ? *reinterpret_cast<const uint64_t*>(ws + kWsData) : 0;
   const uint64_t used = align128(doff + data);
   const uint32_t raws = *reinterpret_cast<const uint32_t*>(ws + kWsCount);
+  // The zero bytes of the header (35, 56..127) and the directory's padding (the
+  // payload is not memset).
+  for (uint64_t i = threadIdx.x; i < kHeaderBytes - kHeaderUsed; i += kRowThreads) out[kHeaderUsed + i] = 0;
+  for (uint64_t i = kHeaderBytes + 2 * nb + threadIdx.x; i < doff; i += kRowThreads) out[i] = 0;
   if (threadIdx.x == 0) {
+    out[35] = 0;
     st32(out + kOffMagic, kMagic);
     out[kOffVersion] = kVersion;
     out[kOffDtype] = (uint8_t)D;
@@ -769,7 +806,7 @@ __device__ __forceinline__ uint32_t zero_bytes(uint32_t x) {
 // 512 s, so that the 8 decoding lanes store into 8 different banks.
 __device__ __forceinline__ uint32_t yslot(uint32_t j) { return j + 2 * (j >> 9); }
 
-// Joins the symbol bits with the raw planes at rp (entropy_format.h) and stores the
+// Joins the symbols' bits (sym_bits) with the raw planes at rp (entropy_format.h) and stores the
 // block's len elements: a group of 8 elements per step (its packed-plane bytes read
 // once), 16-byte stores where the output allows. The kind is a template parameter
 // so that plane widths and shifts are constants.
@@ -794,7 +831,7 @@ __device__ __forceinline__ void join_planes(const uint16_t* sy, const uint8_t* r
       const uint32_t j = 8 * g + k;
       uint32_t r = w ? (uint32_t)(acc >> (k * w)) & ((1u << w) - 1) : 0u;
       if (bp) r = (r << 8) | (j < len ? rp[j] : 0u);
-      v[k / 2] |= ((uint32_t)sy[yslot(j < len ? j : 0)] | t.raw_bits(KIND, r)) << (16 * (k & 1));
+      v[k / 2] |= (t.sym_bits(KIND, sy[yslot(j < len ? j : 0)]) | t.raw_bits(KIND, r)) << (16 * (k & 1));
     }
     if (vec && 8 * g + 8 <= len) {
       reinterpret_cast<uint4*>(y)[g] = make_uint4(v[0], v[1], v[2], v[3]);
@@ -807,8 +844,9 @@ __device__ __forceinline__ void join_planes(const uint16_t* sy, const uint8_t* r
 }
 
 struct DecSmem {
-  uint16_t y[kBlock + 2 * kStreams];  // symbol bits of element j at yslot(j)
-  uint32_t tab[kTableSize];           // sym_bits << 16 | code length (0 = not yet filled)
+  uint16_t y[kBlock + 2 * kStreams];  // the symbol of element j at yslot(j)
+  uint16_t tab[kTableSize];           // one symbol: sym << 4 | code length (0 = not yet filled)
+  uint32_t tab2[kTableSize];          // up to two symbols: see ent_decode_blocks, (d)
   uint32_t area[kMaxArea / 4 + 4];    // the bit area as big-endian words, zero past its end
   alignas(4) uint8_t len[kMaxAlphabet];  // read as words by the canonical-code ranks
   uint32_t nl[kMaxLen + 1];           // present symbols per code length
@@ -943,7 +981,7 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
 #pragma unroll 1
         for (uint32_t o = 0; o < sym / 4; ++o) c += zero_bytes(lw[o] ^ pat);
         if (sym & 3) c += zero_bytes((lw[sym / 4] ^ pat) | (0xFFFFFFFFu << (8 * (sym & 3))));
-        s.tab[c << (kMaxLen - l)] = (t.sym_bits(kind, sym) << 16) | l;
+        s.tab[c << (kMaxLen - l)] = (uint16_t)((sym << 4) | l);
       }
     }
     __syncthreads();
@@ -970,12 +1008,25 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
       for (uint32_t w = 0; w < warp; ++w)
         if ((int32_t)s.scan[w] > before) before = (int32_t)s.scan[w];
       // Entry 0 is always marked (the first code is 0), so before >= 0 where needed.
-      uint32_t cur = before >= 0 ? s.tab[before] : 0u;
+      uint32_t cur = before >= 0 ? s.tab[before] : 0u;  // (entry 0 is marked)
 #pragma unroll 4
       for (uint32_t i = 0; i < E; ++i) {
         const uint32_t v = s.tab[E * tid + i];
         if (v) cur = v;
-        else s.tab[E * tid + i] = cur;
+        else s.tab[E * tid + i] = (uint16_t)cur;
+      }
+      __syncthreads();
+      // (d) The two-symbol table: entry i holds the symbol of the window i (length
+      // l1) and, when the code that follows it lies inside the same 11 bits (l1 + l2
+      // <= 11), the next symbol too: bits 0-3 l1, 4-7 l2 (0: none), 8-16 the first
+      // symbol, 17-25 the second. The second is what a one-symbol lookup at the
+      // position after the first would give: a code of length l2 is fixed by its
+      // first l2 bits, and those are bits l1 .. l1 + l2 - 1 of the window.
+      for (uint32_t i = tid; i < kTableSize; i += NT) {
+        const uint32_t e1 = s.tab[i], l1 = e1 & 15;
+        const uint32_t e2 = s.tab[(i << l1) & (kTableSize - 1)], l2 = e2 & 15;
+        s.tab2[i] = l1 + l2 <= kMaxLen ? ((e2 >> 4) << 17) | ((e1 >> 4) << 8) | (l2 << 4) | l1
+                                       : ((e1 >> 4) << 8) | l1;
       }
       __syncthreads();
       if (tid < kStreams) {
@@ -990,11 +1041,19 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
         uint64_t buf = (((uint64_t)w0 << 32) | w1) << (q0 & 31);
         uint32_t have = 64 - (q0 & 31), q = q0;
         wi += 2;
-#pragma unroll 2
-        for (uint32_t j = j0; j < j1; ++j) {
-          const uint32_t e = s.tab[(uint32_t)(buf >> (64 - kMaxLen))];
-          const uint32_t l = e & 15;
-          s.y[yslot(j)] = (uint16_t)(e >> 16);
+        for (uint32_t j = j0; j < j1;) {
+          // One lookup, one or two symbols (the second only while the stream needs it).
+          const uint32_t e = s.tab2[(uint32_t)(buf >> (64 - kMaxLen))];
+          s.y[yslot(j)] = (uint16_t)((e >> 8) & 511);
+          uint32_t l = e & 15;
+          const uint32_t l2 = (e >> 4) & 15;
+          if (l2 && j + 1 < j1) {
+            s.y[yslot(j + 1)] = (uint16_t)(e >> 17);
+            l += l2;
+            j += 2;
+          } else {
+            j += 1;
+          }
           buf <<= l;
           have -= l;
           q += l;
@@ -1010,7 +1069,7 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
       if (s.bad) st = kDecBadStream;
     }
   } else if (st == kDecOk && coding == kConst) {
-    const uint16_t v = (uint16_t)t.sym_bits(kind, ld16(blk + 2));
+    const uint16_t v = ld16(blk + 2);  // the symbol (< alphabet: checked)
     for (uint32_t j = tid; j < len; j += NT) s.y[yslot(j)] = v;
   }
   __syncthreads();
@@ -1098,9 +1157,6 @@ bool aligned(const void* p, uintptr_t k) { return (reinterpret_cast<uintptr_t>(p
 
 template <DtypeCode D>
 ffi::Error encode_launch(cudaStream_t stream, const EncArgs& a, uint64_t rows, int32_t* stats) {
-  if (rows * a.out_row != 0)
-    if (const cudaError_t e = cudaMemsetAsync(a.out, 0, rows * a.out_row, stream); e != cudaSuccess)
-      return cuda_error(kEnc, "payload memset", e);
   if (const cudaError_t e = cudaMemsetAsync(a.ws, 0, rows * a.ws_row, stream); e != cudaSuccess)
     return cuda_error(kEnc, "workspace memset", e);
   if (rows * a.nb != 0) {
@@ -1108,6 +1164,11 @@ ffi::Error encode_launch(cudaStream_t stream, const EncArgs& a, uint64_t rows, i
     ffi::Error e = check_launch(kEnc, "ent_encode_kernel launch");
     if (e.failure()) return e;
   }
+  // (rows * ctas <= 2^31 - 1: the handler checks rows * nb, and a row of n elements
+  // has out_row / 64 KiB < nb + 1 chunks.)
+  const uint32_t ctas = (uint32_t)((a.out_row + kTailBytes - 1) / kTailBytes);
+  ZC_LAUNCH(ent_encode_tail, rows * ctas, kRowThreads, stream, a, ctas);
+  if (ffi::Error e = check_launch(kEnc, "ent_encode_tail launch"); e.failure()) return e;
   ZC_LAUNCH(ent_encode_finalize<D>, rows, kRowThreads, stream, a, stats);
   return check_launch(kEnc, "ent_encode_finalize launch");
 }
@@ -1214,6 +1275,7 @@ int warm_up_entropy() {
     cudaFuncGetAttributes(&attr, ent_encode_kernel<kF16>);
     cudaFuncGetAttributes(&attr, ent_encode_finalize<kBF16>);
     cudaFuncGetAttributes(&attr, ent_encode_finalize<kF16>);
+    cudaFuncGetAttributes(&attr, ent_encode_tail);
     cudaFuncGetAttributes(&attr, ent_decode_rows<kBF16>);
     cudaFuncGetAttributes(&attr, ent_decode_rows<kF16>);
     cudaFuncGetAttributes(&attr, ent_decode_blocks<kBF16>);

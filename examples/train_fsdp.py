@@ -6,7 +6,8 @@ reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
 
 - Model: a decoder-only transformer in Flax linen: token and position
   embeddings, pre-norm blocks (causal multi-head attention, GELU MLP, RMSNorm,
-  no biases), an output head tied to the token embedding. bfloat16 compute.
+  no biases), an output head tied to the token embedding. bfloat16 compute (the
+  blocks' matmuls accumulate in float32: `matmul`).
 - Data: the bytes of the Python standard library's own sources (no download),
   byte-level tokens (vocabulary 256), batches drawn with a fixed seed.
 - Parallelism: 8 simulated CPU devices on one mesh axis "fsdp", pure FSDP

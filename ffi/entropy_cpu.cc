@@ -158,6 +158,25 @@ constexpr Traits traits() {
 // ---------------------------------------------------------------------------------
 // Raw planes (entropy_format.h: byte plane, then the packed plane).
 
+#if EZ_X86
+// bf16 kind E byte plane, 32 elements a step (AVX2): raw byte = s << 7 | m =
+// (v & 0x7F) | (v >> 8 & 0x80). Returns the elements done (a multiple of 32).
+EZ_TARGET_FAST uint32_t write_raw_bf16e_fast(const uint16_t* x, uint32_t len, uint8_t* out) {
+  const __m256i m7f = _mm256_set1_epi16(0x7F), m80 = _mm256_set1_epi16(0x80);
+  uint32_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
+    const __m256i ra = _mm256_or_si256(_mm256_and_si256(a, m7f), _mm256_and_si256(_mm256_srli_epi16(a, 8), m80));
+    const __m256i rb = _mm256_or_si256(_mm256_and_si256(b, m7f), _mm256_and_si256(_mm256_srli_epi16(b, 8), m80));
+    // packus interleaves the 128-bit lanes (a0-7 b0-7 a8-15 b8-15): restore order
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(ra, rb), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), p);
+  }
+  return j;
+}
+#endif
+
 template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
@@ -165,7 +184,11 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   if (bp) {
-    for (uint32_t j = 0; j < len; ++j) out[j] = (uint8_t)t.raw(K, x[j]);
+    uint32_t j = 0;
+#if EZ_X86
+    if constexpr (Fast && K == kKindE && D == kBF16) j = write_raw_bf16e_fast(x, len, out);
+#endif
+    for (; j < len; ++j) out[j] = (uint8_t)t.raw(K, x[j]);
     out += len;
   }
   if (w) {
@@ -578,37 +601,61 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // Two writers, streams 0..3 into s.bits and 4..7 into s.bits2, advanced in
     // turn: each accumulator's shift-OR chain (2 cycles a code) overlaps the
     // other's. Then the second area is appended at the first one's end bit.
-    BitWriter wa, wb;
-    wa.init(s.bits);
-    wb.init(s.bits2);
+    // Plain locals (not BitWriter objects): GCC then keeps both writers' state in
+    // registers instead of on the stack (a store and a load on each accumulator's
+    // chain per flush).
+    uint64_t acc_a = 0, acc_b = 0;
+    uint32_t n_a = 0, n_b = 0;
+    uint8_t *bp_a = s.bits, *bp_b = s.bits2;
+#define EZ_PUSH(acc, n, sym)           \
+  do {                                 \
+    const uint32_t l_ = clen[sym];     \
+    acc = (acc << l_) | ccode[sym];    \
+    n += l_;                           \
+  } while (0)
+#define EZ_FLUSH(acc, n, bp)                   \
+  do {                                         \
+    store_be64(bp, (acc) << (63 - (n)) << 1);  \
+    bp += (n) >> 3;                            \
+    n &= 7;                                    \
+  } while (0)
     uint32_t before_a = 0, before_b = 0;
+    constexpr uint32_t kHalf = kStreams / 2 * kStreamLen;  // stream st + 4 starts here
     for (uint32_t st = 0; st < kStreams / 2; ++st) {
       const uint16_t* sa = s.sym + st * kStreamLen;
-      const uint16_t* sb = s.sym + (st + kStreams / 2) * kStreamLen;
       constexpr uint32_t groups = kStreamLen / kSymsPerRefill;  // 102, then 2 codes
-      for (uint32_t g = 0; g < groups; ++g, sa += kSymsPerRefill, sb += kSymsPerRefill) {
-#pragma GCC unroll 5
-        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(wa, sa[i]);
-        wa.flush();
-#pragma GCC unroll 5
-        for (uint32_t i = 0; i < kSymsPerRefill; ++i) push(wb, sb[i]);
-        wb.flush();
+      for (uint32_t g = 0; g < groups; ++g, sa += kSymsPerRefill) {
+        EZ_PUSH(acc_a, n_a, sa[0]);
+        EZ_PUSH(acc_a, n_a, sa[1]);
+        EZ_PUSH(acc_a, n_a, sa[2]);
+        EZ_PUSH(acc_a, n_a, sa[3]);
+        EZ_PUSH(acc_a, n_a, sa[4]);
+        EZ_FLUSH(acc_a, n_a, bp_a);
+        EZ_PUSH(acc_b, n_b, sa[kHalf + 0]);
+        EZ_PUSH(acc_b, n_b, sa[kHalf + 1]);
+        EZ_PUSH(acc_b, n_b, sa[kHalf + 2]);
+        EZ_PUSH(acc_b, n_b, sa[kHalf + 3]);
+        EZ_PUSH(acc_b, n_b, sa[kHalf + 4]);
+        EZ_FLUSH(acc_b, n_b, bp_b);
       }
       for (uint32_t i = 0; i < kStreamLen - groups * kSymsPerRefill; ++i) {
-        push(wa, sa[i]);
-        push(wb, sb[i]);
+        EZ_PUSH(acc_a, n_a, sa[i]);
+        EZ_PUSH(acc_b, n_b, sa[kHalf + i]);
       }
-      wa.flush();
-      wb.flush();
-      const uint32_t now_a = wa.bits_since(s.bits), now_b = wb.bits_since(s.bits2);
+      EZ_FLUSH(acc_a, n_a, bp_a);
+      EZ_FLUSH(acc_b, n_b, bp_b);
+      const uint32_t now_a = (uint32_t)(bp_a - s.bits) * 8 + n_a;
+      const uint32_t now_b = (uint32_t)(bp_b - s.bits2) * 8 + n_b;
       st16(out + kBlockHead + 2 * st, now_a - before_a);
       st16(out + kBlockHead + 2 * (st + kStreams / 2), now_b - before_b);
       before_a = now_a;
       before_b = now_b;
     }
+#undef EZ_PUSH
+#undef EZ_FLUSH
     // The last flush stored 8 bytes from bp: zeros after the pending bits. Zero
     // 16 more for append_bits' word reads.
-    std::memset(wb.bp + 8, 0, 16);
+    std::memset(bp_b + 8, 0, 16);
     append_bits(s.bits, before_a, s.bits2, before_b);
     bits_total = before_a + before_b;
   } else {

@@ -795,15 +795,19 @@ def format_projection(rows: Sequence[ProjectionRow]) -> str:
 
 
 def fit_alpha_beta(x: Sequence[float], t: Sequence[float]) -> LinkFit:
-  """Robust fit of t = alpha + beta x: beta from the sizes, alpha from the residuals.
+  """Robust fit of t = alpha + beta x (least absolute deviations, then a median).
 
-  beta is the ordinary least-squares slope (the largest sizes, which the
-  bandwidth-bound calls of training are like, dominate it; one slow call at a
-  small size barely moves it), alpha the median of t - beta x (one outlier does
-  not move it). A relative (1/t) weighting, used before, let one noisy small
-  call (e.g. 2.8 ms for 4 KiB next to 0.5 ms for 64 KiB) tilt the slope: an
-  all-gather link fitted 0.73 Gbit/s from calls whose 1-4 MiB points said 0.46.
-  Both are clamped at >= 0 (a negative slope: beta 0, alpha the median time).
+  beta: the slope of the line with the smallest sum of absolute residuals among
+  the lines through two of the points (and the lines through the origin or flat
+  through one point). Such a line ignores one wild point among four, and
+  absolute residuals let the largest sizes, which the bandwidth-bound calls of
+  training are like, set the slope. alpha: the median of t - beta x over the
+  three smallest sizes. Both are clamped at >= 0 (a falling line: beta 0).
+
+  A least-squares fit weighted by 1/t, used before, let one slow call at a small
+  size (2.8 ms for a 4 KiB row next to 0.5 ms for 64 KiB, on a loaded machine)
+  tilt the slope: an all-gather link fitted 0.73 Gbit/s from calls whose 1-4 MiB
+  points said 0.46.
   """
   x = np.asarray(x, np.float64)
   t = np.asarray(t, np.float64)
@@ -812,11 +816,19 @@ def fit_alpha_beta(x: Sequence[float], t: Sequence[float]) -> LinkFit:
                      f"{x.shape} and {t.shape}")
   if np.any(t <= 0) or np.any(x < 0):
     raise ValueError("fit_alpha_beta: times must be > 0 and sizes >= 0")
-  dx = x - x.mean()
-  var = float(np.sum(dx * dx))
-  beta = float(np.sum(dx * (t - t.mean())) / var) if var > 0 else 0.0
-  beta = max(beta, 0.0)
-  alpha = float(np.median(t - beta * x))
+  lines = [(float(ti), 0.0) for ti in t]                             # flat
+  lines += [(0.0, float(ti / xi)) for xi, ti in zip(x, t) if xi > 0]  # through the origin
+  for i in range(len(x)):
+    for j in range(i + 1, len(x)):
+      if x[j] != x[i]:
+        b = float((t[j] - t[i]) / (x[j] - x[i]))
+        lines.append((float(t[i] - b * x[i]), b))
+  cost = [float(np.sum(np.abs(t - a - b * x))) for a, b in lines]
+  beta = max(lines[int(np.argmin(cost))][1], 0.0)
+  # alpha from the three smallest sizes, where it is most of the time (a 5%
+  # wobble of a 4 MiB call would swamp a 0.1 ms latency); one of them may be off.
+  small = np.argsort(x, kind="stable")[:3]
+  alpha = float(np.median(t[small] - beta * x[small]))
   return LinkFit(max(alpha, 0.0), beta)
 
 
