@@ -10,10 +10,15 @@
    rung its stats report, checked against the compiled HLO (`hlo_wire_bytes(...)
    .taken(rungs)`); the ratio is raw (codec="raw": the same collectives on uint16
    words) over that.
-2. Compile time (median) and HLO size of one compressed collective, against
-   results/ladder_compile_baseline.json: the same measurement taken on the
-   fixed-slot transport before the ladder (commit 0817424, same machine).
-3. The FSDP example (examples/train_fsdp.py --quick, library defaults, no capacity):
+2. Compile time (median) and program size of one compressed collective: the
+   ladder, the same transport with a one-rung ladder (the fixed-slot transport's
+   structure) and codec="raw", compiled interleaved in the same run; the numbers of
+   the fixed-slot transport itself (results/ladder_compile_baseline.json, commit
+   0817424, another load) are listed for reference.
+   Then the program size (kernels, HLO) of the ladder cut to 1, 2, 4, 8, 16 rungs.
+3. Ladder spacing: the wire-vs-used gap of candidate ladders on every distribution,
+   at the FSDP example's and the benchmark's row sizes, with their rung counts.
+4. The FSDP example (examples/train_fsdp.py --quick, library defaults, no capacity):
    bytes per step of the gradient reduce-scatters and in total, vs raw, and whether
    the two runs are bit-identical.
 
@@ -116,12 +121,64 @@ def wire_ratios(n: int, codec: str = "zipccl") -> list:
   return rows
 
 
+# Ops of a compiled XLA:CPU module that are no kernel of their own (views, control
+# flow, collectives, FFI calls); every other op outside a fusion body is one
+# LLVM-compiled kernel, which is what a compile spends its time on.
+_NOT_KERNELS = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "conditional",
+                "all-gather", "all-gather-start", "all-gather-done", "all-to-all", "all-reduce",
+                "all-reduce-start", "all-reduce-done", "collective-permute",
+                "collective-permute-start", "collective-permute-done", "custom-call", "while",
+                "call", "after-all", "partition-id", "replica-id", "opt-barrier"}
+
+
+def kernel_count(text: str) -> int:
+  """Kernels XLA:CPU compiles for a module: ops outside fusion bodies that are not
+  views, control flow, collectives or custom calls (a proxy for compile work; XLA
+  compiles identical kernels once, this counts them all)."""
+  import re
+  fused = set(re.findall(r"calls=%([\w.\-]+)", text))
+  count, comp = 0, None
+  for line in text.splitlines():
+    m = re.match(r"^(?:ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$", line)
+    if m:
+      comp = m.group(1)
+      continue
+    if comp is None or comp in fused:
+      continue
+    m = re.match(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*(?:\(.*?\)|\S+)\s+([\w\-]+)\(", line)
+    if m and m.group(1) not in _NOT_KERNELS:
+      count += 1
+  return count
+
+
+def _one_rung(transport):
+  """The reference program: the same transport with a one-rung ladder (one compressed
+  slot and the raw rung: a two-way switch, the fixed-slot transport's structure)."""
+  import contextlib
+  orig = transport.ladder
+
+  @contextlib.contextmanager
+  def patched():
+    transport.ladder = lambda a, b, all_to_all=False: orig(a, b, all_to_all=all_to_all)[:1]
+    try:
+      yield
+    finally:
+      transport.ladder = orig
+  return patched()
+
+
 def compile_times(runs: int) -> dict:
-  """The measurement of results/ladder_compile_baseline.json, on the current transport."""
+  """Compile time and program size of one compressed collective, three programs per
+  collective compiled in the same run, interleaved (the load of a shared machine
+  changes by the minute): the ladder ("zipccl"), the same transport with a one-rung
+  ladder ("fixed": one compressed slot + the raw rung, the structure of the
+  fixed-slot transport before the ladder) and codec="raw"."""
+  import contextlib
   import jax
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
   import zipccl_jax as zc
+  from zipccl_jax._src import transport
   mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
   ring = [(i, (i + 1) % N) for i in range(N)]
 
@@ -135,29 +192,169 @@ def compile_times(runs: int) -> dict:
         "ppermute": (lambda v: zc.compressed_ppermute(v, "x", ring, **kw), P("x")),
     }
 
+  variants = {"zipccl": ("zipccl", contextlib.nullcontext), "fixed": ("zipccl", lambda: _one_rung(transport)),
+              "raw": ("raw", contextlib.nullcontext)}
   x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
   out = {}
-  for codec in ("zipccl", "raw"):
-    for name in calls(codec):
-      times = []
-      for r in range(runs + 1):
-        f, spec = calls(codec)[name]   # a fresh closure: no cache hit
-        lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
+  for name in calls("raw"):
+    times = {v: [] for v in variants}
+    texts = {}
+    for r in range(runs + 1):
+      for v, (codec, ctx) in variants.items():
+        with ctx():
+          f, spec = calls(codec)[name]   # a fresh closure: no cache hit
+          lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
         t0 = time.perf_counter()
         comp = lowered.compile()
         if r:
-          times.append(time.perf_counter() - t0)
-      text = comp.as_text()
-      out[f"{codec}/{name}"] = dict(compile_s=statistics.median(times), runs=times,
-                                    hlo_chars=len(text), hlo_lines=text.count("\n"))
-      common.log(f"compile {codec} {name}: {1e3 * statistics.median(times):.0f} ms, "
-                 f"{len(text)} HLO chars")
+          times[v].append(time.perf_counter() - t0)
+        texts[v] = comp.as_text()
+    for v in variants:
+      text = texts[v]
+      out[f"{v}/{name}"] = dict(compile_s=statistics.median(times[v]), runs=times[v],
+                                hlo_chars=len(text), hlo_lines=text.count("\n"),
+                                kernels=kernel_count(text))
+    common.log(f"compile {name}: " + ", ".join(
+        f"{v} {1e3 * out[f'{v}/{name}']['compile_s']:.0f} ms ({out[f'{v}/{name}']['kernels']} kernels)"
+        for v in variants))
   return out
 
 
-def run_example(steps: int) -> dict | None:
+# Ladders compared by `spacing_gaps`: (fine rungs, fine growth, coarse growth, most
+# rungs) as in transport.ladder; the first two are the library's.
+SPACINGS = {
+    "all-gather ladder (library): 12 @ 2%, 5%, <= 16": (12, (1, 50), (1, 20), 16),
+    "all-to-all ladder (library): 8 @ 2%, 5%, <= 12": (8, (1, 50), (1, 20), 12),
+    "12 @ 1%, 5%, <= 18": (12, (1, 100), (1, 20), 18),
+    "16 @ 1%, 5%, <= 20": (16, (1, 100), (1, 20), 20),
+    "12 @ 1.5%, 5%, <= 16": (12, (3, 200), (1, 20), 16),
+    "8 @ 2%, 4%, <= 13": (8, (1, 50), (1, 25), 13),
+}
+
+
+def _spacing(transport, spec):
+  """transport.ladder with the given spacing (patched module constants)."""
+  import contextlib
+  names = ("FINE_RUNGS", "LADDER_GROWTH", "MAX_RUNGS")
+
+  @contextlib.contextmanager
+  def patched():
+    old = tuple(getattr(transport, k) for k in names)
+    fine, fg, cg, most = spec
+    transport.FINE_RUNGS, transport.LADDER_GROWTH, transport.MAX_RUNGS = fine, (fg, cg), most
+    try:
+      yield
+    finally:
+      for k, v in zip(names, old):
+        setattr(transport, k, v)
+  return patched()
+
+
+def spacing_gaps(seeds=(0, 1, 2)) -> dict:
+  """Mean wire-vs-used gap (slot / largest used size - 1) of candidate ladders.
+
+  For each distribution of `datasets` and 3 seeds: all-gather rows (one block per
+  device) of 6,160 / 24,608 / 16,384 / 131,072 / 65,536 / 524,288 elements (the
+  first two the FSDP example's shards) and all-to-all rows (those blocks cut into 8
+  rows, from 16,384 elements up): the largest used size of the devices' rows,
+  rounded up to the ladder (raw when above it). Also the rung counts (the compile
+  cost: one switch branch per rung)."""
+  import jax.numpy as jnp
+  import zipccl_jax as zc
+  from zipccl_jax._src import transport
+  out = {}
+  for m in (6160, 24608, 16384, 131072, 65536, 524288):
+    for seed in seeds:
+      for kind, x in datasets(m, seed).items():
+        xb = jnp.asarray(x).astype(jnp.bfloat16)
+        for transport_kind, rows in (("all_gather", xb), ("all_to_all", xb.reshape(N * N, -1))):
+          if transport_kind == "all_to_all" and m // N < 2048:
+            continue    # rows of a few KiB take no ladder worth studying
+          mr = rows.shape[1]
+          _, st = zc.encode_rows(rows)
+          used = 128 * int(np.max(np.asarray(st[:, 2])))
+          for name, spec in SPACINGS.items():
+            with _spacing(transport, spec):
+              rungs = transport.ladder(zc.min_nbytes(jnp.bfloat16, mr), 2 * mr)
+            slot = next((r for r in rungs if r >= used), 2 * mr)
+            d = out.setdefault(name, {"gaps": {}, "rungs": set()})
+            d["gaps"].setdefault(f"{transport_kind}/{kind}", []).append(min(slot, 2 * mr) / min(used, 2 * mr) - 1)
+            d["rungs"].add(len(rungs))
+  return {name: {"gaps": {k: float(np.mean(v)) for k, v in d["gaps"].items()},
+                 "rungs": sorted(d["rungs"])} for name, d in out.items()}
+
+
+def rung_sweep(counts=(1, 2, 4, 8, 16)) -> list:
+  """Program size vs the number of rungs: all_gather and psum_scatter (bf16 [1024,
+  1024] per device) compiled with the library's ladder cut to its first k rungs:
+  kernels (deterministic) and HLO chars, one compile each."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+  import zipccl_jax as zc
+  from zipccl_jax._src import transport
+  mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+  kw = dict(codec="zipccl", policy="always")
+  calls = {"all_gather": lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw),
+           "psum_scatter": lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, **kw)}
+  x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
+  orig = transport.ladder
+  rows = []
+  for name, fn in calls.items():
+    seen = set()
+    for k in counts:
+      transport.ladder = lambda a, b, all_to_all=False, k=k: orig(a, b, all_to_all=all_to_all)[:k]
+      try:
+        f = jax.jit(jax.shard_map(lambda v, fn=fn: fn(v), mesh=mesh, in_specs=P("x"),
+                                  out_specs=P("x")))
+        lowered = f.lower(x)
+        t0 = time.perf_counter()
+        text = lowered.compile().as_text()
+        dt = time.perf_counter() - t0
+      finally:
+        transport.ladder = orig
+      n_rungs = len(zc.hlo_wire_bytes(text).conditionals[0].branch_bytes) - 1
+      if n_rungs in seen:
+        continue
+      seen.add(n_rungs)
+      rows.append(dict(collective=name, rungs=n_rungs, kernels=kernel_count(text),
+                       hlo_chars=len(text), compile_s=dt))
+      common.log(f"rung sweep {name} {n_rungs} rungs: {rows[-1]['kernels']} kernels, "
+                 f"{1e3 * dt:.0f} ms")
+  return rows
+
+
+def example_spacing(example: dict) -> dict:
+  """The example's bytes per kind if every call had taken each SPACINGS ladder.
+
+  From the agreed used size of every call the example records (its JSON "used":
+  (row elements, bytes)): slots only (no agreement bytes), raw / slots, per kind
+  and in total."""
+  import jax.numpy as jnp
+  import zipccl_jax as zc
+  from zipccl_jax._src import transport
+  used = example["runs"]["zipccl"].get("used") or {}
+  out = {}
+  for name, spec in SPACINGS.items():
+    row = {}
+    with _spacing(transport, spec):
+      for kind, calls in used.items():
+        raw = sum(2 * m for m, _ in calls)
+        slots = 0
+        for m, u in calls:
+          rungs = transport.ladder(zc.min_nbytes(jnp.bfloat16, m), 2 * m)
+          slots += next((r for r in rungs if r >= u), 2 * m)
+        row[kind] = (raw, slots)
+    raw_all = sum(r for r, _ in row.values())
+    slots_all = sum(v for _, v in row.values())
+    out[name] = {k: r / v for k, (r, v) in row.items()} | {"total": raw_all / max(slots_all, 1)}
+  return out
+
+
+def run_example(steps: int, full: bool = False) -> dict | None:
   path = os.path.join(tempfile.mkdtemp(prefix="ladder_example_"), "fsdp.json")
-  cmd = [sys.executable, os.path.join(HERE, "..", "examples", "train_fsdp.py"), "--quick",
+  cmd = [sys.executable, os.path.join(HERE, "..", "examples", "train_fsdp.py")] + (
+      [] if full else ["--quick"]) + [
          "--steps", str(steps), "--no-progress", "--no-analyze", "--json", path]
   common.log("example: " + " ".join(cmd[1:]))
   res = subprocess.run(cmd, capture_output=True, text=True)
@@ -168,7 +365,7 @@ def run_example(steps: int) -> dict | None:
     return json.load(f)
 
 
-def report(args, info, rows, comp, base, example) -> list:
+def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list:
   lines = [f"# Slot-ladder transport: wire ratios and compile time ({common.today()})", "",
            f"Machine: {info['cpu']}, {info['cores']} cores, load average "
            f"{info.get('loadavg_1m', '?')} at the start (shared: timings are noisy, medians). "
@@ -200,24 +397,64 @@ def report(args, info, rows, comp, base, example) -> list:
                         if r["collective"] == "all_gather" and r["data"] == "weight_like")
             + " (goal >= 1.39)",
             f"- the most any call moved relative to raw: {worst:.4f}x (goal <= 1.01)", ""]
-  lines += ["## Compile time of one compressed collective", "",
-            "8 devices, bf16 [1024, 1024] per device, policy=\"always\"; median of "
-            f"{args.compile_runs} compiles (`lowered.compile()`), HLO text size. *before*: "
-            "the fixed-slot transport (one `lax.cond`: compressed or raw), measured on this "
-            "machine before the ladder (results/ladder_compile_baseline.json).", "",
-            "| collective | codec | before ms | ladder ms | x | HLO chars before | ladder |",
-            "|---|---|---|---|---|---|---|"]
-  for key, v in comp.items():
-    b = base.get(key, {})
-    bt = b.get("compile_s")
-    before = "" if bt is None else f"{1e3 * bt:.0f}"
-    factor = "" if bt is None else f"{v['compile_s'] / bt:.2f}"
-    codec, name = key.split("/")
-    lines.append(f"| {name} | {codec} | {before} | {1e3 * v['compile_s']:.0f} | {factor} | "
-                 f"{b.get('hlo_chars', '')} | {v['hlo_chars']} |")
+  if comp:
+    lines += ["## Compile time and program size of one compressed collective", "",
+              "8 devices, bf16 [1024, 1024] per device, policy=\"always\"; median of "
+              f"{args.compile_runs} compiles (`lowered.compile()`) per program, the three "
+              "programs of a collective compiled interleaved in the same run. *ladder*: the "
+              "library; *fixed*: the same transport with a one-rung ladder (one compressed "
+              "slot + the raw rung: the two-way switch of the fixed-slot transport before the "
+              "ladder); *raw*: codec=\"raw\". *kernels*: ops of the compiled module that "
+              "XLA:CPU compiles to a kernel (outside fusion bodies; not views, collectives, "
+              "custom calls); *HLO*: compiled HLO text, chars. *then*: the fixed-slot "
+              "transport itself, measured on this machine before the ladder under another load "
+              "(results/ladder_compile_baseline.json), for reference only.", "",
+              "| collective | ladder ms | fixed ms | raw ms | ladder/fixed | ladder/raw | "
+              "kernels ladder / fixed / raw | HLO chars ladder / fixed / raw | then ms |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name in ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute"):
+      z, f, r = (comp.get(f"{v}/{name}") for v in ("zipccl", "fixed", "raw"))
+      if not z:
+        continue
+      then = base.get(f"zipccl/{name}", {}).get("compile_s")
+      lines.append(
+          f"| {name} | {1e3 * z['compile_s']:.0f} | {1e3 * f['compile_s']:.0f} | "
+          f"{1e3 * r['compile_s']:.0f} | **{z['compile_s'] / f['compile_s']:.2f}** | "
+          f"{z['compile_s'] / r['compile_s']:.2f} | {z['kernels']} / {f['kernels']} / "
+          f"{r['kernels']} | {z['hlo_chars']} / {f['hlo_chars']} / {r['hlo_chars']} | "
+          f"{'' if then is None else f'{1e3 * then:.0f}'} |")
+    lines.append("")
+  if sweep:
+    lines += ["### Program size vs rungs", "",
+              "The library's ladder cut to its first k rungs (one compile each, same "
+              "shapes): every rung adds its slice kernel(s): one for an all-gather, N slices "
+              "and a concatenation for an all-to-all on XLA:CPU.", "",
+              "| collective | rungs | kernels | HLO chars | compile ms (one) |", "|---|---|---|---|---|"]
+    for r in sweep:
+      lines.append(f"| {r['collective']} | {r['rungs']} | {r['kernels']} | {r['hlo_chars']} | "
+                   f"{1e3 * r['compile_s']:.0f} |")
+    lines.append("")
+  if gaps:
+    kinds = ("gaussian", "laplace", "student_t3", "zero_heavy", "gradient_like", "weight_like")
+    lines += ["## Ladder spacing: wire-vs-used gap", "",
+              "Mean of slot / largest used size - 1 (both capped at the raw size) over rows of "
+              "6,160 / 24,608 / 16,384 / 131,072 / 65,536 / 524,288 elements (all-gather rows: "
+              "one block per device; the first two are the FSDP example's shards) and those "
+              "blocks cut into 8 rows from 16,384 elements up (all-to-all rows: 2,048 to "
+              "65,536 elements), 3 seeds, 8 devices; *rungs*: ladder lengths over those sizes "
+              "(the compile cost grows with them, see above).", "",
+              "| ladder | rows | " + " | ".join(kinds) + " | rungs |",
+              "|---|---|" + "---|" * len(kinds) + "---|"]
+    for name, d in gaps.items():
+      for t in ("all_gather", "all_to_all"):
+        lines.append(f"| {name} | {t} | " + " | ".join(
+            f"{100 * d['gaps'][f'{t}/{k}']:.2f}%" for k in kinds) + " | "
+            + ",".join(map(str, d["rungs"])) + " |")
+    lines.append("")
   if example:
     z, r = example["runs"]["zipccl"], example["runs"]["raw"]
-    lines += ["", "## FSDP example (examples/train_fsdp.py --quick, "
+    lines += ["", "## FSDP example (examples/train_fsdp.py"
+              f"{'' if args.example_full else ' --quick'}, "
               f"{len(z['losses'])} steps, no capacity arguments)", "",
               "| bytes per step (all devices) | zipccl | raw | ratio |", "|---|---|---|---|"]
     for name, key in (("gradient reduce-scatters", "scatter"), ("weight all-gathers", "gather")):
@@ -229,10 +466,23 @@ def report(args, info, rows, comp, base, example) -> list:
               f"calls on the raw rung: {z['fallbacks']} of {z['calls']} per collective kind.",
               f"Gradient rows escape {100 * z['escape_rate']['scatter']:.1f}% on average "
               f"(worst row {100 * z['worst_gradient_row']:.1f}%)."]
+    spacing = example_spacing(example)
+    if spacing:
+      lines += ["", "The same calls on other ladders (each call's agreed used size, recorded by "
+                "the example, rounded up to the ladder; slots only, no agreement bytes; the "
+                "library uses the first ladder for gathers, the second for the gradients' "
+                "all-to-all):", "",
+                "| ladder | gathers | gradient reduce-scatters | total |", "|---|---|---|---|"]
+      for name, r in spacing.items():
+        lines.append(f"| {name} | {r.get('gather', 0):.4f} | {r.get('scatter', 0):.4f} | "
+                     f"{r['total']:.4f} |")
+
   lines += ["", f"Reproduce: `python benchmarks/ladder.py --elements {args.elements} "
             f"--example-steps {args.example_steps} --compile-runs {args.compile_runs}"
+            + (" --example-full" if args.example_full else "")
             + (f" --codecs {args.codecs}" if args.codecs != "zipccl" else "")
-            + (" --skip-compile" if args.skip_compile else "") + "`", ""]
+            + (" --skip-compile" if args.skip_compile else "")
+            + (" --skip-spacing" if args.skip_spacing else "") + "`", ""]
   return lines
 
 
@@ -243,8 +493,12 @@ def main(argv=None) -> int:
                   help="bf16 elements per device (default 2^19: 128 KiB rows for psum_scatter, "
                        "above the 64 KiB of policy='auto')")
   ap.add_argument("--example-steps", type=int, default=20, help="FSDP example steps (0: skip)")
+  ap.add_argument("--example-full", action="store_true",
+                  help="run the example's full configuration (make demo's) instead of --quick")
   ap.add_argument("--compile-runs", type=int, default=3)
   ap.add_argument("--skip-compile", action="store_true")
+  ap.add_argument("--skip-spacing", action="store_true",
+                  help="skip the rung sweep and the ladder-spacing gap table")
   ap.add_argument("--codecs", default="zipccl",
                   help="comma-separated codecs for the wire-ratio table (e.g. zipccl,entropy); "
                        "other than the default, the report is ladder_codecs_<date>.md")
@@ -258,13 +512,16 @@ def main(argv=None) -> int:
   comp = {} if args.skip_compile else compile_times(args.compile_runs)
   with open(os.path.join(HERE, "results", "ladder_compile_baseline.json")) as f:
     base = json.load(f)
-  example = run_example(args.example_steps) if args.example_steps else None
-  lines = report(args, info, rows, comp, base, example)
+  sweep = [] if args.skip_compile or args.skip_spacing else rung_sweep()
+  gaps = {} if args.skip_spacing else spacing_gaps()
+  example = run_example(args.example_steps, args.example_full) if args.example_steps else None
+  lines = report(args, info, rows, comp, base, example, gaps, sweep)
   stem = "ladder" if codecs == ["zipccl"] else "ladder_codecs"
   path = os.path.join(args.out, f"{stem}_{common.today()}.md")
   common.write_lines(path, lines)
   with open(path[:-3] + ".json", "w") as f:
-    json.dump(dict(machine=info, rows=rows, compile=comp, baseline=base, example=example), f,
+    json.dump(dict(machine=info, rows=rows, compile=comp, baseline=base, example=example,
+                   rung_sweep=sweep, spacing_gaps=gaps), f,
               indent=1, default=str)
   bad = [r for r in rows if not r["identical_to_raw"] or r["wire"] != r["wire_hlo"]]
   return 1 if bad or (example and not example["identical"]) else 0

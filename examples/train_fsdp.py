@@ -444,6 +444,7 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
   fallbacks = {"gather": 0, "scatter": 0}
   escapes = {"gather": [0, 0], "scatter": [0, 0]}            # [escapes, elements]
   worst_row = 0.0                                            # of the gradient rows
+  used_log = {"gather": [], "scatter": []}    # (row elements, agreed used bytes) per call
   bar = progress_bar(cfg.steps, f"{codec:>6}", unit="step", enabled=progress)
   t0 = time.perf_counter()
   for i in range(cfg.steps):
@@ -455,12 +456,15 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
     for u in units:
       st = stats[u.name]
       rung = {"gather": int(np.asarray(st.rung).reshape(-1)[0]), "scatter": 0}
+      if watch:
+        used_log["gather"].append((u.shard, int(np.max(st.used_bytes))))
       escapes["gather"][0] += int(st.escape_count)
       escapes["gather"][1] += st.elements
       if watch:
         pg = probe_grads[u.name].reshape(n, 3)
         used = 128 * int(pg[:, 2].max())                       # agreed over all devices
         rung["scatter"] = sum(1 for slot in capacities[u.name][1][:-1] if used > slot)
+        used_log["scatter"].append((u.shard, used))
         escapes["scatter"][0] += int(pg[:, 0].sum())
         escapes["scatter"][1] += n * n * u.shard
         worst_row = max(worst_row, float(pg[:, 1].max()) / u.shard)
@@ -480,7 +484,7 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
               bytes_per_step=sum(per_step.values()), fallbacks=fallbacks,
               calls=cfg.steps * len(units),
               escape_rate={k: e / max(m, 1) for k, (e, m) in escapes.items()},
-              worst_gradient_row=worst_row,
+              worst_gradient_row=worst_row, used=used_log,
               wall_s=wall, compile_s=compile_s)
 
 
@@ -656,7 +660,7 @@ def _run(cfg: Config, args, devices) -> int:
 
   if args.json:
     keys = ("bytes_common", "bytes_worst", "bytes", "bytes_per_step", "fallbacks", "calls",
-            "escape_rate", "worst_gradient_row", "wall_s", "compile_s")
+            "escape_rate", "worst_gradient_row", "used", "wall_s", "compile_s")
     with open(args.json, "w") as f:
       json.dump(dict(config=dataclasses.asdict(cfg), identical=bool(identical), ratio=ratio,
                      runs={c: dict({k: v[k] for k in keys}, losses=v["losses"].tolist())
