@@ -245,6 +245,17 @@ def report(rows, speed, info, args, wall, load) -> list[str]:
   return lines
 
 
+def machine_info() -> dict:
+  """common.machine_info() with ZipNN's version (zipnn has no __version__)."""
+  info = common.machine_info()
+  try:
+    from importlib import metadata
+    info["versions"].setdefault("zipnn", metadata.version("zipnn"))
+  except Exception:  # noqa: BLE001  (not installed: no row for it either)
+    pass
+  return info
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--ratio-mib", type=float, default=16)
@@ -252,12 +263,7 @@ def main(argv=None) -> int:
   ap.add_argument("--runs", type=int, default=7)
   ap.add_argument("--out", default=None, help="report path (default results/entropy_ratio_<date>.md)")
   args = ap.parse_args(argv)
-  info = common.machine_info()
-  try:  # zipnn has no __version__
-    from importlib import metadata
-    info["versions"].setdefault("zipnn", metadata.version("zipnn"))
-  except Exception:
-    pass
+  info = machine_info()
   t0, snap0 = time.perf_counter(), common.cpu_snapshot()
   rows = ratio_rows(int(args.ratio_mib * 2**20) // 2)
   speed = speed_rows(int(args.speed_mib * 2**20) // 2, args.runs)

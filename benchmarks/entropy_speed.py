@@ -265,12 +265,7 @@ def main(argv=None) -> int:
   ap.add_argument("--skip-speed", action="store_true", help="no jax.jit part")
   ap.add_argument("--out", default=None, help="report path (default results/entropy_speed_<date>.md)")
   args = ap.parse_args(argv)
-  info = common.machine_info()
-  try:  # zipnn has no __version__
-    from importlib import metadata
-    info["versions"].setdefault("zipnn", metadata.version("zipnn"))
-  except Exception:
-    pass
+  info = entropy_ratio.machine_info()
   t0, snap0 = time.perf_counter(), common.cpu_snapshot()
   nat = None if args.skip_native else native_rows(args.base, args.instr_n, args.best_n,
                                                   args.best_reps)
