@@ -206,13 +206,7 @@ def report(nat, speed, cpu, tuned, info, args, wall, load) -> list[str]:
     lines += [f"## Through jax.jit, 1 thread, {args.speed_mib} MiB Gaussian bf16 (GB/s = input "
               "bytes / median time, 1 GB = 1e9 B; this tree only)", "",
               "| codec | encode GB/s | decode GB/s |", "|---|---:|---:|"]
-    for name, key in (("entropy codec (XLA FFI, jax.jit)", "entropy"),
-                      ("window codec (XLA FFI, jax.jit)", "window"),
-                      ("ZipNN (1 thread)", "zipnn"),
-                      ("entropy row codec, host buffers, thread CPU time", "entropy_host"),
-                      ("window row codec, host buffers, thread CPU time", "window_host")):
-      if f"{key}_encode" in speed:
-        lines.append(f"| {name} | {speed[key + '_encode']:.2f} | {speed[key + '_decode']:.2f} |")
+    lines += _gbps_rows(speed, _ROWS)
     if "zipnn_encode" in speed:
       lines += ["", f"Entropy codec vs ZipNN in this run: encode "
                 f"{speed['entropy_encode'] / speed['zipnn_encode']:.1f}x, decode "
@@ -224,11 +218,7 @@ def report(nat, speed, cpu, tuned, info, args, wall, load) -> list[str]:
                 "waiting for a core on this loaded machine; ZipNN's compress includes copying "
                 "its input into a fresh bytearray):", "",
                 "| codec | encode GB/s | decode GB/s |", "|---|---:|---:|"]
-      for name, key in (("entropy codec (XLA FFI, jax.jit)", "entropy"),
-                        ("window codec (XLA FFI, jax.jit)", "window"),
-                        ("ZipNN (1 thread)", "zipnn")):
-        if f"{key}_encode" in cpu:
-          lines.append(f"| {name} | {cpu[key + '_encode']:.2f} | {cpu[key + '_decode']:.2f} |")
+      lines += _gbps_rows(cpu, _ROWS[:3])
       if "zipnn_encode" in cpu:
         lines += ["", f"In CPU time: entropy codec vs ZipNN encode "
                   f"{cpu['entropy_encode'] / cpu['zipnn_encode']:.1f}x, decode "
@@ -251,6 +241,20 @@ def report(nat, speed, cpu, tuned, info, args, wall, load) -> list[str]:
               f"{'ok' if speed['entropy_roundtrip_ok'] else 'FAILED'}. The window codec's rows "
               "are a load gauge: compare them with codec_<date>.md, measured on a quieter machine."]
   return lines
+
+
+# (row label, key prefix) of the GB/s tables: key + "_encode" / "_decode" in the result dicts.
+_ROWS = (("entropy codec (XLA FFI, jax.jit)", "entropy"),
+         ("window codec (XLA FFI, jax.jit)", "window"),
+         ("ZipNN (1 thread)", "zipnn"),
+         ("entropy row codec, host buffers, thread CPU time", "entropy_host"),
+         ("window row codec, host buffers, thread CPU time", "window_host"))
+
+
+def _gbps_rows(d: dict, rows) -> list[str]:
+  """Markdown rows "| label | encode | decode |" for the rows measured in d."""
+  return [f"| {name} | {d[key + '_encode']:.2f} | {d[key + '_decode']:.2f} |"
+          for name, key in rows if f"{key}_encode" in d]
 
 
 def main(argv=None) -> int:
