@@ -406,13 +406,18 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t
 
 struct EncScratch {
   PMFast pm;
-  uint16_t sym[kBlock];              // J symbols (exponent << 1 | sign) of the block
-  uint16_t cnt[4][kMaxAlphabet];     // histogram lanes (<= 1024 per lane); zero between blocks
-  uint32_t c[2][kMaxAlphabet];       // [kind] counts
+  // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
+  // bits: one shift a 16-element vector), not by the J symbol e << 1 | s: the
+  // histogram and the code tables take u and the counts are permuted into
+  // symbol order once per block (2 x 256 values), not per element.
+  uint16_t sym[kBlock];              // u of every element of the block
+  uint16_t cnt[4][kMaxAlphabet];     // histogram lanes over u (<= 1024 per lane); zero between blocks
+  uint16_t half[2][kMaxAlphabet / 2 + 16];  // [sign] lane sums by exponent
+  uint32_t c[2][kMaxAlphabet];       // [kind] counts by symbol
   uint8_t len[2][kMaxAlphabet];      // [kind] code lengths
   uint8_t nibs[2][kMaxAlphabet / 2 + 8];  // [kind] code-length nibble stream
-  uint64_t ccode[kMaxAlphabet];      // [J symbol] code (u64: OR-ed from memory)
-  uint8_t clen[kMaxAlphabet];        // [J symbol] code length
+  uint64_t ccode[kMaxAlphabet];      // [u] code (u64: OR-ed from memory)
+  uint8_t clen[kMaxAlphabet];        // [u] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
   uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
   // Prefetch targets for the histogram pass (see encode_row_t): the input of a
@@ -471,14 +476,15 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
                                      bool* raw) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t AE = 1u << t.ebits;
-  // Symbols first (a vectorizable pass, with their maximum: 1 + it is the kind-J
-  // sym_end), then counts in 4 lanes (a run of equal symbols would otherwise
-  // serialize on one counter's store-to-load latency).
-  uint16_t mx = 0;  // u16 keeps the max in 16-bit lanes (vpmaxuw)
+  // u = v >> M first (a vectorizable pass, with the largest |v|: its exponent
+  // bounds the symbols), then counts in 4 lanes (a run of equal symbols would
+  // otherwise serialize on one counter's store-to-load latency).
+  uint16_t mxa = 0;  // u16 keeps the max in 16-bit lanes (vpmaxuw)
   for (uint32_t j = 0; j < len; ++j) {
-    const uint16_t v = (uint16_t)t.symbol(kKindJ, x[j]);
-    s.sym[j] = v;
-    mx = v > mx ? v : mx;
+    const uint16_t v = x[j];
+    s.sym[j] = (uint16_t)(v >> t.mbits);
+    const uint16_t a = v & 0x7FFF;
+    mxa = a > mxa ? a : mxa;
   }
   uint32_t j = 0;
   // One input line and one output line are prefetched per 32 elements: 8 KiB
@@ -501,18 +507,28 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     }
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
-  uint32_t sym_end[2];
-  sym_end[kKindJ] = mx + 1;
-  sym_end[kKindE] = (mx >> 1) + 1;
-  // Sum the lanes (and clear them for the next block) up to an even bound, so
-  // that kind E's pairs are complete; counts past sym_end are zero.
-  const uint32_t jend2 = 2 * sym_end[kKindE];
-  for (uint32_t a = 0; a < jend2; ++a) {
-    s.c[kKindJ][a] = (uint32_t)s.cnt[0][a] + s.cnt[1][a] + s.cnt[2][a] + s.cnt[3][a];
-    s.cnt[0][a] = s.cnt[1][a] = s.cnt[2][a] = s.cnt[3][a] = 0;
+  // Sum the lanes (and clear them for the next block) for exponents <= the
+  // largest one (counts above it are zero), each sign half contiguous (vector
+  // loops), then interleave them into J order (symbol 2 e + s) and kind E's.
+  const uint32_t emax = mxa >> t.mbits;
+  const uint32_t eend = emax + 1;
+  for (uint32_t sg = 0; sg < 2; ++sg) {
+    uint16_t* const h = s.half[sg];
+    for (uint32_t e = 0; e < eend; ++e) {
+      const uint32_t u = sg * AE + e;
+      h[e] = (uint16_t)(s.cnt[0][u] + s.cnt[1][u] + s.cnt[2][u] + s.cnt[3][u]);
+      s.cnt[0][u] = s.cnt[1][u] = s.cnt[2][u] = s.cnt[3][u] = 0;
+    }
   }
-  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) s.c[kKindE][e] = s.c[kKindJ][2 * e] + s.c[kKindJ][2 * e + 1];
-  (void)AE;
+  for (uint32_t e = 0; e < eend; ++e) {
+    const uint32_t p = s.half[0][e], m = s.half[1][e];
+    s.c[kKindJ][2 * e] = p;
+    s.c[kKindJ][2 * e + 1] = m;
+    s.c[kKindE][e] = p + m;
+  }
+  uint32_t sym_end[2];
+  sym_end[kKindE] = eend;
+  sym_end[kKindJ] = 2 * emax + 1 + (s.half[1][emax] != 0);  // 1 + the largest J symbol
 
   // Candidate sizes in the tie order CONST-E, CONST-J, HUFF-E, HUFF-J, RAW.
   uint32_t best = max_block_bytes(len);
@@ -580,8 +596,18 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // written straight into the J-symbol-indexed tables (kind E: both signs).
   {
     const uint8_t* ln = s.len[kind];
-    uint32_t nl[kMaxLen + 1] = {0}, next[kMaxLen + 1];
-    for (uint32_t a = 0; a < sym_end[kind]; ++a) nl[ln[a]]++;
+    // Lengths counted in 4 lanes: most symbols below sym_end are absent (length
+    // 0), and one counter's store-to-load chain cost ~4% of the encoder's time.
+    uint32_t nl4[4][kMaxLen + 1] = {}, nl[kMaxLen + 1], next[kMaxLen + 1];
+    uint32_t a4 = 0;
+    for (; a4 + 4 <= sym_end[kind]; a4 += 4) {
+      nl4[0][ln[a4]]++;
+      nl4[1][ln[a4 + 1]]++;
+      nl4[2][ln[a4 + 2]]++;
+      nl4[3][ln[a4 + 3]]++;
+    }
+    for (; a4 < sym_end[kind]; ++a4) nl4[0][ln[a4]]++;
+    for (uint32_t l = 0; l <= kMaxLen; ++l) nl[l] = nl4[0][l] + nl4[1][l] + nl4[2][l] + nl4[3][l];
     uint32_t c = 0;
     for (uint32_t l = 1; l <= kMaxLen; ++l) {
       next[l] = c;
@@ -591,12 +617,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       const uint32_t l = ln[a];
       if (!l) continue;
       const uint32_t code = next[l]++;
-      if (kind == kKindE) {
-        s.ccode[2 * a] = s.ccode[2 * a + 1] = code;
-        s.clen[2 * a] = s.clen[2 * a + 1] = (uint8_t)l;
-      } else {
-        s.ccode[a] = code;
-        s.clen[a] = (uint8_t)l;
+      if (kind == kKindE) {  // u = e and AE + e
+        s.ccode[a] = s.ccode[AE + a] = code;
+        s.clen[a] = s.clen[AE + a] = (uint8_t)l;
+      } else {  // symbol a = e << 1 | s: u = s << E | e
+        const uint32_t u = (a & 1) * AE + (a >> 1);
+        s.ccode[u] = code;
+        s.clen[u] = (uint8_t)l;
       }
     }
   }
@@ -623,13 +650,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     uint8_t *bp_a = s.bits, *bp_b = s.bits2;
 #define EZ_PUSH(acc, n, sym)           \
   do {                                 \
-    const uint32_t l_ = clen[sym];     \
-    acc = (acc << l_) | ccode[sym];    \
+    const uint32_t l_ = s.clen[sym];   \
+    acc = (acc << l_) | s.ccode[sym];  \
     n += l_;                           \
   } while (0)
 #define EZ_FLUSH(acc, n, bp)                   \
   do {                                         \
-    store_be64(bp, (acc) << (63 - (n)) << 1);  \
+    store_be64(bp, (acc) << ((0u - (n)) & 63)); \
     bp += (n) >> 3;                            \
     n &= 7;                                    \
   } while (0)
@@ -898,13 +925,15 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
       uint32_t rounds = left / (2 * kSymsPerRefill);
       if (!rounds) break;
       for (; rounds; --rounds) {
-        // 2 + 2 lines a round, ~54 rounds a block: ~7 KiB of the next block's
-        // output and of a later block's payload, spread over the block.
+        // 3 + 2 lines a round, ~54 rounds a block on Gaussian data: ~10 KiB of
+        // the output (the next block's 8 KiB; 2 lines a round were ~6% slower at
+        // 64 MiB, 4 no better) and ~7 KiB of a later block's payload (~5.4 KiB).
         __builtin_prefetch(pf_out, 1, 2);
         __builtin_prefetch(pf_out + 64, 1, 2);
+        __builtin_prefetch(pf_out + 128, 1, 2);
         __builtin_prefetch(pf_in, 0, 2);
         __builtin_prefetch(pf_in + 64, 0, 2);
-        pf_out += 128;
+        pf_out += 192;
         pf_in += 128;
 #pragma GCC unroll 8
         for (uint32_t st = 0; st < kStreams; ++st) {
@@ -1138,8 +1167,8 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
       raws += in[off[b]] == 0;
       // Software prefetch targets (DecScratch::pf_in / pf_out): the payload of
       // block b + 2 and the output of block b + 1 (4 KiB pages: the hardware
-      // streamer restarts at every page). The rounds step them by 128 bytes a
-      // round (~7 KiB a block on Gaussian data, <= 13 KiB), so near the row's end
+      // streamer restarts at every page). The rounds step them by 128 / 192 bytes
+      // a round (<= 103 rounds a block), so near the row's end
       // they may point past the buffers: a prefetch never faults and changes no
       // memory.
       s->pf_in = in + off[std::min(b + 2, nb - 1)];
