@@ -805,7 +805,16 @@ EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
     return;
   }
   const u64x4 v4 = {v, v, v, v};
-  for (uint32_t i = 0; i < cnt; i += 4) std::memcpy(dst + i, &v4, sizeof v4);
+  if (cnt == 4) {
+    std::memcpy(dst, &v4, sizeof v4);
+    return;
+  }
+  // 8 entries an iteration: half the loop overhead (the fills were ~9% of
+  // decode time; runs of >= 8 fill most of a table on Gaussian data).
+  for (uint32_t i = 0; i < cnt; i += 8) {
+    std::memcpy(dst + i, &v4, sizeof v4);
+    std::memcpy(dst + i + 4, &v4, sizeof v4);
+  }
 }
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
@@ -898,11 +907,20 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     p = s.area;
   }
   const uint64_t* tab = s.pair;
-  auto refill = [p](uint32_t q) -> uint64_t { return __builtin_bswap64(load64(p + (q >> 3))) << (q & 7); };
-  // The index shift count lives in a register so that BMI2 code shifts with one
-  // non-destructive shrx instead of mov + shr.
-  uint32_t top = 64 - kMaxLen;
-  if (Fast) opaque(top);
+  // The shift counts and the mask live in registers so that BMI code shifts with
+  // one non-destructive shrx / andn instead of mov + shr / and (the entry is
+  // still needed after `e >> 32`, q after `q >> 3`): 6 instead of 7
+  // instructions a lookup and 5 instead of 7 a refill (callgrind).
+  uint32_t top = 64 - kMaxLen, c3 = 3, c32 = 32, not7 = ~7u;
+  if (Fast) {
+    opaque(top);
+    opaque(c3);
+    opaque(c32);
+    opaque(not7);
+  }
+  auto refill = [p, c3, not7](uint32_t q) -> uint64_t {
+    return __builtin_bswap64(load64(p + (q >> c3))) << (~not7 & q);
+  };
   uint8_t* const out = reinterpret_cast<uint8_t*>(s.sv);
   uint32_t pos[kStreams], o[kStreams], oend[kStreams];
   for (uint32_t st = 0; st < kStreams; ++st) {
@@ -945,7 +963,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
             const uint64_t e = tab[buf >> top];
             buf <<= (e & 63);
             store32(out + oo, (uint32_t)e);
-            oo += (uint32_t)(e >> 32);
+            oo += (uint32_t)(e >> c32);
           }
           pos[st] = q + (uint32_t)__builtin_ctzll(buf);
           o[st] = oo;
