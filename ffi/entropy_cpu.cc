@@ -646,57 +646,59 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // registers instead of on the stack (a store and a load on each accumulator's
     // chain per flush).
     uint64_t acc_a = 0, acc_b = 0;
-    uint32_t n_a = 0, n_b = 0;
-    uint8_t *bp_a = s.bits, *bp_b = s.bits2;
-#define EZ_PUSH(acc, n, sym)           \
+    // Each writer's state is its accumulator and P, the bits pushed so far: a
+    // flush stores at byte P0 / 8 (P0 = P before the group: the pending bits
+    // start at bit P0 & ~7) the word acc << (64 - n), n = P - (P0 & ~7) in
+    // [1, 62] bits, i.e. a shift by ((P0 & ~7) - P) mod 64. Two registers a
+    // writer instead of three (acc, pending count, byte pointer: GCC spilled the
+    // writers' state) and 6 instructions a flush instead of 8.
+    uint32_t P_a = 0, P_b = 0;
+#define EZ_PUSH(acc, P, sym)           \
   do {                                 \
     const uint32_t l_ = s.clen[sym];   \
     acc = (acc << l_) | s.ccode[sym];  \
-    n += l_;                           \
+    P += l_;                           \
   } while (0)
-#define EZ_FLUSH(acc, n, bp)                   \
-  do {                                         \
-    store_be64(bp, (acc) << ((0u - (n)) & 63)); \
-    bp += (n) >> 3;                            \
-    n &= 7;                                    \
-  } while (0)
+#define EZ_FLUSH(acc, P0, P, buf)                                   \
+  store_be64((buf) + ((P0) >> 3), (acc) << ((((P0) & ~7u) - (P)) & 63))
     uint32_t before_a = 0, before_b = 0;
     constexpr uint32_t kHalf = kStreams / 2 * kStreamLen;  // stream st + 4 starts here
     for (uint32_t st = 0; st < kStreams / 2; ++st) {
       const uint16_t* sa = s.sym + st * kStreamLen;
       constexpr uint32_t groups = kStreamLen / kSymsPerRefill;  // 102, then 2 codes
       for (uint32_t g = 0; g < groups; ++g, sa += kSymsPerRefill) {
-        EZ_PUSH(acc_a, n_a, sa[0]);
-        EZ_PUSH(acc_a, n_a, sa[1]);
-        EZ_PUSH(acc_a, n_a, sa[2]);
-        EZ_PUSH(acc_a, n_a, sa[3]);
-        EZ_PUSH(acc_a, n_a, sa[4]);
-        EZ_FLUSH(acc_a, n_a, bp_a);
-        EZ_PUSH(acc_b, n_b, sa[kHalf + 0]);
-        EZ_PUSH(acc_b, n_b, sa[kHalf + 1]);
-        EZ_PUSH(acc_b, n_b, sa[kHalf + 2]);
-        EZ_PUSH(acc_b, n_b, sa[kHalf + 3]);
-        EZ_PUSH(acc_b, n_b, sa[kHalf + 4]);
-        EZ_FLUSH(acc_b, n_b, bp_b);
+        const uint32_t p0a = P_a, p0b = P_b;
+        EZ_PUSH(acc_a, P_a, sa[0]);
+        EZ_PUSH(acc_a, P_a, sa[1]);
+        EZ_PUSH(acc_a, P_a, sa[2]);
+        EZ_PUSH(acc_a, P_a, sa[3]);
+        EZ_PUSH(acc_a, P_a, sa[4]);
+        EZ_FLUSH(acc_a, p0a, P_a, s.bits);
+        EZ_PUSH(acc_b, P_b, sa[kHalf + 0]);
+        EZ_PUSH(acc_b, P_b, sa[kHalf + 1]);
+        EZ_PUSH(acc_b, P_b, sa[kHalf + 2]);
+        EZ_PUSH(acc_b, P_b, sa[kHalf + 3]);
+        EZ_PUSH(acc_b, P_b, sa[kHalf + 4]);
+        EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
       }
+      const uint32_t p0a = P_a, p0b = P_b;
       for (uint32_t i = 0; i < kStreamLen - groups * kSymsPerRefill; ++i) {
-        EZ_PUSH(acc_a, n_a, sa[i]);
-        EZ_PUSH(acc_b, n_b, sa[kHalf + i]);
+        EZ_PUSH(acc_a, P_a, sa[i]);
+        EZ_PUSH(acc_b, P_b, sa[kHalf + i]);
       }
-      EZ_FLUSH(acc_a, n_a, bp_a);
-      EZ_FLUSH(acc_b, n_b, bp_b);
-      const uint32_t now_a = (uint32_t)(bp_a - s.bits) * 8 + n_a;
-      const uint32_t now_b = (uint32_t)(bp_b - s.bits2) * 8 + n_b;
-      st16(out + kBlockHead + 2 * st, now_a - before_a);
-      st16(out + kBlockHead + 2 * (st + kStreams / 2), now_b - before_b);
-      before_a = now_a;
-      before_b = now_b;
+      EZ_FLUSH(acc_a, p0a, P_a, s.bits);
+      EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
+      st16(out + kBlockHead + 2 * st, P_a - before_a);
+      st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - before_b);
+      before_a = P_a;
+      before_b = P_b;
     }
 #undef EZ_PUSH
 #undef EZ_FLUSH
-    // The last flush stored 8 bytes from bp: zeros after the pending bits. Zero
-    // 16 more for append_bits' word reads.
-    std::memset(bp_b + 8, 0, 16);
+    // The last flush stored 8 bytes from its start byte: zeros after the pending
+    // bits. Zero 16 more from the byte after the end (as before: P_b / 8 + 8) for
+    // append_bits' word reads.
+    std::memset(s.bits2 + (P_b >> 3) + 8, 0, 16);
     append_bits(s.bits, before_a, s.bits2, before_b);
     bits_total = before_a + before_b;
   } else {
