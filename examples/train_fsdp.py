@@ -690,7 +690,7 @@ def main_distributed(argv=None) -> int:
   if args.steps is None and not args.quick:
     cfg = dataclasses.replace(cfg, steps=DISTRIBUTED_STEPS)
   import launch
-  multi = launch.init_jax(hargs.devices)
+  multi = launch.init_jax(hargs.devices, malloc=hargs.malloc)
   devices = jax.devices()
   mesh = jax.sharding.Mesh(np.array(devices), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
   n = mesh.size
