@@ -1,8 +1,4 @@
-// The slot ladder's row-prefix copy on the CPU: XLA FFI target "zipccl_row_prefix"
-// (platform "cpu"; zipccl_jax/_src/transport.py uses it on CPU backends only).
-//
-//   zipccl_row_prefix: payload u8 [..., L] -> slot u8 [..., S], S <= L:
-//                      slot[r, :] = payload[r, :S] for every row r
+// The slot ladder's row-prefix copy on the CPU (target and shapes: transport.h).
 //
 // Why a custom call for what `payload[:, :S]` also does: every rung of the ladder is
 // a switch branch that needs its own slot-sized operand for the collective, and
@@ -14,26 +10,18 @@
 
 #include <cstring>
 
-#include "handler_common.h"
-#include "transport_cpu.h"
+#include "transport.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-using zipccl::handler::invalid;
-using zipccl::handler::split_dims;
-using zipccl::handler::str;
-
-constexpr const char* kTarget = "zipccl_row_prefix";
-
 ffi::Error RowPrefixCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::Buffer<ffi::U8>> slot) {
-  uint64_t rows, len, srows, slen;
-  split_dims(payload.dimensions(), &rows, &len);
-  split_dims(slot->dimensions(), &srows, &slen);
-  if (payload.dimensions().size() != slot->dimensions().size() || srows != rows || slen > len)
-    return invalid(kTarget, "slot must be [" + str(rows) + ", S] with S <= " + str(len) + ", got [" +
-                                str(srows) + ", " + str(slen) + "]");
+  uint64_t rows, len, slen;
+  if (ffi::Error e = zipccl::transport::row_prefix_shape(payload.dimensions(), slot->dimensions(), &rows,
+                                                         &len, &slen);
+      e.failure())
+    return e;
   const uint8_t* in = payload.typed_data();
   uint8_t* out = slot->typed_data();
   if (slen == len) {
