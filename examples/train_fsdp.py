@@ -312,7 +312,7 @@ def count_units(codec: str, m: int) -> int:
 
 
 def _identity(full, probe):
-  """Identity on `full`. Its VJP (`watch`) reports what the backward reduce-scatter
+  """Identity on `full`. Its VJP (`grad_probe`) reports what the backward reduce-scatter
   encodes."""
   del probe
   return full
