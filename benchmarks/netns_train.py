@@ -81,18 +81,22 @@ def parse_rate(rate: str) -> float | None:
   return float(m.group(1)) * scale / (8 if m.group(3) == "bit" else 1)
 
 
-def measure_codec_speed(core: int | None) -> dict:
+def measure_codec_speed(core: int | None, malloc: str = "tuned") -> dict:
   """Encode / decode throughput of the window codec on one core (raw bytes per second).
 
   A child process (taskset to `core`, ZIPCCL_NUM_THREADS=1, like a pinned
   worker) times `encode_rows` / `decode_rows` of one Gaussian bf16 row of 8 Mi
-  elements (16 MiB, the size of the examples' large rows); medians of 5 calls.
+  elements (16 MiB, the size of the examples' large rows); medians of 5 calls;
+  malloc as the examples' --malloc (tuned: zipccl_jax.tune_host_allocator()).
   """
   code = textwrap.dedent("""
       import json, statistics, time
       import jax, jax.numpy as jnp, numpy as np
       jax.config.update("jax_platforms", "cpu")
+      import zipccl_jax
       from zipccl_jax._src import codec
+      if TUNED:
+        zipccl_jax.tune_host_allocator()
       n = 8 << 20
       x = jnp.asarray((np.random.default_rng(0).standard_normal((1, n)) * 0.02)
                       .astype(jnp.bfloat16))
@@ -107,6 +111,7 @@ def measure_codec_speed(core: int | None) -> dict:
       p, _ = enc(x)
       print(json.dumps(dict(encode_Bps=2 * n / med(enc, x), decode_Bps=2 * n / med(dec, p))))
   """)
+  code = code.replace("TUNED", repr(malloc == "tuned"))
   cmd = [sys.executable, "-c", code]
   if core is not None:
     cmd = ["taskset", "-c", str(core)] + cmd
@@ -138,7 +143,7 @@ def run_grid(args) -> list:
 def run_one(args, tmp: Path, ex: str, nproc: int, rate: str, codecs, steps, tag="") -> dict:
   out = tmp / f"{ex}_{nproc}{tag}.json"
   cmd = [sys.executable, str(ROOT / "examples" / EXAMPLES[ex]), "--json", str(out),
-         "--log-every", "0", "--warmup-steps", str(args.warmup)]
+         "--log-every", "0", "--warmup-steps", str(args.warmup), "--malloc", args.malloc]
   cmd += ["--quick"] if args.quick else []
   if args.calibrate and ex != "fsdp" and not tag:
     cmd += ["--calibrate"]
@@ -182,7 +187,8 @@ def report(rows, args, stem: str) -> str:
            f"{date}; {_cpu_name()}, {os.cpu_count()} cores, {platform.system()}; "
            f"jax.distributed on CPU (gloo), one device per process, all processes inside one "
            f"network namespace whose loopback is shaped by tc tbf rate {args.rate} (the rate "
-           f"is shared by all processes' traffic){'; processes pinned to cores' if args.pin else ''}. "
+           f"is shared by all processes' traffic){'; processes pinned to cores' if args.pin else ''}"
+           f"; malloc {'tuned (zipccl_jax.tune_host_allocator)' if args.malloc == 'tuned' else 'glibc defaults'}. "
            f"The variants train in lockstep from the same state, interleaved step by step; "
            f"step time = median over the steps after {args.warmup} warm-up steps of the slowest "
            "process's time for that step (p25-p75 in brackets). 'sent' = bytes one device's "
@@ -244,6 +250,7 @@ def report(rows, args, stem: str) -> str:
             f"{' --codecs ' + args.codecs if args.codecs else ''}"
             f"{' --calibrate' if args.calibrate else ''}"
             f"{' --breakdown' if args.breakdown else ''}"
+            f"{' --malloc default' if args.malloc == 'default' else ''}"
             f"{' --name ' + args.name if args.name else ''}`"
             f" (whole grid: {sum(r['wall_s'] + (r.get('unshaped') or {}).get('wall_s', 0) for r in rows):.0f} s)", ""]
   return "\n".join(lines)
@@ -371,6 +378,9 @@ def main(argv=None) -> int:
                   help="appended to the results' file stem train_<date> (e.g. _p4), so that "
                        "two runs of one day keep both tables")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")
+  ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                  help="the examples' --malloc (and the codec speed measurement's): tuned "
+                       "(default) = zipccl_jax.tune_host_allocator() in every process")
   for ex in EXAMPLES:
     ap.add_argument(f"--{ex}-args", default=DEFAULT_ARGS[ex], metavar="ARGS",
                     help=f"model arguments for train_{ex}.py (one string; default "
@@ -389,7 +399,7 @@ def main(argv=None) -> int:
     return 2
   args.codec_speed = None
   if args.breakdown:
-    args.codec_speed = measure_codec_speed(launch._cores()[0] if args.pin else None)
+    args.codec_speed = measure_codec_speed(launch._cores()[0] if args.pin else None, args.malloc)
     print(f"codec speed, one core: encode {args.codec_speed['encode_Bps'] / 1e9:.2f} GB/s, "
           f"decode {args.codec_speed['decode_Bps'] / 1e9:.2f} GB/s", flush=True)
   rows = run_grid(args)

@@ -8,6 +8,8 @@
 #include "codec_cuda.h"
 #include "entropy_cuda.h"
 #include "handler_common.h"
+#include "transport.h"
+#include "transport_cuda.h"
 
 namespace nb = nanobind;
 
@@ -29,6 +31,7 @@ NB_MODULE(_zipccl_cuda, m) {
     d[zipccl::handler::kDecodeTarget] = encapsulate(ZipcclDecodeCuda);
     d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCuda);
     d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCuda);
+    d[zipccl::transport::kRowPrefixTarget] = encapsulate(ZipcclRowPrefixCuda);
     return d;
   });
   m.def(

@@ -63,7 +63,7 @@ def launched() -> bool:
   return ENV_COORDINATOR in os.environ
 
 
-def init_jax(default_devices: int = 8) -> bool:
+def init_jax(default_devices: int = 8, malloc: str = "tuned") -> bool:
   """Configures JAX's CPU backend; call before anything starts a backend.
 
   Under the launcher: `--local-devices` CPU devices, gloo collectives and
@@ -71,10 +71,21 @@ def init_jax(default_devices: int = 8) -> bool:
   `default_devices` simulated CPU devices in this one process (or, when JAX's
   backend is already running, the devices it has).
 
+  malloc="tuned" calls `zipccl_jax.tune_host_allocator()`: XLA:CPU allocates
+  every buffer of every step afresh, and glibc maps each large one anew, so
+  without it a step first-touches all its large buffers page by page (the
+  compressed transport has more of them than raw: the encoded rows, the slot,
+  the received slots). "default" leaves malloc alone.
+
   Returns:
     True when this process is one of several (jax.distributed is initialised).
   """
   import jax
+  if malloc == "tuned":
+    import zipccl_jax
+    zipccl_jax.tune_host_allocator()
+  elif malloc != "default":
+    raise ValueError(f"init_jax: malloc must be 'tuned' or 'default', got {malloc!r}")
   jax.config.update("jax_platforms", "cpu")
   if not launched():
     try:

@@ -113,7 +113,7 @@ def main(argv=None) -> int:
   if sizes["d_model"] % sizes["heads"] or min(sizes.values()) < 1:
     ap.error("sizes must be positive and --d-model a multiple of --heads")
 
-  multi = launch.init_jax(args.devices)
+  multi = launch.init_jax(args.devices, malloc=args.malloc)
   import jax
   import numpy as np
   from jax.sharding import PartitionSpec as P

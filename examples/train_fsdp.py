@@ -19,10 +19,12 @@ reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
   devices' bfloat16 gradients in a fixed rank order with float32 accumulation,
   so each device receives the gradient of its own shard only. optax.adamw
   updates the float32 shards locally.
-- The training runs twice from the same initial state: codec="zipccl", and
-  codec="raw" (the same algorithm moving uncompressed uint16 words: same
-  reduction order). Losses and final parameters must agree bit for bit (compared
-  as uint32 words); the script exits with status 1 if they do not.
+- The training runs twice from the same initial state: with the codec of
+  `--codec` (any registered codec, `zipccl_jax.get_codec`: "zipccl", the window
+  codec, by default, or "entropy"), and codec="raw" (the same algorithm moving
+  uncompressed uint16 words: same reduction order). Losses and final parameters
+  must agree bit for bit (compared as uint32 words); the script exits with
+  status 1 if they do not.
 - Bytes: the collectives' operand sizes are static, so the bytes every step
   sends follow from `zipccl_jax.encoded_nbytes`; the script checks that model
   against the compiled HLO (`zipccl_jax.hlo_wire_bytes`) for both the
@@ -30,6 +32,7 @@ reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
 
 Run:  python examples/train_fsdp.py          (default config: ~2 min of training on 2 cores)
       python examples/train_fsdp.py --quick  (a tiny config, seconds)
+      python examples/train_fsdp.py --codec entropy   (the entropy codec instead)
 """
 from __future__ import annotations
 
@@ -256,18 +259,32 @@ def init_model(cfg: Config, num_devices: int):
   return tuple(units), buffers
 
 
-def unit_capacities(units, cfg=None) -> dict:
+def first_rung(codec: str, dtype, m: int) -> int:
+  """The first rung of `codec`'s slot ladder for rows of m elements (bytes).
+
+  What the library's transport plan compiles: the codec's `ladder_floor` where it
+  has one (the entropy codec starts its ladder where real rows land), else its
+  `min_nbytes`. `check_against_hlo` compares the resulting wire model with the
+  compiled HLO, so a mismatch does not go unnoticed.
+  """
+  c = zipccl_jax.get_codec(codec)
+  floor = getattr(c.impl, "ladder_floor", None)
+  return floor(dtype, m) if floor is not None else c.min_nbytes(dtype, m)
+
+
+def unit_capacities(units, cfg=None, codec: str = "zipccl") -> dict:
   """{unit: (slot ladder of its gather rows, of its gradient reduce-scatter rows)}.
 
   Kept under its old name for callers (the capacities of the fixed-slot transport
-  are gone): each ladder lists the row sizes the library can send, the raw size
-  last (zipccl_jax.slot_ladder from the codec's min_nbytes to the raw row).
+  are gone): each ladder lists the row sizes the library can send with `codec`,
+  the raw size last (zipccl_jax.slot_ladder from the codec's first rung,
+  `first_rung`, to the raw row).
   """
   del cfg
   out = {}
   for u in units:
     raw = 2 * u.shard
-    low = zipccl_jax.min_nbytes(COMPUTE, u.shard)
+    low = first_rung(codec, COMPUTE, u.shard)
     # gather rows and gradient rows hold shard elements each; the gradient rows go
     # over an all-to-all, which has a shorter ladder
     out[u.name] = (zipccl_jax.slot_ladder(low, raw) + (raw,),
@@ -275,20 +292,28 @@ def unit_capacities(units, cfg=None) -> dict:
   return out
 
 
+def count_stat(codec: str) -> tuple:
+  """(name, unit) of `codec`'s count statistic (stats column 1, CollectiveStats.
+  escape_count): the window codec counts escaped exponents (a rate per element),
+  the entropy codec blocks stored raw (a rate per block of its BLOCK elements)."""
+  if codec == "entropy":
+    return "raw blocks", zipccl_jax.get_codec(codec).impl.BLOCK
+  if codec == "zipccl":
+    return "escape rate", 1
+  return "count rate", 1
+
+
+def count_units(codec: str, m: int) -> int:
+  """Units (elements or blocks) of one row of m elements that count_stat's rate is of."""
+  return -(-m // count_stat(codec)[1])
+
+
 # ---- the gather, and a probe of its backward pass ---------------------------------------------
 
 
-@jax.custom_vjp
-def _watch(full, probe):
-  """Identity on `full`. Its VJP reports what the backward reduce-scatter encodes.
-
-  The gather's VJP reduce-scatters the cotangent of `full`, one row per
-  destination, and has no stats output. This probe encodes the same rows and
-  returns, as the gradient of `probe` float32[3]: (escapes in all rows, escapes
-  of the worst row, the largest used size of a row in units of 128 bytes). The
-  reduce-scatter sends the ladder rung that holds the largest used size of all
-  devices.
-  """
+def _identity(full, probe):
+  """Identity on `full`. Its VJP (`grad_probe`) reports what the backward reduce-scatter
+  encodes."""
   del probe
   return full
 
@@ -298,14 +323,30 @@ def _watch_fwd(full, probe):
   return full, None
 
 
-def _watch_bwd(_, ct):
-  rows = ct.reshape(lax.axis_size(AXIS), -1)
-  _, st = zipccl_jax.encode_rows(rows)
-  esc = st[:, 1]
-  return ct, jnp.stack([esc.sum(), esc.max(), st[:, 2].max()]).astype(jnp.float32)
+@functools.cache
+def grad_probe(codec: str):
+  """The probe of the gather's backward pass for `codec` (a custom_vjp identity).
 
+  The gather's VJP reduce-scatters the cotangent of `full`, one row per
+  destination, and has no stats output. This probe encodes the same rows with the
+  same codec's `encode_rows` and returns, as the gradient of `probe` float32[3]:
+  (the codec's count in all rows, the count of the worst row, the largest used
+  size of a row in units of 128 bytes). The count is stats column 1: escaped
+  exponents for the window codec, raw blocks for the entropy codec
+  (`count_stat`). The reduce-scatter sends the ladder rung that holds the largest
+  used size of all devices.
+  """
+  encode_rows = zipccl_jax.get_codec(codec).encode_rows
 
-_watch.defvjp(_watch_fwd, _watch_bwd)
+  def bwd(_, ct):
+    rows = ct.reshape(lax.axis_size(AXIS), -1)
+    _, st = encode_rows(rows)
+    cnt = st[:, 1]
+    return ct, jnp.stack([cnt.sum(), cnt.max(), st[:, 2].max()]).astype(jnp.float32)
+
+  probe = jax.custom_vjp(_identity)
+  probe.defvjp(_watch_fwd, bwd)
+  return probe
 
 
 def gather_unit(shard, probe, *, codec: str, capacities: tuple = ()):
@@ -319,7 +360,7 @@ def gather_unit(shard, probe, *, codec: str, capacities: tuple = ()):
   full, stats = zipccl_jax.compressed_all_gather(
       shard.astype(COMPUTE), AXIS, tiled=True, codec=codec, policy="always", stats=True)
   if probe is not None:
-    full = _watch(full, probe)
+    full = grad_probe(codec)(full, probe)
   return full, stats
 
 
@@ -379,7 +420,7 @@ def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
 
   Unit u's all-gather moves one row of shard_u elements per device; its
   reduce-scatter moves n rows per device (one per destination) over an
-  all-to-all. With codec="zipccl" each is a switch over the slot ladder
+  all-to-all. With a codec ("zipccl", "entropy") each is a switch over the slot ladder
   (`capacities`, from unit_capacities): rung k moves rows of ladder[k] bytes, the
   last rung the raw words. Agreement: the forward gather (stats=True) all-gathers
   int32[2] and psums its decode-error count; the backward reduce-scatter pmaxes
@@ -395,7 +436,7 @@ def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
   reduce4 = 2 * (n - 1) / n * 4                              # an all-reduce of one int32
   for u in units:
     raw = 2 * u.shard                                        # bf16 bytes of one row
-    if codec == "zipccl":
+    if codec != "raw":
       gather_l, scatter_l = capacities[u.name]
       gather = tuple((n - 1) * slot + (n - 1) * 8 + reduce4 for slot in gather_l)
       scatter = tuple((n - 1) * slot + reduce4 for slot in scatter_l)
@@ -423,13 +464,19 @@ def check_against_hlo(model: dict, hlo, n: int):
 
 
 def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=True) -> dict:
-  """Trains from `buffers`; returns losses, final shards, bytes, fallbacks and timings."""
+  """Trains from `buffers`; returns losses, final shards, bytes, fallbacks and timings.
+
+  `codec`: a registered codec ("zipccl", "entropy") or "raw". A compressed run
+  also probes its gradient rows (`grad_probe`).
+  """
   n = mesh.size
   sharding = NamedSharding(mesh, P(AXIS))
   shards = {k: jax.device_put(v, sharding) for k, v in buffers.items()}
   opt_state = jax.jit(make_optimizer(cfg).init)(shards)  # moments sharded, count replicated
-  capacities = unit_capacities(units, cfg)
-  watch = codec == "zipccl"
+  compressed = codec != "raw"
+  # (the raw run moves raw words only: its ladders are unused)
+  capacities = unit_capacities(units, cfg, codec if compressed else "zipccl")
+  watch = compressed
   probes = {u.name: jax.device_put(np.zeros(3 * n, np.float32), sharding) for u in units}
   data = jax.device_put(batches, NamedSharding(mesh, P(None, AXIS)))
 
@@ -442,7 +489,9 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
 
   losses, sent = [], {"gather": [], "scatter": []}
   fallbacks = {"gather": 0, "scatter": 0}
-  escapes = {"gather": [0, 0], "scatter": [0, 0]}            # [escapes, elements]
+  # [the codec's count (window: escapes, entropy: raw blocks), units it counts of
+  # (elements, blocks)]
+  escapes = {"gather": [0, 0], "scatter": [0, 0]}
   worst_row = 0.0                                            # of the gradient rows
   used_log = {"gather": [], "scatter": []}    # (row elements, agreed used bytes) per call
   bar = progress_bar(cfg.steps, f"{codec:>6}", unit="step", enabled=progress)
@@ -459,17 +508,17 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
       if watch:
         used_log["gather"].append((u.shard, int(np.max(st.used_bytes))))
       escapes["gather"][0] += int(st.escape_count)
-      escapes["gather"][1] += st.elements
+      escapes["gather"][1] += n * count_units(codec, u.shard)
       if watch:
         pg = probe_grads[u.name].reshape(n, 3)
         used = 128 * int(pg[:, 2].max())                       # agreed over all devices
         rung["scatter"] = sum(1 for slot in capacities[u.name][1][:-1] if used > slot)
         used_log["scatter"].append((u.shard, used))
         escapes["scatter"][0] += int(pg[:, 0].sum())
-        escapes["scatter"][1] += n * n * u.shard
-        worst_row = max(worst_row, float(pg[:, 1].max()) / u.shard)
+        escapes["scatter"][1] += n * n * count_units(codec, u.shard)
+        worst_row = max(worst_row, float(pg[:, 1].max()) / count_units(codec, u.shard))
       for k in rung:
-        fallbacks[k] += rung[k] == len(model[u.name][k]) - 1 and codec == "zipccl"
+        fallbacks[k] += rung[k] == len(model[u.name][k]) - 1 and compressed
         sent[k].append(model[u.name][k][rung[k]])
     losses.append(float(loss))
     bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
@@ -491,8 +540,9 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, progress=Tr
 # ---- codec analysis of weights, gradients and activations ---------------------------------------
 
 
-def analyze_tensors(cfg: Config, units, buffers, batch) -> list:
-  """zipccl_jax.analyze on the initial weights, one step's gradients and activations.
+def analyze_tensors(cfg: Config, units, buffers, batch, codec: str = "zipccl") -> list:
+  """zipccl_jax.analyze(..., codec=codec) on the initial weights, one step's
+  gradients and activations.
 
   Per tensor of the embeddings and the first block (weights and gradients, as
   bfloat16; gradients of one device's batch), and the output of the first and
@@ -512,18 +562,31 @@ def analyze_tensors(cfg: Config, units, buffers, batch) -> list:
       for path, leaf in jax.tree_util.tree_leaves_with_path(tree[name]):
         if leaf.size >= 4096:
           label = name + "." + ".".join(str(getattr(k, "key", k)) for k in path)
-          rows.append((kind, label, zipccl_jax.analyze(leaf)))
-  rows.append(("activation", "block0 output", zipccl_jax.analyze(acts[0])))
-  rows.append(("activation", f"block{cfg.layers - 1} output", zipccl_jax.analyze(acts[-1])))
+          rows.append((kind, label, zipccl_jax.analyze(leaf, codec=codec)))
+  rows.append(("activation", "block0 output", zipccl_jax.analyze(acts[0], codec=codec)))
+  rows.append(("activation", f"block{cfg.layers - 1} output",
+               zipccl_jax.analyze(acts[-1], codec=codec)))
   return rows
 
 
-def print_analysis(rows) -> None:
+def print_analysis(rows, codec: str = "zipccl") -> None:
+  """The analysis table. Its count column is the codec's (`count_stat`): the window
+  codec's escape rate in %, or the entropy codec's raw blocks of all blocks."""
+  head = "esc %" if codec == "zipccl" else ("raw blk" if codec == "entropy" else "count")
+
+  def count(a):
+    if codec == "zipccl":
+      return f"{100 * a.escape_rate:.2f}"
+    if codec == "entropy":
+      return f"{a.count}/{count_units(codec, a.n)}"
+    return f"{a.count}"
+
+  width = max([len(head), 6] + [len(count(a)) for _, _, a in rows])
   print(f"  {'kind':<10} {'tensor':<26} {'elements':>8} {'H bits':>6} {'exp H':>5} "
-        f"{'esc %':>6} {'ratio':>6} {'static':>6} {'overflow':>8} {'exact':>5}")
-  for kind, name, a in rows:
-    print(f"  {kind:<10} {name[:26]:<26} {a.n:>8} {a.entropy_bits:>6.2f} "
-          f"{a.exponent_entropy_bits:>5.2f} {100 * a.escape_rate:>6.2f} {a.ratio:>6.3f} "
+        f"{head:>{width}} {'ratio':>6} {'static':>6} {'overflow':>8} {'exact':>5}")
+  for kind, label, a in rows:
+    print(f"  {kind:<10} {label[:26]:<26} {a.n:>8} {a.entropy_bits:>6.2f} "
+          f"{a.exponent_entropy_bits:>5.2f} {count(a):>{width}} {a.ratio:>6.3f} "
           f"{a.static_ratio:>6.3f} {'yes' if a.overflow else 'no':>8} "
           f"{'yes' if a.roundtrip_ok else 'NO':>5}")
 
@@ -560,6 +623,9 @@ def parse_args(argv):
   ap.add_argument("--heads", type=int, help=f"attention heads (default {Config.heads})")
   ap.add_argument("--batch-per-device", type=int,
                   help=f"sequences per device and step (default {Config.batch_per_device})")
+  ap.add_argument("--codec", default="zipccl", choices=zipccl_jax.codec_names(),
+                  help="the codec of the compressed run (zipccl_jax.get_codec): zipccl (the "
+                       "window codec, default) or entropy; the raw run is the baseline")
   ap.add_argument("--quick", action="store_true",
                   help="a tiny config (2 layers, width 64, 20 steps) that trains in seconds")
   ap.add_argument("--no-analyze", action="store_true", help="skip the codec analysis table")
@@ -603,24 +669,29 @@ def _run(cfg: Config, args, devices) -> int:
   print(f"data: {data.size / 1e6:.1f} MB of Python standard library sources, "
         f"{cfg.batch_per_device * mesh.size} x {cfg.seq_len} byte tokens per step")
 
+  codec = args.codec
   if not args.no_analyze:
-    print("\ncodec analysis (zipccl_jax.analyze, bfloat16; ratio = raw / exact encoded size, "
-          "static = raw / the fixed size a collective moves at the default capacity):")
-    rows = analyze_tensors(cfg, units, buffers, jnp.asarray(batches[0, :cfg.batch_per_device]))
-    print_analysis(rows)
+    static = ("the fixed size a collective moves at the default capacity" if codec == "zipccl"
+              else "max_nbytes, the codec's largest row")
+    call = "zipccl_jax.analyze" + ("" if codec == "zipccl" else f", codec={codec!r}")
+    print(f"\ncodec analysis ({call}, bfloat16; ratio = raw / exact encoded size, static = "
+          f"raw / {static}):")
+    rows = analyze_tensors(cfg, units, buffers, jnp.asarray(batches[0, :cfg.batch_per_device]),
+                           codec)
+    print_analysis(rows, codec)
     if not all(a.roundtrip_ok for _, _, a in rows):
       print("error: a codec round trip was not bit-exact", file=sys.stderr)
       return 1
   print()
 
-  runs = {codec: train(cfg, codec, mesh, units, buffers, batches,
-                       progress=not args.no_progress) for codec in ("zipccl", "raw")}
-  z, r = runs["zipccl"], runs["raw"]
+  runs = {c: train(cfg, c, mesh, units, buffers, batches, progress=not args.no_progress)
+          for c in (codec, "raw")}
+  z, r = runs[codec], runs["raw"]
   loss_same = np.array_equal(_words(z["losses"]), _words(r["losses"]))
   mismatch = None if not loss_same else first_mismatch(z["params"], r["params"])
   identical = loss_same and mismatch is None
 
-  print("\nmean loss (zipccl | raw):")
+  print(f"\nmean loss ({codec} | raw):")
   edges = np.linspace(0, cfg.steps, min(10, cfg.steps) + 1).astype(int)
   for a, b in zip(edges[:-1], edges[1:]):
     zl, rl = z["losses"][a:b].mean(), r["losses"][a:b].mean()
@@ -628,7 +699,7 @@ def _run(cfg: Config, args, devices) -> int:
 
   print(f"\nbytes sent per step, summed over the {mesh.size} devices (the slot ladders' "
         "sizes equal the compiled HLO's collectives):")
-  print(f"  {'':<38} {'zipccl':>10} {'raw':>10} {'ratio':>6}")
+  print(f"  {'':<38} {codec:>10} {'raw':>10} {'ratio':>6}")
   table = [("if every call took its smallest rung", z["bytes_common"], r["bytes_common"]),
            ("if every call took the raw rung", z["bytes_worst"], r["bytes_worst"]),
            ("measured: weight all-gathers", z["bytes"]["gather"], r["bytes"]["gather"]),
@@ -636,15 +707,22 @@ def _run(cfg: Config, args, devices) -> int:
            ("measured: total", z["bytes_per_step"], r["bytes_per_step"])]
   for name, bz, br in table:
     print(f"  {name:<38} {_mib(bz):>10} {_mib(br):>10} {br / bz:>6.3f}")
-  print(f"  escape rate: weights {100 * z['escape_rate']['gather']:.2f}%, gradient rows "
-        f"{100 * z['escape_rate']['scatter']:.2f}% (worst row "
-        f"{100 * z['worst_gradient_row']:.1f}%); no capacity to tune (library defaults)")
+  rate, worst_row = z["escape_rate"], 100 * z["worst_gradient_row"]
+  if codec == "entropy":
+    block = count_stat(codec)[1]
+    print(f"  raw blocks (of {block} elements): weights {100 * rate['gather']:.2f}%, gradient "
+          f"rows {100 * rate['scatter']:.2f}% (worst row {worst_row:.1f}%); no capacity to "
+          "tune (library defaults)")
+  else:
+    print(f"  {count_stat(codec)[0]}: weights {100 * rate['gather']:.2f}%, gradient rows "
+          f"{100 * rate['scatter']:.2f}% (worst row {worst_row:.1f}%); no capacity to tune "
+          "(library defaults)")
   print(f"  calls on the raw rung (exact): all-gathers {z['fallbacks']['gather']}/{z['calls']}, "
         f"reduce-scatters {z['fallbacks']['scatter']}/{z['calls']}")
 
   ratio = r["bytes_per_step"] / z["bytes_per_step"]
   print("\nsummary")
-  print(f"  {'':<28} {'zipccl':>12} {'raw':>12}")
+  print(f"  {'':<28} {codec:>12} {'raw':>12}")
   for name, a, b in (
       ("steps", cfg.steps, cfg.steps),
       ("loss, first step", f"{z['losses'][0]:.6f}", f"{r['losses'][0]:.6f}"),
@@ -653,7 +731,7 @@ def _run(cfg: Config, args, devices) -> int:
       ("compile time (s)", f"{z['compile_s']:.1f}", f"{r['compile_s']:.1f}"),
       ("training wall time (s)", f"{z['wall_s']:.1f}", f"{r['wall_s']:.1f}")):
     print(f"  {name:<28} {str(a):>12} {str(b):>12}")
-  print(f"  {'wire ratio (raw / zipccl)':<28} {ratio:>12.3f}")
+  print(f"  {f'wire ratio (raw / {codec})':<28} {ratio:>12.3f}")
   print(f"  {'bit-identical':<28} {'yes' if identical else 'NO':>12}")
   if not identical:
     print(f"  first difference: {'the losses' if not loss_same else mismatch}")
@@ -662,7 +740,8 @@ def _run(cfg: Config, args, devices) -> int:
     keys = ("bytes_common", "bytes_worst", "bytes", "bytes_per_step", "fallbacks", "calls",
             "escape_rate", "worst_gradient_row", "used", "wall_s", "compile_s")
     with open(args.json, "w") as f:
-      json.dump(dict(config=dataclasses.asdict(cfg), identical=bool(identical), ratio=ratio,
+      json.dump(dict(config=dataclasses.asdict(cfg), codec=codec, identical=bool(identical),
+                     ratio=ratio,
                      runs={c: dict({k: v[k] for k in keys}, losses=v["losses"].tolist())
                            for c, v in runs.items()}), f, indent=1)
   return 0 if identical else 1
@@ -690,7 +769,7 @@ def main_distributed(argv=None) -> int:
   if args.steps is None and not args.quick:
     cfg = dataclasses.replace(cfg, steps=DISTRIBUTED_STEPS)
   import launch
-  multi = launch.init_jax(hargs.devices)
+  multi = launch.init_jax(hargs.devices, malloc=hargs.malloc)
   devices = jax.devices()
   mesh = jax.sharding.Mesh(np.array(devices), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
   n = mesh.size
@@ -708,8 +787,8 @@ def main_distributed(argv=None) -> int:
     codec, policy = harness.VARIANTS[label]
     if policy != "always":   # gather_unit compresses with policy="always"
       ap.error(f"--codecs: {label!r} is not available in train_fsdp.py")
-    inner = make_train_step(cfg, units, mesh, codec, unit_capacities(units, cfg), opt_state,
-                            watch=False)
+    ladders = unit_capacities(units, cfg, codec if codec in zipccl_jax.codec_names() else "zipccl")
+    inner = make_train_step(cfg, units, mesh, codec, ladders, opt_state, watch=False)
 
     def step(state, batch, inner=inner):
       shards, opt, probes = state

@@ -11,6 +11,7 @@
 #include "codec_cpu.h"
 #include "entropy_cpu.h"
 #include "handler_common.h"
+#include "transport.h"
 
 void register_entropy(nanobind::module_& m);  // module_entropy.cc
 
@@ -55,6 +56,7 @@ NB_MODULE(_zipccl_cpu, m) {
     d[zipccl::handler::kDecodeTarget] = encapsulate(ZipcclDecodeCpu);
     d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCpu);
     d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCpu);
+    d[zipccl::transport::kRowPrefixTarget] = encapsulate(ZipcclRowPrefixCpu);
     return d;
   });
   m.attr("ENCODE_TARGET") = zipccl::handler::kEncodeTarget;

@@ -73,3 +73,52 @@ def test_mismatch_detection_sees_one_flipped_bit(example):
   assert example.first_mismatch(a, b) is None
   b["w"].view(np.uint32)[7] ^= 1
   assert example.first_mismatch(a, b).startswith("w[7]: 0x40e00000 vs 0x40e00001")
+
+
+@pytest.fixture(scope="module")
+def entropy_run(example, tmp_path_factory):
+  """(exit status, results JSON, printed text) of a 3-step --quick --codec entropy run."""
+  out = tmp_path_factory.mktemp("example_entropy") / "results.json"
+  text = io.StringIO()
+  with contextlib.redirect_stdout(text):
+    status = example.main(["--quick", "--steps", "3", "--codec", "entropy", "--no-progress",
+                           "--json", str(out)])
+  return status, json.loads(out.read_text()), text.getvalue()
+
+
+def test_entropy_codec_run_is_bit_identical_and_matches_the_hlo(entropy_run):
+  # train() raises unless the wire model built from the entropy codec's ladders
+  # (its ladder_floor, not min_nbytes) equals the compiled HLO's collectives.
+  status, res, text = entropy_run
+  assert status == 0, text
+  assert res["codec"] == "entropy" and res["identical"] is True
+  assert set(res["runs"]) == {"entropy", "raw"}
+  e, r = res["runs"]["entropy"], res["runs"]["raw"]
+  assert len(e["losses"]) == 3
+  np.testing.assert_array_equal(np.asarray(e["losses"], np.float32).view(np.uint32),
+                                np.asarray(r["losses"], np.float32).view(np.uint32))
+  assert e["bytes_common"] < r["bytes_common"]
+  assert e["bytes_common"] <= e["bytes_per_step"] <= e["bytes_worst"]
+  assert res["ratio"] == pytest.approx(r["bytes_per_step"] / e["bytes_per_step"])
+  # the printed tables name the codec and its count (raw blocks, not escapes)
+  assert "wire ratio (raw / entropy)" in text and "mean loss (entropy | raw)" in text
+  assert "raw blocks (of 4096 elements): weights" in text and "escape rate" not in text
+  table = [line for line in text.splitlines()
+           if line.strip().startswith(("weight ", "gradient ", "activation "))]
+  assert len(table) >= 5
+  assert all(line.rstrip().endswith("yes") for line in table), "\n".join(table)
+
+
+def test_ladders_follow_the_chosen_codec(example):
+  import jax.numpy as jnp
+  import zipccl_jax
+  from zipccl_jax._src import entropy
+  units, _ = example.init_model(example.Config(**example.QUICK), 8)
+  for codec in ("zipccl", "entropy"):
+    ladders = example.unit_capacities(units, codec=codec)
+    for u in units:
+      gather, scatter = ladders[u.name]
+      assert gather[-1] == scatter[-1] == 2 * u.shard
+      low = (entropy.ladder_floor(jnp.bfloat16, u.shard) if codec == "entropy"
+             else zipccl_jax.min_nbytes(jnp.bfloat16, u.shard))
+      assert gather[0] == scatter[0] == -(-low // 128) * 128, (codec, u.name, gather)

@@ -7,6 +7,7 @@ rank-ordered float32 sum (reductions).
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import jax
@@ -56,6 +57,41 @@ def trim_ladder(raw):
 
 def expected_rung(max_used_bytes, rungs):
   return sum(1 for r in rungs if max_used_bytes > r)
+
+
+# ---- the rung's row prefix ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, slot", [((1, 1024), 128), ((3, 640), 384), ((2, 2, 256), 256),
+                                         ((1, 0), 0), ((4, 513), 1)])
+def test_row_prefix_copies_exactly_the_slot(shape, slot):
+  from zipccl_jax._src import transport
+  rng = np.random.default_rng(7)
+  p = rng.integers(0, 256, size=shape, dtype=np.uint8)
+  got = np.asarray(jax.jit(lambda a: transport.row_prefix(a, slot))(jnp.asarray(p)))
+  assert got.shape == shape[:-1] + (slot,)
+  assert np.array_equal(got, p[..., :slot])
+
+
+def test_row_prefix_rejects_a_slot_longer_than_the_row():
+  from zipccl_jax._src import ffi as zffi
+  zffi.register()
+  call = jax.ffi.ffi_call("zipccl_row_prefix", jax.ShapeDtypeStruct((2, 256), jnp.uint8))
+  with pytest.raises(Exception, match=r"zipccl_row_prefix: slot must be \[2, S\] with S <= 128"):
+    jax.block_until_ready(jax.jit(call)(jnp.zeros((2, 128), jnp.uint8)))
+
+
+def test_gather_rungs_compile_no_slice_kernels(mesh8):
+  # Every rung of an all-gather ladder cuts its slot with the custom call, not a
+  # slice (XLA:CPU compiles each slice to a kernel: compile time; docs/design.md).
+  x = gaussian((N * 64, 1024), BF16, seed=1)
+  f = smap(mesh8, P("x"), P())(lambda a: zc.compressed_all_gather(a, "x", tiled=True, to="invarying",
+                                                                   policy="always"))
+  txt = f.lower(x).compile().as_text()
+  rungs = len(zc.slot_ladder(zc.get_codec("zipccl").min_nbytes(BF16, 64 * 1024), 64 * 1024 * 2))
+  assert txt.count('custom_call_target="zipccl_row_prefix"') == rungs
+  assert not re.findall(r"= u8\[[^\]]*\]\S* slice\(", txt)    # no slice of a payload
+  assert_bits_equal(f(x), x, "all_gather")
 
 
 # ---- the ladder itself --------------------------------------------------------------------------

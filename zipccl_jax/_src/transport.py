@@ -42,6 +42,7 @@ from jax import lax
 
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
+from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import stats
 
 _ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
@@ -137,6 +138,26 @@ def unbits(u, dtype):
   return lax.bitcast_convert_type(u, dtype)
 
 
+def row_prefix(payload, slot: int):
+  """payload[..., :slot], the operand of a rung's collective.
+
+  On CPU backends a custom call ("zipccl_row_prefix", ffi/transport_cpu.cc) makes
+  the copy: XLA:CPU compiles every slice into its own kernel, ~15 ms of compile
+  time per rung, while a custom call compiles to nothing. Other backends slice
+  (a GPU compiles a slice fast). Same bytes either way.
+  """
+  if slot == payload.shape[-1]:
+    return payload
+
+  def on_cpu(p):
+    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+    _ffi.register()
+    out = _codec._result_type(p.shape[:-1] + (slot,), jnp.uint8, p)  # pylint: disable=protected-access
+    return jax.ffi.ffi_call("zipccl_row_prefix", out, vmap_method="broadcast_all")(p)
+
+  return lax.platform_dependent(payload, cpu=on_cpu, default=lambda p: p[..., :slot])
+
+
 def _agree(used, count, axes, want_stats):
   """The largest used size (units of 128 B) over the participants, and the summed count.
 
@@ -167,7 +188,7 @@ def _raise_decode_error(where, word, bad, worst):
 
 
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
-            after=None):
+            after=None, prefix=row_prefix):
   """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
 
   move(a) is the XLA collective applied to a uint8[R, slot] payload or to the
@@ -176,7 +197,8 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   receives anything (rows it does not receive are zeros, as in lax). after: an
   int32 >= 0 the agreement must wait for (a chunked transport passes the previous
   chunk's rung, so that XLA cannot combine the chunks' agreements into one
-  all-reduce, which would wait for every chunk's encode).
+  all-reduce, which would wait for every chunk's encode). prefix(payload, slot)
+  cuts the slot out of the encoded rows.
   """
   m = plan.m
   dtype = plan.dtype
@@ -200,7 +222,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     return compat.pvary(jnp.zeros(like.shape[:1], jnp.int32), tuple(compat.varying_axes(like)))
 
   def compressed(slot):
-    y, status = codec.decode_rows(move(payload[:, :slot]), m, dtype)
+    y, status = codec.decode_rows(move(prefix(payload, slot)), m, dtype)
     return y, status
 
   def raw():
@@ -268,8 +290,10 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
   def one(r, p, after=None):
     if not p.compress:
       return unbits(move(bits(r)), p.dtype), stats.plain_part(n_peers * p.raw_row, p.raw_row)
+    # A plain slice: XLA:CPU splits an all-to-all into per-peer slices anyway, and
+    # the slot's slice fuses into them (a custom call would add a copy).
     y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_to_all",
-                      after=after)
+                      after=after, prefix=lambda a, slot: a[:, :slot])
     return y, _part(p, info, n_peers, n_peers * n_peers * p.m)
 
   if plan.parts:

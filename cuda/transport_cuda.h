@@ -1,0 +1,6 @@
+// The slot ladder's row-prefix copy on a GPU (cuda/transport.cu; ffi/transport.h).
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowPrefixCuda);
