@@ -250,7 +250,7 @@ def report(rows, args, stem: str) -> str:
             f"{' --codecs ' + args.codecs if args.codecs else ''}"
             f"{' --calibrate' if args.calibrate else ''}"
             f"{' --breakdown' if args.breakdown else ''}"
-            f"{' --malloc default' if args.malloc == 'default' else ''}"
+            f"{' --malloc tuned' if args.malloc == 'tuned' else ''}"
             f"{' --name ' + args.name if args.name else ''}`"
             f" (whole grid: {sum(r['wall_s'] + (r.get('unshaped') or {}).get('wall_s', 0) for r in rows):.0f} s)", ""]
   return "\n".join(lines)
@@ -378,9 +378,9 @@ def main(argv=None) -> int:
                   help="appended to the results' file stem train_<date> (e.g. _p4), so that "
                        "two runs of one day keep both tables")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")
-  ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
-                  help="the examples' --malloc (and the codec speed measurement's): tuned "
-                       "(default) = zipccl_jax.tune_host_allocator() in every process")
+  ap.add_argument("--malloc", choices=("tuned", "default"), default="default",
+                  help="the examples' --malloc (and the codec speed measurement's): tuned = "
+                       "zipccl_jax.tune_host_allocator() in every process; default: glibc's")
   for ex in EXAMPLES:
     ap.add_argument(f"--{ex}-args", default=DEFAULT_ARGS[ex], metavar="ARGS",
                     help=f"model arguments for train_{ex}.py (one string; default "

@@ -64,10 +64,10 @@ def add_common_args(ap, *, devices: int) -> None:
   ap.add_argument("--log-every", type=int, default=10, metavar="K",
                   help="print the losses every K steps (0: only the last)")
   ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-  ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
-                  help="tuned (default): zipccl_jax.tune_host_allocator() first, so XLA's "
-                       "large buffers are reused instead of mapped and faulted in every step; "
-                       "default: glibc's own settings")
+  ap.add_argument("--malloc", choices=("tuned", "default"), default="default",
+                  help="tuned: zipccl_jax.tune_host_allocator() first, so XLA's large buffers "
+                       "are reused instead of mapped and faulted in every step; default: "
+                       "glibc's own settings (the training steps measured the same either way)")
   ap.add_argument("--calibrate", action="store_true",
                   help="first run zipccl_jax.calibrate on this mesh axis (bfloat16; not saved, "
                        "active for this run), so the 'auto' variant decides with numbers "

@@ -63,7 +63,7 @@ def launched() -> bool:
   return ENV_COORDINATOR in os.environ
 
 
-def init_jax(default_devices: int = 8, malloc: str = "tuned") -> bool:
+def init_jax(default_devices: int = 8, malloc: str = "default") -> bool:
   """Configures JAX's CPU backend; call before anything starts a backend.
 
   Under the launcher: `--local-devices` CPU devices, gloo collectives and
@@ -75,7 +75,9 @@ def init_jax(default_devices: int = 8, malloc: str = "tuned") -> bool:
   every buffer of every step afresh, and glibc maps each large one anew, so
   without it a step first-touches all its large buffers page by page (the
   compressed transport has more of them than raw: the encoded rows, the slot,
-  the received slots). "default" leaves malloc alone.
+  the received slots). "default" leaves malloc alone. The FSDP step over 1 Gbit/s
+  measured the same either way (zipccl / raw 0.89-0.91 in 4 alternating runs,
+  benchmarks/results/train_2026-11-30_malloc.md).
 
   Returns:
     True when this process is one of several (jax.distributed is initialised).
