@@ -144,7 +144,8 @@ def row_prefix(payload, slot: int):
   On CPU backends a custom call ("zipccl_row_prefix", ffi/transport_cpu.cc) makes
   the copy: XLA:CPU compiles every slice into its own kernel, ~15 ms of compile
   time per rung, while a custom call compiles to nothing. Other backends slice
-  (a GPU compiles a slice fast). Same bytes either way.
+  (a GPU compiles a slice fast; the target's CUDA handler, cuda/transport.cu, only
+  keeps programs lowered for CPU and GPU at once compiling). Same bytes either way.
   """
   if slot == payload.shape[-1]:
     return payload
