@@ -116,14 +116,7 @@ def _proc_gbps(fn, nbytes, runs):
   """Input bytes / median process CPU time (all threads, user + system: the codec's
   work and its page faults) of fn(), after one warm-up call. Waiting for a core on
   a loaded machine does not count; sharing it (SMT, caches) does."""
-  fn()
-  times = []
-  for _ in range(runs):
-    t0 = time.process_time()
-    fn()
-    times.append(time.process_time() - t0)
-  times.sort()
-  return nbytes / times[len(times) // 2] / 1e9
+  return entropy_ratio._cpu_gbps(fn, nbytes, runs, clock=time.process_time)  # pylint: disable=protected-access
 
 
 def cpu_time_rows(n: int, runs: int, tuned: bool = False) -> dict:
