@@ -543,3 +543,48 @@ def test_analyze_refuses_what_the_codec_does_not_take():
     zc.analyze(np.zeros(8, np.float32), codec="entropy")
   with pytest.raises(ValueError, match="analyze: codec must be one of"):
     zc.analyze(np.zeros(8, np.float32), codec="nope")
+
+
+# ---- the unused tail of a row on every kind of output memory --------------------------------
+
+
+def test_tail_is_zero_on_any_output_memory(tmp_path):
+  """A large unused tail (>= 1 MiB) is zeroed without touching pages that are absent
+  from a private anonymous mapping (mincore + MADV_FREE); every other kind of memory
+  gets stores. Bytes must equal an encoding into a zeroed buffer whatever the buffer
+  held: dirty heap memory, fresh anonymous pages, and mappings whose absent pages
+  read back nonzero contents (a private or shared file mapping with its page cache
+  dropped, a shared anonymous mapping)."""
+  import mmap
+  n = 1 << 21  # all-zero input: CONST blocks, ~2.3 MB of tail
+  x = np.zeros(n, np.uint16)
+  size = NATIVE.entropy_max_nbytes(1, n)
+  want = np.zeros(size, np.uint8)
+  _, _, used = NATIVE.entropy_encode_into(1, x.view(np.uint8), n, want)
+  assert size - used >= 1 << 20
+
+  def check(buf, what):
+    _, _, u = NATIVE.entropy_encode_into(1, x.view(np.uint8), n, buf)
+    got = np.asarray(buf)
+    bad = np.flatnonzero(got != want)
+    assert u == used and bad.size == 0, f"{what}: byte {bad[0]} is {got[bad[0]]:#04x}, expected {want[bad[0]]:#04x}"
+
+  check(np.full(size, 0xAB, np.uint8), "dirty heap buffer")
+  m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+  a = np.frombuffer(m, np.uint8)
+  a[: size // 2] = 0xCD  # half resident and dirty, half never touched
+  check(a, "private anonymous mapping")
+  m = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+  check(np.frombuffer(m, np.uint8), "shared anonymous mapping")
+  path = tmp_path / "payload.bin"
+  for flags in (mmap.MAP_PRIVATE, mmap.MAP_SHARED):
+    path.write_bytes(b"\xab" * size)
+    fd = os.open(path, os.O_RDWR)
+    try:
+      os.fsync(fd)
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # absent pages read 0xAB back
+      m = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+      m.madvise(mmap.MADV_RANDOM)  # no readahead: the tail's pages stay absent until read
+    finally:
+      os.close(fd)
+    check(np.frombuffer(m, np.uint8), f"file mapping (flags {flags})")

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Byte identity of the entropy codec's CPU encoder: BASE_REV's ffi/entropy_cpu.cc
+# against this tree's on varied bf16 and fp16 rows (tests/test_entropy.py's
+# distributions: Gaussian, Laplace, heavy tails, GELU, softmax, mixed scales, ReLU,
+# zeros, constants, random bits, subnormals, specials, skewed streams) at several
+# sizes, whole max_nbytes rows compared (benchmarks/entropy_same.cc).
+# Usage: benchmarks/entropy_same.sh BASE_REV [sizes = "1 4097 100003 1048576 4194305"]
+# (ZIPCCL_DISABLE_SIMD=1 checks the portable paths.) Needs g++, git and the .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BASE=${1:?base revision}
+SIZES=${2:-"1 4097 100003 1048576 4194305"}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+git archive "$BASE" ffi | tar -x -C "$TMP"
+INC=$(.venv/bin/python -c "import jax; print(jax.ffi.include_dir())")
+g++ -std=c++17 -O2 -c -I"$TMP/ffi" -isystem "$INC" -Dzipccl=zbase -DZipcclEntropyEncodeCpu=ZbaseEnc \
+  -DZipcclEntropyDecodeCpu=ZbaseDec "$TMP/ffi/entropy_cpu.cc" -o "$TMP/base.o"
+g++ -std=c++17 -O2 -c -Iffi -isystem "$INC" ffi/entropy_cpu.cc -o "$TMP/new.o"
+g++ -std=c++17 -O2 -c -Iffi -isystem "$INC" benchmarks/entropy_same.cc -o "$TMP/same.o"
+g++ "$TMP/same.o" "$TMP/base.o" "$TMP/new.o" -o "$TMP/entropy_same" -lpthread
+mkdir "$TMP/rows"
+.venv/bin/python - "$TMP/rows" $SIZES <<'PY'
+import sys
+import numpy as np
+from tests.test_entropy import BF16, DISTS, F16, make
+out, sizes = sys.argv[1], [int(s) for s in sys.argv[2:]]
+for dtype, ext in ((BF16, "bf16"), (F16, "fp16")):
+  for dist in DISTS:
+    for k, n in enumerate(sizes):
+      make(dist, n, dtype, seed=7 + k).view(np.uint16).astype("<u2").tofile(f"{out}/{dist}_{n}.{ext}")
+PY
+ZIPCCL_NUM_THREADS=${ZIPCCL_NUM_THREADS:-1} "$TMP/entropy_same" "$TMP"/rows/*
