@@ -5,8 +5,12 @@
 // minute, the ratio of the two medians taken in the same minutes is steadier than
 // two separate runs. Prints whether both encodings are identical, both round
 // trips, and per build best / p75 / median / p25 / worst GB/s and the time ratios.
-// Usage: entropy_ab n rounds reps [dtype 1 bf16 / 2 fp16] (built and run by
-// entropy_ab.sh). The build that runs second in a round tends to read a few %
+// Usage: entropy_ab n rounds reps [dtype 1 bf16 / 2 fp16] [fresh 0/1] (built and
+// run by entropy_ab.sh). fresh = 1 times every call on a newly mapped output
+// buffer, as XLA:CPU hands one to its FFI handlers (glibc mmaps allocations this
+// large; 64 bytes past the mapping's start, huge pages advised on its 2 MiB-aligned
+// interior like ffi/cpu_handler.h): the first-touch page faults are then part of
+// the time, as through jax.jit. The build that runs second in a round tends to read a few %
 // faster: A/A runs of one build gave median time ratios 0.93-1.03 (encode) and
 // 0.96-0.97 (decode).
 #include <algorithm>
@@ -16,6 +20,7 @@
 #include <cstring>
 #include <vector>
 #include <time.h>
+#include <sys/mman.h>
 #include "entropy_cpu.h"
 namespace zbase {
 namespace ent {
@@ -37,6 +42,7 @@ int main(int argc, char** argv) {
   uint64_t n = argc > 1 ? strtoull(argv[1], 0, 0) : (1u << 25);
   int rounds = argc > 2 ? atoi(argv[2]) : 8, reps = argc > 3 ? atoi(argv[3]) : 3;
   DtypeCode d = (DtypeCode)(argc > 4 ? atoi(argv[4]) : 1);
+  const bool fresh = argc > 5 && atoi(argv[5]) != 0;
   std::vector<uint16_t> x(n), y(n);
   uint64_t s = 88172645463325252ull;
   for (uint64_t i = 0; i < n; i += 2) {  // Box-Muller, sigma 0.02
@@ -58,13 +64,28 @@ int main(int argc, char** argv) {
   bool oka = memcmp(x.data(), y.data(), 2 * n) == 0;
   int db = cpu::decode_row(d, ob.data(), M, n, y.data());
   bool okb = memcmp(x.data(), y.data(), 2 * n) == 0;
-  printf("n=%llu identical=%d dec %d/%d roundtrip %d/%d\n", (unsigned long long)n, same, da, db, oka, okb);
+  printf("n=%llu identical=%d dec %d/%d roundtrip %d/%d output buffers %s\n", (unsigned long long)n, same, da, db, oka, okb,
+         fresh ? "fresh (mmap per call)" : "reused");
+  // A fresh output buffer of `bytes` (fresh = 1) or the given one.
+  auto get = [&](uint8_t* reuse, uint64_t bytes, void** map, uint64_t* len) -> uint8_t* {
+    if (!fresh) return reuse;
+    *len = bytes + 4096;
+    *map = mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*map == MAP_FAILED) { perror("mmap"); exit(2); }
+    uint8_t* p = static_cast<uint8_t*>(*map) + 64;
+    const uint64_t huge = 2ull << 20, a = ((uint64_t)p + huge - 1) & ~(huge - 1), b = ((uint64_t)p + bytes) & ~(huge - 1);
+    if (bytes >= 4 * huge && b > a) madvise((void*)a, b - a, MADV_HUGEPAGE);
+    return p;
+  };
+  auto put = [&](void* map, uint64_t len) { if (fresh) munmap(map, len); };
   std::vector<double> ea, eb, dA, dB;
   for (int r = 0; r < rounds; ++r) {
-    for (int k = 0; k < reps; ++k) { double t = now(); zbase::ent::cpu::encode_row((zbase::ent::DtypeCode)d, x.data(), n, oa.data()); ea.push_back(now() - t); }
-    for (int k = 0; k < reps; ++k) { double t = now(); cpu::encode_row(d, x.data(), n, ob.data()); eb.push_back(now() - t); }
-    for (int k = 0; k < reps; ++k) { double t = now(); zbase::ent::cpu::decode_row((zbase::ent::DtypeCode)d, oa.data(), M, n, y.data()); dA.push_back(now() - t); }
-    for (int k = 0; k < reps; ++k) { double t = now(); cpu::decode_row(d, ob.data(), M, n, y.data()); dB.push_back(now() - t); }
+    void* mp = nullptr;
+    uint64_t ml = 0;
+    for (int k = 0; k < reps; ++k) { uint8_t* o = get(oa.data(), M, &mp, &ml); double t = now(); zbase::ent::cpu::encode_row((zbase::ent::DtypeCode)d, x.data(), n, o); ea.push_back(now() - t); put(mp, ml); }
+    for (int k = 0; k < reps; ++k) { uint8_t* o = get(ob.data(), M, &mp, &ml); double t = now(); cpu::encode_row(d, x.data(), n, o); eb.push_back(now() - t); put(mp, ml); }
+    for (int k = 0; k < reps; ++k) { uint16_t* o = (uint16_t*)get((uint8_t*)y.data(), 2 * n, &mp, &ml); double t = now(); zbase::ent::cpu::decode_row((zbase::ent::DtypeCode)d, oa.data(), M, n, o); dA.push_back(now() - t); put(mp, ml); }
+    for (int k = 0; k < reps; ++k) { uint16_t* o = (uint16_t*)get((uint8_t*)y.data(), 2 * n, &mp, &ml); double t = now(); cpu::decode_row(d, ob.data(), M, n, o); dB.push_back(now() - t); put(mp, ml); }
   }
   auto pr = [&](const char* nm, std::vector<double> a, std::vector<double> b) {
     std::sort(a.begin(), a.end()); std::sort(b.begin(), b.end());

@@ -2,6 +2,7 @@
 # A/B timing of the entropy codec's CPU row encoder/decoder: a base revision
 # against this tree, in one process (benchmarks/entropy_ab.cc), one thread.
 # Usage: benchmarks/entropy_ab.sh BASE_REV [n = 33554432] [rounds = 8] [reps = 5] [dtype 1 bf16 / 2 fp16]
+#   [fresh 0 / 1: a newly mapped output buffer every call, as through jax.jit]
 # (ZIPCCL_DISABLE_SIMD=1 times the portable paths.) Needs g++, git and the
 # project's .venv (for the XLA FFI headers).
 set -euo pipefail
@@ -11,6 +12,7 @@ N=${2:-33554432}
 ROUNDS=${3:-8}
 REPS=${4:-5}
 DT=${5:-1}
+FRESH=${6:-0}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 git archive "$BASE" ffi | tar -x -C "$TMP"
@@ -21,4 +23,4 @@ g++ -std=c++17 -O3 -c -I"$TMP/ffi" -isystem "$INC" -Dzipccl=zbase -DZipcclEntrop
 g++ -std=c++17 -O3 -c -Iffi -isystem "$INC" ffi/entropy_cpu.cc -o "$TMP/new.o"
 g++ -std=c++17 -O3 -c -Iffi -isystem "$INC" benchmarks/entropy_ab.cc -o "$TMP/ab.o"
 g++ "$TMP/ab.o" "$TMP/base.o" "$TMP/new.o" -o "$TMP/entropy_ab" -lpthread
-ZIPCCL_NUM_THREADS=1 "$TMP/entropy_ab" "$N" "$ROUNDS" "$REPS" "$DT"
+ZIPCCL_NUM_THREADS=1 "$TMP/entropy_ab" "$N" "$ROUNDS" "$REPS" "$DT" "$FRESH"
