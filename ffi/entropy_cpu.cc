@@ -1091,29 +1091,37 @@ inline void zero_stores(uint8_t* p, uint64_t nbytes) {
 }
 
 // Zeroes [p, p + nbytes), the unused tail of a row (about 1/3 of max_nbytes on
-// Gaussian bf16: 22 MB for 64 MiB of input), without touching the pages that
-// already read as zero. XLA:CPU hands the encoder a freshly mapped payload
-// buffer every call (glibc mmaps allocations this large), and the first write
-// to each of its pages costs a fault in which the kernel zeroes the page: for
-// the tail that was ~1/3 of the fresh-buffer cost, plus our own stores on top.
-// A page that is not resident (mincore) in a private anonymous mapping reads as
-// zero once MADV_FREE has dropped any swap entry behind it; MADV_FREE fails
-// (EINVAL) on file-backed and shared mappings, whose absent pages would read
-// back their contents, and on locked ones: those runs are zeroed with stores,
-// like the resident pages (a reused heap buffer: no madvise at all). (Assumes
-// nobody serves the buffer's missing pages through userfaultfd.)
+// Gaussian bf16: 22 MB for 64 MiB of input), without first-touching pages that
+// the kernel can zero-fill instead. XLA:CPU hands the encoder a freshly mapped
+// payload buffer every call (glibc mmaps allocations this large), and the first
+// write to each page costs a fault in which the kernel zeroes it: for the tail
+// that was ~1/3 of the fresh-buffer cost, with our own stores on top.
+//
+// Safety: only whole pages that mincore reports non-resident are left to the
+// kernel, and only after two madvise calls on exactly that run succeed:
+//   1. MADV_FREE, used as a type check: it applies to private anonymous memory
+//      only and fails with EINVAL on file-backed, shared (shmem, SysV), hugetlb
+//      and locked mappings, whose absent pages would read back their contents;
+//   2. MADV_DONTNEED, whose documented effect on private anonymous mappings is
+//      that later accesses get zero-fill-on-demand pages, whatever the page held
+//      before (swapped out, in the swap cache, lazily freed by step 1, or
+//      collapsed into a huge page by khugepaged in between).
+// Everything else (resident pages, the partial pages at both ends, any run where
+// a call fails) is zeroed with stores. A reused heap buffer is resident: no
+// madvise at all. (One assumption: nobody serves the buffer's missing pages
+// through userfaultfd, which would replace the zero fill.)
 inline void zero_tail(uint8_t* p, uint64_t nbytes) {
-#if defined(__linux__) && defined(MADV_FREE)
+#if defined(__linux__) && defined(MADV_FREE) && defined(MADV_DONTNEED)
   static const uint64_t page = [] {
     const long v = sysconf(_SC_PAGESIZE);
     return v > 0 ? (uint64_t)v : 0;
   }();
-  if (nbytes >= kStreamZeroMin && page && !(page & (page - 1))) {
+  if (nbytes >= kStreamZeroMin && page && !(page & (page - 1)) && nbytes >= 4 * page) {
     uint8_t* const a = reinterpret_cast<uint8_t*>(((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1));
     uint8_t* const b = reinterpret_cast<uint8_t*>(((uintptr_t)p + nbytes) & ~(uintptr_t)(page - 1));
-    const uint64_t np = (uint64_t)(b - a) / page;
+    const uint64_t np = (uint64_t)(b - a) / page;  // b > a: nbytes >= 4 pages
     std::vector<unsigned char> res(np);
-    if (b > a && mincore(a, b - a, res.data()) == 0) {
+    if (mincore(a, b - a, res.data()) == 0) {
       zero_stores(p, (uint64_t)(a - p));
       uint64_t i = 0;
       while (i < np) {
@@ -1122,7 +1130,7 @@ inline void zero_tail(uint8_t* p, uint64_t nbytes) {
         while (j < np && (bool)(res[j] & 1) == in) ++j;
         uint8_t* const r = a + i * page;
         const uint64_t rn = (j - i) * page;
-        if (in || madvise(r, rn, MADV_FREE) != 0) zero_stores(r, rn);
+        if (in || madvise(r, rn, MADV_FREE) != 0 || madvise(r, rn, MADV_DONTNEED) != 0) zero_stores(r, rn);
         i = j;
       }
       zero_stores(b, (uint64_t)(p + nbytes - b));
