@@ -1130,23 +1130,31 @@ inline void zero_tail(uint8_t* p, uint64_t nbytes) {
   if (nbytes >= kStreamZeroMin && page && !(page & (page - 1)) && nbytes >= 4 * page) {
     uint8_t* const a = reinterpret_cast<uint8_t*>(((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1));
     uint8_t* const b = reinterpret_cast<uint8_t*>(((uintptr_t)p + nbytes) & ~(uintptr_t)(page - 1));
-    const uint64_t np = (uint64_t)(b - a) / page;  // b > a: nbytes >= 4 pages
-    std::vector<unsigned char> res(np);
-    if (mincore(a, b - a, res.data()) == 0) {
-      zero_stores(p, (uint64_t)(a - p));
-      uint64_t i = 0;
-      while (i < np) {
-        const bool in = res[i] & 1;
-        uint64_t j = i + 1;
-        while (j < np && (bool)(res[j] & 1) == in) ++j;
-        uint8_t* const r = a + i * page;
-        const uint64_t rn = (j - i) * page;
-        if (in || madvise(r, rn, MADV_FREE) != 0 || madvise(r, rn, MADV_DONTNEED) != 0) zero_stores(r, rn);
-        i = j;
+    zero_stores(p, (uint64_t)(a - p));
+    // Whole pages [a, b) (b > a: nbytes >= 4 pages) in chunks of up to kChunk
+    // pages (a fixed buffer: nothing to allocate here).
+    constexpr uint64_t kChunk = 4096;
+    unsigned char res[kChunk];
+    for (uint8_t* c = a; c < b;) {
+      const uint64_t np = std::min<uint64_t>(kChunk, (uint64_t)(b - c) / page);
+      if (mincore(c, np * page, res) != 0) {
+        zero_stores(c, np * page);
+      } else {
+        uint64_t i = 0;
+        while (i < np) {
+          const bool in = res[i] & 1;
+          uint64_t j = i + 1;
+          while (j < np && (bool)(res[j] & 1) == in) ++j;
+          uint8_t* const r = c + i * page;
+          const uint64_t rn = (j - i) * page;
+          if (in || madvise(r, rn, MADV_FREE) != 0 || madvise(r, rn, MADV_DONTNEED) != 0) zero_stores(r, rn);
+          i = j;
+        }
       }
-      zero_stores(b, (uint64_t)(p + nbytes - b));
-      return;
+      c += np * page;
     }
+    zero_stores(b, (uint64_t)(p + nbytes - b));
+    return;
   }
 #endif
   zero_stores(p, nbytes);
