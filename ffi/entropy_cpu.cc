@@ -179,6 +179,24 @@ EZ_TARGET_FAST uint32_t write_raw_bf16e_fast(const uint16_t* x, uint32_t len, ui
 }
 #endif
 
+// Stores the low W (0..8) bytes of v at p, little-endian, from the register (a
+// W-byte memcpy of a local went through the stack: a store and narrow reloads).
+template <uint32_t W>
+EZ_INLINE void store_le(uint8_t* p, uint64_t v) {
+  static_assert(W <= 8, "at most 8 bytes");
+  if constexpr (W >= 4) {
+    const uint32_t lo = (uint32_t)v;
+    std::memcpy(p, &lo, 4);
+    store_le<W - 4>(p + 4, v >> 32);
+  } else if constexpr (W >= 2) {
+    const uint16_t lo = (uint16_t)v;
+    std::memcpy(p, &lo, 2);
+    store_le<W - 2>(p + 2, v >> 16);
+  } else if constexpr (W == 1) {
+    p[0] = (uint8_t)v;
+  }
+}
+
 template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
@@ -210,7 +228,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
         const uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(r, r));
         uint64_t acc;  // PEXT by inline asm: the intrinsic needs a target attribute here
         asm("pext %2, %1, %0" : "=r"(acc) : "r"(bytes), "r"(spread));
-        std::memcpy(out + g * w, &acc, w);
+        store_le<w>(out + g * w, acc);
       }
     }
 #endif
