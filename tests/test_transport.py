@@ -27,9 +27,11 @@ TRIM = dict(codec="trim", policy="always")
 def trim_codecs():
   zc.register_codec(zc.Codec("trim", 90, "tests.trim_codec"))
   zc.register_codec(zc.Codec("trim_corrupt", 91, "tests.trim_codec_corrupt"))
+  zc.register_codec(zc.Codec("trim_skip", 92, "tests.trim_codec_skip"))
   yield
   zc.unregister_codec("trim")
   zc.unregister_codec("trim_corrupt")
+  zc.unregister_codec("trim_skip")
 
 
 def smap(mesh, in_specs, out_specs):
@@ -181,6 +183,96 @@ def test_one_incompressible_device_takes_the_raw_rung(mesh8):
   ladder = trim_ladder(rows * cols * 2)
   assert int(st["rung"][0]) == len(ladder)         # all_gather: the raw rung
   assert int(st["rung"][2]) == len(ladder)         # ppermute: device 5 sends
+
+
+# ---- the own row is not coded (docs/format.md, "Skipped rows") ------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=lambda d: d.name)
+def test_own_row_is_neither_encoded_nor_decoded(mesh8, dtype):
+  """trim_skip garbles skipped rows and requires skip + fill: exact results prove the
+  transports mark exactly the own row (all-to-all: sent and received; gather: received)."""
+  # every row of 1024 (an all-to-all's message) has a zero tail: all of them compress
+  x = gaussian((N * 8, 1024), dtype, seed=11)
+  x[x == 0] = 1
+  for i in range(N * 8):
+    x[i, 600 + 13 * (i % 11):] = 0
+  kw = dict(codec="trim_skip", policy="always", stats=True)
+
+  @smap(mesh8, P("x"), ((P("x"), P()), (P("x"), P()), (P(), P()), (P("x"), P()), (P(), P())))
+  def f(v):
+    return (zc.compressed_all_gather(v, "x", tiled=True, **kw),
+            zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw),
+            zc.compressed_psum(v, "x", **kw),
+            zc.compressed_psum_scatter(v, "x", tiled=True, **kw),
+            zc.compressed_all_gather(v, "x", tiled=True, to="invarying", **kw))
+
+  @smap(mesh8, P("x"), (P("x"), P("x"), P(), P("x"), P()))
+  def raw(v):
+    kw = dict(codec="raw")
+    return (zc.compressed_all_gather(v, "x", tiled=True, **kw),
+            zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw),
+            zc.compressed_psum(v, "x", **kw),
+            zc.compressed_psum_scatter(v, "x", tiled=True, **kw),
+            zc.compressed_all_gather(v, "x", tiled=True, to="invarying", **kw))
+
+  ys = f(x)
+  for name, (y, st), r in zip(("all_gather", "all_to_all", "psum", "psum_scatter",
+                               "all_gather inv"), ys, raw(x)):
+    assert_bits_equal(y, r, name)
+    if name in ("all_to_all", "psum_scatter"):   # rows of 256 with zero tails: compressed
+      assert not bool(np.any(np.asarray(st.raw_rung))), name
+  assert_bits_equal(ys[0][0][:x.shape[0]], x, "all_gather vs input")
+
+
+def test_gathers_do_not_decode_their_own_row(mesh8):
+  """A gather's own row is its input: every decode of the gathers (all_gather both
+  ways, psum's second phase) gets the skip mask and the fill, and stays exact (a
+  mask on the wrong row would put this device's data in another's place)."""
+  from tests import skip_spy_codec as spy
+  zc.register_codec(zc.Codec("skip_spy", 93, "tests.skip_spy_codec"))
+  try:
+    x = gaussian((N * 4, 512), BF16, seed=14)
+    spy.CALLS.clear()
+    kw = dict(codec="skip_spy", policy="always")
+    ys = smap(mesh8, P("x"), (P("x"), P(), P()))(lambda v: (
+        zc.compressed_all_gather(v, "x", tiled=True, **kw),
+        zc.compressed_all_gather(v, "x", tiled=True, to="invarying", **kw),
+        zc.compressed_psum(v, "x", **kw)))(x)
+    raw = smap(mesh8, P("x"), (P("x"), P(), P()))(lambda v: (
+        zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
+        zc.compressed_all_gather(v, "x", tiled=True, to="invarying", codec="raw"),
+        zc.compressed_psum(v, "x", codec="raw")))(x)
+    for y, r in zip(ys, raw):
+      assert_bits_equal(y, r)
+    assert_bits_equal(ys[1], x)
+    assert spy.CALLS and all(c == (True, True) for c in spy.CALLS), spy.CALLS
+  finally:
+    zc.unregister_codec("skip_spy")
+
+
+@pytest.mark.parametrize("codec", ["zipccl", "entropy"])
+def test_own_incompressible_row_does_not_decide_the_rung(mesh8, codec):
+  """Device d's row d of a reduce-scatter never leaves it: random bits there (which
+  no codec shrinks) must not push the call to the raw rung."""
+  m = 8192
+  x = gaussian((N, N, m), BF16, seed=12)
+  bits = np.random.default_rng(13).integers(0, 2 ** 16, size=(N, m), dtype=np.uint16)
+  for d in range(N):
+    x[d, d] = bits[d].view(BF16)
+  x = x.reshape(N * N, m)
+
+  @smap(mesh8, P("x"), (P("x"), P()))
+  def f(v):
+    return zc.compressed_psum_scatter(v, "x", tiled=True, stats=True, codec=codec,
+                                      policy="always")
+
+  y, st = f(x)
+  want = smap(mesh8, P("x"), P("x"))(
+      lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, codec="raw"))(x)
+  assert_bits_equal(y, want)
+  assert not bool(st.raw_rung), "the own (incompressible) row decided the rung"
+  assert float(st.ratio) > 1.2
 
 
 def test_stats_report_rung_used_and_slot_bytes(mesh8):
