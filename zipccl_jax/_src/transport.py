@@ -63,6 +63,9 @@ _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 # unless the row is too short for that.
 MAX_CHUNKS = 16
 CHUNK_ALIGN = 4096
+# False codes the own row like any other (the behaviour before the skip mask): read
+# at trace time, only for A/B measurements (benchmarks/netns_bench.py's "<codec>+own").
+_SKIP_OWN_ROW = True
 
 
 def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
@@ -201,15 +204,15 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   all-reduce, which would wait for every chunk's encode). prefix(payload, slot)
   cuts the slot out of the encoded rows. own: (sent, received, fill) for a
   transport whose own row never leaves the device: sent bool[R] marks it among
-  the rows sent (or None), received bool[R'] among the rows received, fill[1, m]
-  its values. A codec with SKIP_ROWS then neither encodes nor decodes it: the
+  the rows sent (or None), received bool[R'] among the rows received, fill[F, m]
+  its values (F dividing R': received row i takes fill row i // (R' // F)). A codec with SKIP_ROWS then neither encodes nor decodes it: the
   decoder copies fill (docs/format.md, "Skipped rows"), the bits the row would
   decode to, so the result is unchanged and the codec does (N-1)/N of the work.
   """
   m = plan.m
   dtype = plan.dtype
   codec = plan.codec
-  if own is not None and not getattr(codec, "SKIP_ROWS", False):
+  if own is not None and not (_SKIP_OWN_ROW and getattr(codec, "SKIP_ROWS", False)):
     own = None
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
@@ -305,12 +308,11 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
       return unbits(move(bits(r)), p.dtype), stats.plain_part(n_peers * p.raw_row, p.raw_row)
     # A plain slice: XLA:CPU splits an all-to-all into per-peer slices anyway, and
     # the slot's slice fuses into them (a custom call would add a copy). Row `me`
-    # is sent to this device itself: not coded.
-    me = lax.axis_index(axes)
-    mine = jnp.arange(n_peers) == me
+    # is sent to this device itself: not coded. The fill is all rows (F = N: row r
+    # takes fill row r, so row me takes r[me]; no slice copy of the own row).
+    mine = jnp.arange(n_peers) == lax.axis_index(axes)
     y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_to_all",
-                      after=after, prefix=lambda a, slot: a[:, :slot],
-                      own=(mine, mine, lax.dynamic_slice_in_dim(r, me, 1, 0)))
+                      after=after, prefix=lambda a, slot: a[:, :slot], own=(mine, mine, r))
     return y, _part(p, info, n_peers, n_peers * n_peers * p.m)
 
   if plan.parts:
