@@ -273,6 +273,10 @@ def test_own_incompressible_row_does_not_decide_the_rung(mesh8, codec):
   assert_bits_equal(y, want)
   assert not bool(st.raw_rung), "the own (incompressible) row decided the rung"
   assert float(st.ratio) > 1.2
+  # the count and its elements leave the own rows out (N - 1 coded rows per device)
+  assert st.elements == N * (N - 1) * m
+  if codec == "zipccl":   # escapes of Gaussian rows only: random bits would escape ~all
+    assert 0 < float(st.escape_rate) < 0.2
 
 
 def test_stats_report_rung_used_and_slot_bytes(mesh8):

@@ -212,14 +212,17 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   m = plan.m
   dtype = plan.dtype
   codec = plan.codec
-  if own is not None and not (_SKIP_OWN_ROW and getattr(codec, "SKIP_ROWS", False)):
+  if own is not None and not skips_own_row(codec):
     own = None
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
+    # The count leaves the own row out on every backend (a GPU encodes it anyway);
+    # its used size stays in the max: a GPU decodes the own row from its slot.
+    count = jnp.sum(jnp.where(own[0], 0, jnp.minimum(st[:, 1], m)))
   else:
     payload, st = codec.encode_rows(rows)
+    count = jnp.sum(jnp.minimum(st[:, 1], m))
   used = jnp.max(st[:, 2])
-  count = jnp.sum(jnp.minimum(st[:, 1], m))
   if sends is not None:
     used = jnp.where(sends, used, 0)
     count = jnp.where(sends, count, 0)
@@ -263,6 +266,11 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     errors = lax.psum(bad, axes)
     agree_bytes += 4
   return y, (rung, agreed, count_total, errors, agree_bytes)
+
+
+def skips_own_row(codec) -> bool:
+  """Whether transports leave the own row uncoded with this codec (its SKIP_ROWS)."""
+  return _SKIP_OWN_ROW and bool(getattr(codec, "SKIP_ROWS", False))
 
 
 def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:
@@ -313,7 +321,9 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     mine = jnp.arange(n_peers) == lax.axis_index(axes)
     y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_to_all",
                       after=after, prefix=lambda a, slot: a[:, :slot], own=(mine, mine, r))
-    return y, _part(p, info, n_peers, n_peers * n_peers * p.m)
+    # elements the count covers: every participant's rows, less their own ones
+    coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
+    return y, _part(p, info, n_peers, n_peers * coded * p.m)
 
   if plan.parts:
     return _chunked(rows, plan, one)
