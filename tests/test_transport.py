@@ -456,3 +456,32 @@ def test_two_axis_mesh(mesh4x2):
   (g, s), (g_raw, s_raw) = run(**TRIM), run(codec="raw", policy="always")
   assert_bits_equal(g, x) and assert_bits_equal(g, g_raw)
   assert_bits_equal(s, s_raw)
+
+
+def test_groups_of_one_axis_on_different_rungs(mesh4x2):
+  """Transports over "a" of a 4 x 2 mesh: the two "a" groups agree separately, so
+  one takes the raw rung and the other a compressed one in the same call. Every
+  branch of a transport's switch issues the same collectives (docs/design.md: an
+  XLA:CPU collective-permute rendezvous spans both groups), so nothing hangs and
+  every result is exact."""
+  x = gaussian((8 * 8, 1024), BF16, seed=21)
+  blk = x[5 * 8:6 * 8].view(np.uint16)        # device 5 (a=2, b=1): random bits
+  blk[:] = np.random.default_rng(22).integers(0, 2 ** 16, size=blk.shape, dtype=np.uint16)
+  ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
+  spec = P(("a", "b"))
+
+  def run(**kw):
+    @smap(mesh4x2, spec, (spec, spec, spec, spec, P("b")))
+    def f(v):
+      pp, st = zc.compressed_ppermute(v, "a", ring, stats=True, **kw)
+      a2a = zc.compressed_all_to_all(v, "a", 0, 0, tiled=True, **kw)
+      rs = zc.compressed_psum_scatter(v, "a", tiled=True, **kw)
+      ag = zc.compressed_all_gather(v, "a", tiled=True, **kw)
+      return pp, a2a, rs, ag, (st.rung if kw.get("codec") != "raw" else st.rung * 0)[None]
+    return f(jax.device_put(x, jax.NamedSharding(mesh4x2, spec)))
+
+  got, want = run(codec="zipccl", policy="always"), run(codec="raw", policy="always")
+  for name, y, r in zip(("ppermute", "all_to_all", "psum_scatter", "all_gather"), got, want):
+    assert_bits_equal(y, r, name)
+  rungs = np.asarray(got[4]).reshape(-1)
+  assert rungs[0] != rungs[1], f"the groups should take different rungs, got {rungs}"
