@@ -91,7 +91,7 @@ def _worker(cfg: dict, pid: int) -> dict:
          _codec._result_type((1, 4), jnp.int32, v),
          _codec._result_type((1, _codec.workspace_nbytes(m)), jnp.uint8, v)),
         vmap_method="broadcast_all")
-    return call(v)
+    return call(v, jnp.zeros(v.shape[:-1], jnp.uint8))   # no row skipped
 
   def codec_op(kind, v, p):
     if kind == "encode":

@@ -943,13 +943,18 @@ ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int
   return check_launch(kDecodeTarget, "decode_finalize launch");
 }
 
-ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
-                          ffi::Result<ffi::Buffer<ffi::S32>> stats, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+// skip and fill (handler_common.h): checked, then every row is coded; a skipped
+// row of the transport is its own row, whose payload is that row's encoding, so
+// decoding it gives fill's bits. Reading skip would need the mask on the host.
+ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip,
+                          ffi::Result<ffi::Buffer<ffi::U8>> payload, ffi::Result<ffi::Buffer<ffi::S32>> stats,
+                          ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   Shape s;
   if (ffi::Error e = handler::check_encode(x.element_type(), x.dimensions(), payload->dimensions(),
                                            stats->dimensions(), workspace->dimensions(), &s);
       e.failure())
     return e;
+  if (ffi::Error e = handler::check_skip(kEncodeTarget, skip.element_count(), s.rows); e.failure()) return e;
   if (s.rows == 0) return ffi::Error::Success();
   uint8_t* out = payload->typed_data();
   uint8_t* ws = workspace->typed_data();
@@ -964,13 +969,21 @@ ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
   }
 }
 
-ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
-                          ffi::Result<ffi::Buffer<ffi::S32>> status, ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
+ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip,
+                          ffi::AnyBuffer fill, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> status,
+                          ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   Shape s;
   if (ffi::Error e = handler::check_decode(payload.dimensions(), y->element_type(), y->dimensions(),
                                            status->element_count(), workspace->dimensions(), &s);
       e.failure())
     return e;
+  uint64_t group = 0;
+  if (ffi::Error e = handler::check_skip(kDecodeTarget, skip.element_count(), s.rows); e.failure()) return e;
+  if (ffi::Error e =
+          handler::check_fill(kDecodeTarget, fill.element_type(), y->element_type(), fill.dimensions(), s.rows, s.n, &group);
+      e.failure())
+    return e;
+  (void)group;  // every row is decoded (see above)
   if (s.rows == 0) return ffi::Error::Success();
   // Rows are read with 16-byte loads: each must start 16-byte aligned (decode_rows
   // cuts a row length that is not a multiple of 16 to a multiple of 128, which
@@ -1016,6 +1029,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, zipccl::gpu::EncodeCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::AnyBuffer>()                     // x [..., n]
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // skip [...]
                                   .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., max_nbytes]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 4]
                                   .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
@@ -1025,6 +1039,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, zipccl::gpu::DecodeCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., L]
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // skip [...]
+                                  .Arg<ffi::AnyBuffer>()                     // fill [F, n]
                                   .Ret<ffi::AnyBuffer>()                     // y [..., n]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // status [...]
                                   .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]

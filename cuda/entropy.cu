@@ -1191,7 +1191,11 @@ ffi::Error decode_launch(cudaStream_t stream, const DecArgs& a, uint64_t rows, i
 
 }  // namespace
 
-ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+// skip and fill (handler_common.h): checked, then every row is coded; a skipped
+// row of the transport is its own row, whose payload is that row's encoding, so
+// decoding it gives fill's bits. Reading skip would need the mask on the host.
+ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip,
+                                 ffi::Result<ffi::Buffer<ffi::U8>> payload,
                                  ffi::Result<ffi::Buffer<ffi::S32>> stats,
                                  ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   DtypeCode d;
@@ -1210,6 +1214,7 @@ ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Res
                                        "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
   if (srow != rows || four != 4)
     return ffi::Error::InvalidArgument(std::string(kEnc) + ": stats must be [" + str(rows) + ", 4]");
+  if (ffi::Error e = ::zipccl::handler::check_skip(kEnc, skip.element_count(), rows); e.failure()) return e;
   if (wrow != rows || wbytes != wneed)
     return ffi::Error::InvalidArgument(std::string(kEnc) + ": workspace must be [" + str(rows) + ", " +
                                        str(wneed) + "] bytes, got [" + str(wrow) + ", " + str(wbytes) + "]");
@@ -1230,7 +1235,8 @@ ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Res
   return d == kBF16 ? encode_launch<kBF16>(stream, a, rows, st) : encode_launch<kF16>(stream, a, rows, st);
 }
 
-ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip,
+                                 ffi::AnyBuffer fill, ffi::Result<ffi::AnyBuffer> y,
                                  ffi::Result<ffi::Buffer<ffi::S32>> status,
                                  ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   DtypeCode d;
@@ -1245,6 +1251,12 @@ ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> paylo
                                        " rows but the output has " + str(yrows));
   if (status->element_count() != (size_t)rows)
     return ffi::Error::InvalidArgument(std::string(kDec) + ": status must have one entry per row");
+  uint64_t group = 0;
+  if (ffi::Error e = ::zipccl::handler::check_skip(kDec, skip.element_count(), rows); e.failure()) return e;
+  if (ffi::Error e = ::zipccl::handler::check_fill(kDec, fill.element_type(), y->element_type(), fill.dimensions(), rows, n, &group);
+      e.failure())
+    return e;
+  (void)group;  // every row is decoded (see above)
   if (n >= (1ull << 32))
     return ffi::Error::InvalidArgument(std::string(kDec) + ": rows of >= 2^32 elements are not supported");
   const uint64_t wneed = workspace_nbytes(n);
@@ -1294,6 +1306,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyEncodeCuda, zipccl::ent::gpu::Entropy
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::AnyBuffer>()                     // x [..., n]
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // skip [...]
                                   .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., max_nbytes]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 4]
                                   .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
@@ -1303,6 +1316,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyDecodeCuda, zipccl::ent::gpu::Entropy
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., L]
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // skip [...]
+                                  .Arg<ffi::AnyBuffer>()                     // fill [F, n]
                                   .Ret<ffi::AnyBuffer>()                     // y [..., n]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // status [...]
                                   .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]

@@ -171,7 +171,9 @@ def codec_bytes(hlo_text: str) -> dict:
   HLO text; a slot ladder's `lax.switch` has a decode in every rung, so only the
   first branch of each conditional is followed (the smallest rung; any compressed
   rung decodes the same rows). Encoded bytes = the encode operand (the raw rows),
-  decoded bytes = the decode's first result (the rows it writes).
+  decoded bytes = the decode's first result (the rows it writes), less one row
+  per call whose skip operand is not a constant: the transport's own row, which
+  the CPU handlers do not code (docs/design.md, "The own row is not coded").
 
   Returns:
     {"encoded": bytes, "decoded": bytes, "encode_calls": count, "decode_calls": count}.
@@ -198,16 +200,29 @@ def codec_bytes(hlo_text: str) -> dict:
     if comp in seen or comp not in comps:
       return
     seen = seen | {comp}
+    consts = {re.match(r"\s*(?:ROOT\s+)?%([\w.\-]+)", ln).group(1) for ln in comps[comp]
+              if re.search(r"=\s*\S+\s+constant\(", ln) and re.match(r"\s*(?:ROOT\s+)?%", ln)}
     for line in comps[comp]:
       m = _CODEC_CALL_RE.search(line)
       if m:
         rhs = line.split("=", 1)[1]
+        operands = re.findall(r"%([\w.\-]+)", rhs.split("custom-call(", 1)[1].split(")", 1)[0])
+
+        def coded(nbytes, shape_text):
+          # one row fewer when the skip operand (the second) is computed, not constant
+          dims = re.search(r"\[([\d,]*)\]", shape_text)
+          lead = [int(d) for d in dims.group(1).split(",")[:-1]] if dims and dims.group(1) else []
+          rows = int(np.prod(lead)) if lead else 1
+          skipped = len(operands) > 1 and operands[1] not in consts and rows > 0
+          return nbytes - (nbytes // rows if skipped else 0)
+
         if m.group(2) == "encode":
           ops = re.search(r"operand_layout_constraints=\{(.*?)\}\s*,", line)
-          out["encoded"] += first_array_bytes(ops.group(1) if ops else "")
+          text = ops.group(1) if ops else ""
+          out["encoded"] += coded(first_array_bytes(text), text)
           out["encode_calls"] += 1
         else:
-          out["decoded"] += first_array_bytes(rhs)
+          out["decoded"] += coded(first_array_bytes(rhs), rhs)
           out["decode_calls"] += 1
       b = re.search(r"branch_computations=\{([^}]*)\}", line)
       if b:

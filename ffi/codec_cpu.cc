@@ -639,7 +639,7 @@ using zipccl::handler::Shape;
 
 using zipccl::cpu_handler::advise_hugepages;
 
-ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                          ffi::Result<ffi::Buffer<ffi::S32>> stats,
                          ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   Shape s;
@@ -647,13 +647,21 @@ ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> pay
                                                    stats->dimensions(), workspace->dimensions(), &s);
       e.failure())
     return e;
+  if (ffi::Error e = zipccl::handler::check_skip(zipccl::handler::kEncodeTarget, skip.element_count(), s.rows);
+      e.failure())
+    return e;
   const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
+  const uint8_t* sk = skip.typed_data();
   const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(s.d);
   const uint64_t cap = zipccl::max_escape_capacity(s.d, s.n);
   uint8_t* out = payload->typed_data();
   advise_hugepages(out, s.rows * s.nbytes);
   int32_t* st = stats->typed_data();
   for (uint64_t r = 0; r < s.rows; ++r) {
+    if (sk[r]) {  // not needed by the caller: payload row left unwritten, stats zero
+      zipccl::store_row_stats(st + zipccl::handler::kStatsWidth * r, 0, 0, 0, s.nbytes);
+      continue;
+    }
     const zipccl::cpu::RowStats rs = zipccl::cpu::encode_row(s.d, xb + r * s.n * esize, s.n, cap, out + r * s.nbytes);
     zipccl::store_row_stats(st + zipccl::handler::kStatsWidth * r, rs.status, rs.escape_count, rs.used_nbytes,
                             s.nbytes);
@@ -661,21 +669,37 @@ ffi::Error EncodeCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> pay
   return ffi::Error::Success();
 }
 
-ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
-                         ffi::Result<ffi::Buffer<ffi::S32>> status,
+ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip, ffi::AnyBuffer fill,
+                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> status,
                          ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   Shape s;
   if (ffi::Error e = zipccl::handler::check_decode(payload.dimensions(), y->element_type(), y->dimensions(),
                                                    status->element_count(), workspace->dimensions(), &s);
       e.failure())
     return e;
+  uint64_t group = 0;
+  if (ffi::Error e = zipccl::handler::check_skip(zipccl::handler::kDecodeTarget, skip.element_count(), s.rows);
+      e.failure())
+    return e;
+  if (ffi::Error e = zipccl::handler::check_fill(zipccl::handler::kDecodeTarget, fill.element_type(),
+                                                 y->element_type(), fill.dimensions(), s.rows, s.n, &group);
+      e.failure())
+    return e;
   const uint8_t* in = payload.typed_data();
+  const uint8_t* sk = skip.typed_data();
+  const uint8_t* fb = static_cast<const uint8_t*>(fill.untyped_data());
   uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
   const uint64_t esize = (uint64_t)zipccl::elem_bytes_of(s.d);
   advise_hugepages(yb, s.rows * s.n * esize);
   int32_t* st = status->typed_data();
-  for (uint64_t r = 0; r < s.rows; ++r)
+  for (uint64_t r = 0; r < s.rows; ++r) {
+    if (sk[r]) {  // the caller's own row: copied from fill, never decoded
+      if (s.n && group) std::memcpy(yb + r * s.n * esize, fb + (r / group) * s.n * esize, s.n * esize);
+      st[r] = 0;
+      continue;
+    }
     st[r] = zipccl::cpu::decode_row(s.d, in + r * s.nbytes, s.nbytes, s.n, yb + r * s.n * esize);
+  }
   return ffi::Error::Success();
 }
 
@@ -684,6 +708,7 @@ ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffe
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeCpuImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()            // x [..., n]
+                                  .Arg<ffi::Buffer<ffi::U8>>()      // skip [...]
                                   .Ret<ffi::Buffer<ffi::U8>>()      // payload [..., max_nbytes]
                                   .Ret<ffi::Buffer<ffi::S32>>()     // stats [..., 4]
                                   .Ret<ffi::Buffer<ffi::U8>>());    // workspace [..., W]
@@ -691,6 +716,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeCpuImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeCpuImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::U8>>()      // payload [..., L]
+                                  .Arg<ffi::Buffer<ffi::U8>>()      // skip [...]
+                                  .Arg<ffi::AnyBuffer>()            // fill [F, n]
                                   .Ret<ffi::AnyBuffer>()            // y [..., n]
                                   .Ret<ffi::Buffer<ffi::S32>>()     // status [...]
                                   .Ret<ffi::Buffer<ffi::U8>>());    // workspace [..., W]

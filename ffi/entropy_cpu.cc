@@ -1374,7 +1374,7 @@ using zipccl::cpu_handler::advise_hugepages;
 using zipccl::handler::split_dims;
 using zipccl::handler::str;
 
-ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>> payload,
+ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip, ffi::Result<ffi::Buffer<ffi::U8>> payload,
                              ffi::Result<ffi::Buffer<ffi::S32>> stats,
                              ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   zent::DtypeCode d;
@@ -1392,11 +1392,18 @@ ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>>
                                        str(want) + "] bytes, got [" + str(prow) + ", " + str(nbytes) + "]");
   if (srow != rows || four != 4)
     return ffi::Error::InvalidArgument("zipccl_entropy_encode: stats must be [" + str(rows) + ", 4]");
+  if (ffi::Error e = zipccl::handler::check_skip("zipccl_entropy_encode", skip.element_count(), rows); e.failure())
+    return e;
+  const uint8_t* sk = skip.typed_data();
   const uint16_t* xw = static_cast<const uint16_t*>(x.untyped_data());
   uint8_t* out = payload->typed_data();
   advise_hugepages(out, rows * nbytes);
   int32_t* st = stats->typed_data();
   for (uint64_t r = 0; r < rows; ++r) {
+    if (sk[r]) {  // not needed by the caller (handler_common.h): unwritten, stats zero
+      for (int k = 0; k < 4; ++k) st[4 * r + k] = 0;
+      continue;
+    }
     const zent::cpu::RowStats s = zent::cpu::encode_row(d, xw + r * n, n, out + r * nbytes);
     st[4 * r] = s.status;
     st[4 * r + 1] = (int32_t)std::min<uint64_t>(s.raw_blocks, 0x7FFFFFFF);
@@ -1406,7 +1413,8 @@ ffi::Error EntropyEncodeImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::U8>>
   return ffi::Error::Success();
 }
 
-ffi::Error EntropyDecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error EntropyDecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip, ffi::AnyBuffer fill,
+                             ffi::Result<ffi::AnyBuffer> y,
                              ffi::Result<ffi::Buffer<ffi::S32>> status,
                              ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
   zent::DtypeCode d;
@@ -1426,7 +1434,23 @@ ffi::Error EntropyDecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyB
   uint16_t* yw = static_cast<uint16_t*>(y->untyped_data());
   advise_hugepages(yw, rows * n * 2);
   int32_t* st = status->typed_data();
-  for (uint64_t r = 0; r < rows; ++r) st[r] = zent::cpu::decode_row(d, in + r * nbytes, nbytes, n, yw + r * n);
+  uint64_t group = 0;
+  if (ffi::Error e = zipccl::handler::check_skip("zipccl_entropy_decode", skip.element_count(), rows); e.failure())
+    return e;
+  if (ffi::Error e = zipccl::handler::check_fill("zipccl_entropy_decode", fill.element_type(), y->element_type(),
+                                                 fill.dimensions(), rows, n, &group);
+      e.failure())
+    return e;
+  const uint8_t* sk = skip.typed_data();
+  const uint16_t* fw = static_cast<const uint16_t*>(fill.untyped_data());
+  for (uint64_t r = 0; r < rows; ++r) {
+    if (sk[r]) {  // the caller's own row: copied from fill, never decoded
+      if (n && group) std::memcpy(yw + r * n, fw + (r / group) * n, n * 2);
+      st[r] = 0;
+      continue;
+    }
+    st[r] = zent::cpu::decode_row(d, in + r * nbytes, nbytes, n, yw + r * n);
+  }
   return ffi::Error::Success();
 }
 
@@ -1435,6 +1459,7 @@ ffi::Error EntropyDecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::AnyB
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyEncodeCpu, EntropyEncodeImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()         // x [..., n]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // skip [...]
                                   .Ret<ffi::Buffer<ffi::U8>>()   // payload [..., max_nbytes]
                                   .Ret<ffi::Buffer<ffi::S32>>()  // stats [..., 4]
                                   .Ret<ffi::Buffer<ffi::U8>>()); // workspace [..., W]
@@ -1442,6 +1467,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyEncodeCpu, EntropyEncodeImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEntropyDecodeCpu, EntropyDecodeImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::U8>>()   // payload [..., L]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // skip [...]
+                                  .Arg<ffi::AnyBuffer>()         // fill [F, n]
                                   .Ret<ffi::AnyBuffer>()         // y [..., n]
                                   .Ret<ffi::Buffer<ffi::S32>>()  // status [...]
                                   .Ret<ffi::Buffer<ffi::U8>>()); // workspace [..., W]

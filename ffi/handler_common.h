@@ -3,12 +3,21 @@
 // the operand/result shape checks. Both handlers bind the same signature (no
 // attributes):
 //
-//   zipccl_zipccl_encode: x [..., n] (bf16/f16/f32) -> payload u8 [..., max_nbytes(n)],
-//                         stats s32 [..., 4], workspace u8 [..., workspace_nbytes(n)]
-//   zipccl_zipccl_decode: payload u8 [..., L] (any L) -> y [..., n], status s32 [...],
-//                         workspace u8 [..., workspace_nbytes(n)]
+//   zipccl_zipccl_encode: x [..., n] (bf16/f16/f32), skip u8 [...]
+//                         -> payload u8 [..., max_nbytes(n)], stats s32 [..., 4],
+//                            workspace u8 [..., workspace_nbytes(n)]
+//   zipccl_zipccl_decode: payload u8 [..., L] (any L), skip u8 [...], fill y-dtype [F, n]
+//                         -> y [..., n], status s32 [...], workspace u8 [..., workspace_nbytes(n)]
 //
-// Every leading dimension is a row. Host code only (nvcc compiles it as C++).
+// Every leading dimension is a row. `skip` (one byte per row, nonzero = skip) names
+// rows the caller does not need coded: a transport's own row, which never leaves
+// the device (docs/format.md, "Skipped rows"). The CPU encoder leaves a skipped
+// row's payload unwritten (stats all zero); the CPU decoder copies fill row
+// r / (R / F) into skipped row r (status 0; F = 0: the row is left unwritten), so
+// a gather can keep its own row without coding it. The CUDA handlers check the operands and code every row:
+// the transport's own row then decodes to the same bits as fill. The entropy
+// codec's handlers (ffi/entropy_cpu.cc, cuda/entropy.cu) bind the same operands.
+// Host code only (nvcc compiles it as C++).
 #pragma once
 
 #include <stdint.h>
@@ -75,6 +84,29 @@ inline ffi::Error check_workspace(const char* target, ffi::Span<const int64_t> w
 
 inline ffi::Error check_row_elems(const char* target, uint64_t n) {
   if (n >= kMaxRowElems) return invalid(target, "rows of >= 2^32 elements are not supported, got " + str(n));
+  return ffi::Error::Success();
+}
+
+// skip: one byte per row (any shape holding `rows` elements).
+inline ffi::Error check_skip(const char* target, size_t skip_count, uint64_t rows) {
+  if (skip_count != (size_t)rows)
+    return invalid(target, "skip must have one u8 per row (" + str(rows) + "), got " + str(skip_count));
+  return ffi::Error::Success();
+}
+
+// fill: [..., n] of the output's dtype. Its F rows (product of the leading
+// dimensions) divide the `rows` output rows, and skipped row r takes fill row
+// r / (rows / F); or F = 0: skipped rows are left unwritten. Sets *group =
+// rows / F (0 when F = 0).
+inline ffi::Error check_fill(const char* target, ffi::DataType ft, ffi::DataType yt, ffi::Span<const int64_t> fill,
+                             uint64_t rows, uint64_t n, uint64_t* group) {
+  uint64_t frows, fn;
+  split_dims(fill, &frows, &fn);
+  if (ft != yt) return invalid(target, "fill must have the output's dtype");
+  if (fn != n || (frows != 0 && rows % frows != 0))
+    return invalid(target, "fill must be [F, " + str(n) + "] with F = 0 or F dividing the " + str(rows) +
+                               " output rows, got [" + str(frows) + ", " + str(fn) + "]");
+  *group = frows ? rows / frows : 0;
   return ffi::Error::Success();
 }
 

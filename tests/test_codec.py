@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax as zc
 from tests import reference_codec as ref
+from zipccl_jax._src import registry
 from tests.reference import BF16, DTYPES, assert_bits_equal, make, uint, words  # noqa: F401
 
 CODE = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
@@ -617,3 +618,65 @@ def test_analyze_gaussian():
   assert z.roundtrip_ok and z.escape_count == 0
   r = zc.analyze(make("random_bits", 5000, BF16))  # does not fit, still measured exactly
   assert r.roundtrip_ok and not r.fits and r.actual_nbytes > zc.max_nbytes(BF16, 5000)
+
+
+# ---- skipped rows (docs/format.md, "Skipped rows"): both native codecs -------------------------
+
+
+@pytest.mark.parametrize("name", ["zipccl", "entropy"])
+def test_skipped_rows_are_not_coded_and_take_fill(name):
+  c = registry.get(name)
+  n = 5000
+  x = np.stack([make(k, n, BF16, seed=i) for i, k in enumerate(["gauss", "outlier", "relu", "gauss"])])
+  full, st_full = c.encode_rows(jnp.asarray(x))
+  skip = np.array([0, 1, 0, 1], bool)
+  part, st_part = jax.jit(lambda v, s: c.encode_rows(v, skip=s))(jnp.asarray(x), skip)
+  for r in (0, 2):   # the rows that are coded: the same bytes and stats
+    assert (np.asarray(part[r]) == np.asarray(full[r])).all()
+    assert (np.asarray(st_part[r]) == np.asarray(st_full[r])).all()
+  assert (np.asarray(st_part)[[1, 3]] == 0).all()
+  # decode: skipped rows take their fill row (F = 2 fill rows for 4 rows: rows 0-1
+  # take fill[0], rows 2-3 fill[1]), whatever their payload bytes (here garbage)
+  fill = np.stack([make("laplace", n, BF16, seed=7), make("zeros", n, BF16, seed=8)])
+  garbage = np.asarray(part).copy()
+  garbage[[1, 3]] = 0xAB
+  y, status = jax.jit(lambda p, s, f: c.decode_rows(p, n, BF16, skip=s, fill=f))(
+      jnp.asarray(garbage), skip, jnp.asarray(fill))
+  assert (np.asarray(status) == 0).all()
+  assert_bits_equal(np.asarray(y)[[0, 2]], x[[0, 2]])
+  assert_bits_equal(np.asarray(y)[1], fill[0])
+  assert_bits_equal(np.asarray(y)[3], fill[1])
+  # without skip the garbage rows fail to decode (all-one bits), so the skip mattered
+  y2, status2 = c.decode_rows(jnp.asarray(garbage), n, BF16)
+  assert (np.asarray(status2)[[1, 3]] != 0).all() and (np.asarray(status2)[[0, 2]] == 0).all()
+  # vmap carries the mask and the fill along
+  yv, sv = jax.vmap(lambda p: c.decode_rows(p, n, BF16, skip=skip, fill=fill[:1]))(
+      jnp.stack([jnp.asarray(garbage)] * 2))
+  assert (np.asarray(sv) == 0).all()
+  assert_bits_equal(np.asarray(yv)[1, 3], fill[0])
+  assert_bits_equal(np.asarray(yv)[1, 2], x[2])
+
+
+@pytest.mark.parametrize("name", ["zipccl", "entropy"])
+def test_skip_and_fill_are_checked(name):
+  c = registry.get(name)
+  x = jnp.asarray(make("gauss", 3 * 256, BF16).reshape(3, 256))
+  p, _ = c.encode_rows(x)
+  with pytest.raises(ValueError, match="skip must have shape"):
+    c.encode_rows(x, skip=np.zeros(2, bool))
+  with pytest.raises(ValueError, match="skip must have shape"):
+    c.decode_rows(p, 256, BF16, skip=np.zeros((3, 1), bool))
+  with pytest.raises(ValueError, match="fill must be"):
+    c.decode_rows(p, 256, BF16, skip=np.zeros(3, bool), fill=np.zeros((1, 255), BF16))
+  with pytest.raises(ValueError, match="fill must be"):
+    c.decode_rows(p, 256, BF16, skip=np.zeros(3, bool), fill=np.zeros((1, 256), np.float16))
+  with pytest.raises(ValueError, match="must divide"):
+    c.decode_rows(p, 256, BF16, skip=np.zeros(3, bool), fill=np.zeros((2, 256), BF16))
+  # the handlers check the operands too (a direct FFI call with a wrong fill)
+  call = jax.ffi.ffi_call(
+      c.decode_target, (jax.ShapeDtypeStruct((3, 256), BF16), jax.ShapeDtypeStruct((3,), jnp.int32),
+                        jax.ShapeDtypeStruct((3, c.workspace_nbytes(256)), jnp.uint8)))
+  with pytest.raises(Exception, match="fill must be"):
+    jax.block_until_ready(call(p, jnp.zeros(3, jnp.uint8), jnp.zeros((2, 256), BF16)))
+  with pytest.raises(Exception, match="skip must have one u8 per row"):
+    jax.block_until_ready(call(p, jnp.zeros(2, jnp.uint8), jnp.zeros((1, 256), BF16)))

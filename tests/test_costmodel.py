@@ -230,7 +230,7 @@ def test_fit_alpha_beta():
 
 
 def test_chunks_model_overlap():
-  cal = _cal(link_gbit=2, enc_GBps=2.5, dec_GBps=2.5)
+  cal = _cal(link_gbit=2, enc_GBps=1.5, dec_GBps=1.5)
   serial = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=1)
   piped = cm.model_time("all_gather", "bfloat16", 2**22, 2, cal, "zipccl", chunks=4,
                         overlap=1.0)

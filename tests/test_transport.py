@@ -27,9 +27,11 @@ TRIM = dict(codec="trim", policy="always")
 def trim_codecs():
   zc.register_codec(zc.Codec("trim", 90, "tests.trim_codec"))
   zc.register_codec(zc.Codec("trim_corrupt", 91, "tests.trim_codec_corrupt"))
+  zc.register_codec(zc.Codec("trim_skip", 92, "tests.trim_codec_skip"))
   yield
   zc.unregister_codec("trim")
   zc.unregister_codec("trim_corrupt")
+  zc.unregister_codec("trim_skip")
 
 
 def smap(mesh, in_specs, out_specs):
@@ -181,6 +183,100 @@ def test_one_incompressible_device_takes_the_raw_rung(mesh8):
   ladder = trim_ladder(rows * cols * 2)
   assert int(st["rung"][0]) == len(ladder)         # all_gather: the raw rung
   assert int(st["rung"][2]) == len(ladder)         # ppermute: device 5 sends
+
+
+# ---- the own row is not coded (docs/format.md, "Skipped rows") ------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=lambda d: d.name)
+def test_own_row_is_neither_encoded_nor_decoded(mesh8, dtype):
+  """trim_skip garbles skipped rows and requires skip + fill: exact results prove the
+  transports mark exactly the own row (all-to-all: sent and received; gather: received)."""
+  # every row of 1024 (an all-to-all's message) has a zero tail: all of them compress
+  x = gaussian((N * 8, 1024), dtype, seed=11)
+  x[x == 0] = 1
+  for i in range(N * 8):
+    x[i, 600 + 13 * (i % 11):] = 0
+  kw = dict(codec="trim_skip", policy="always", stats=True)
+
+  @smap(mesh8, P("x"), ((P("x"), P()), (P("x"), P()), (P(), P()), (P("x"), P()), (P(), P())))
+  def f(v):
+    return (zc.compressed_all_gather(v, "x", tiled=True, **kw),
+            zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw),
+            zc.compressed_psum(v, "x", **kw),
+            zc.compressed_psum_scatter(v, "x", tiled=True, **kw),
+            zc.compressed_all_gather(v, "x", tiled=True, to="invarying", **kw))
+
+  @smap(mesh8, P("x"), (P("x"), P("x"), P(), P("x"), P()))
+  def raw(v):
+    kw = dict(codec="raw")
+    return (zc.compressed_all_gather(v, "x", tiled=True, **kw),
+            zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw),
+            zc.compressed_psum(v, "x", **kw),
+            zc.compressed_psum_scatter(v, "x", tiled=True, **kw),
+            zc.compressed_all_gather(v, "x", tiled=True, to="invarying", **kw))
+
+  ys = f(x)
+  for name, (y, st), r in zip(("all_gather", "all_to_all", "psum", "psum_scatter",
+                               "all_gather inv"), ys, raw(x)):
+    assert_bits_equal(y, r, name)
+    if name in ("all_to_all", "psum_scatter"):   # rows of 256 with zero tails: compressed
+      assert not bool(np.any(np.asarray(st.raw_rung))), name
+  assert_bits_equal(ys[0][0][:x.shape[0]], x, "all_gather vs input")
+
+
+def test_gathers_do_not_decode_their_own_row(mesh8):
+  """A gather's own row is its input: every decode of the gathers (all_gather both
+  ways, psum's second phase) gets the skip mask and the fill, and stays exact (a
+  mask on the wrong row would put this device's data in another's place)."""
+  from tests import skip_spy_codec as spy
+  zc.register_codec(zc.Codec("skip_spy", 93, "tests.skip_spy_codec"))
+  try:
+    x = gaussian((N * 4, 512), BF16, seed=14)
+    spy.CALLS.clear()
+    kw = dict(codec="skip_spy", policy="always")
+    ys = smap(mesh8, P("x"), (P("x"), P(), P()))(lambda v: (
+        zc.compressed_all_gather(v, "x", tiled=True, **kw),
+        zc.compressed_all_gather(v, "x", tiled=True, to="invarying", **kw),
+        zc.compressed_psum(v, "x", **kw)))(x)
+    raw = smap(mesh8, P("x"), (P("x"), P(), P()))(lambda v: (
+        zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
+        zc.compressed_all_gather(v, "x", tiled=True, to="invarying", codec="raw"),
+        zc.compressed_psum(v, "x", codec="raw")))(x)
+    for y, r in zip(ys, raw):
+      assert_bits_equal(y, r)
+    assert_bits_equal(ys[1], x)
+    assert spy.CALLS and all(c == (True, True) for c in spy.CALLS), spy.CALLS
+  finally:
+    zc.unregister_codec("skip_spy")
+
+
+@pytest.mark.parametrize("codec", ["zipccl", "entropy"])
+def test_own_incompressible_row_does_not_decide_the_rung(mesh8, codec):
+  """Device d's row d of a reduce-scatter never leaves it: random bits there (which
+  no codec shrinks) must not push the call to the raw rung."""
+  m = 8192
+  x = gaussian((N, N, m), BF16, seed=12)
+  bits = np.random.default_rng(13).integers(0, 2 ** 16, size=(N, m), dtype=np.uint16)
+  for d in range(N):
+    x[d, d] = bits[d].view(BF16)
+  x = x.reshape(N * N, m)
+
+  @smap(mesh8, P("x"), (P("x"), P()))
+  def f(v):
+    return zc.compressed_psum_scatter(v, "x", tiled=True, stats=True, codec=codec,
+                                      policy="always")
+
+  y, st = f(x)
+  want = smap(mesh8, P("x"), P("x"))(
+      lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, codec="raw"))(x)
+  assert_bits_equal(y, want)
+  assert not bool(st.raw_rung), "the own (incompressible) row decided the rung"
+  assert float(st.ratio) > 1.2
+  # the count and its elements leave the own rows out (N - 1 coded rows per device)
+  assert st.elements == N * (N - 1) * m
+  if codec == "zipccl":   # escapes of Gaussian rows only: random bits would escape ~all
+    assert 0 < float(st.escape_rate) < 0.2
 
 
 def test_stats_report_rung_used_and_slot_bytes(mesh8):
@@ -360,3 +456,32 @@ def test_two_axis_mesh(mesh4x2):
   (g, s), (g_raw, s_raw) = run(**TRIM), run(codec="raw", policy="always")
   assert_bits_equal(g, x) and assert_bits_equal(g, g_raw)
   assert_bits_equal(s, s_raw)
+
+
+def test_groups_of_one_axis_on_different_rungs(mesh4x2):
+  """Transports over "a" of a 4 x 2 mesh: the two "a" groups agree separately, so
+  one takes the raw rung and the other a compressed one in the same call. Every
+  branch of a transport's switch issues the same collectives (docs/design.md: an
+  XLA:CPU collective-permute rendezvous spans both groups), so nothing hangs and
+  every result is exact."""
+  x = gaussian((8 * 8, 1024), BF16, seed=21)
+  blk = x[5 * 8:6 * 8].view(np.uint16)        # device 5 (a=2, b=1): random bits
+  blk[:] = np.random.default_rng(22).integers(0, 2 ** 16, size=blk.shape, dtype=np.uint16)
+  ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
+  spec = P(("a", "b"))
+
+  def run(**kw):
+    @smap(mesh4x2, spec, (spec, spec, spec, spec, P("b")))
+    def f(v):
+      pp, st = zc.compressed_ppermute(v, "a", ring, stats=True, **kw)
+      a2a = zc.compressed_all_to_all(v, "a", 0, 0, tiled=True, **kw)
+      rs = zc.compressed_psum_scatter(v, "a", tiled=True, **kw)
+      ag = zc.compressed_all_gather(v, "a", tiled=True, **kw)
+      return pp, a2a, rs, ag, (st.rung if kw.get("codec") != "raw" else st.rung * 0)[None]
+    return f(jax.device_put(x, jax.NamedSharding(mesh4x2, spec)))
+
+  got, want = run(codec="zipccl", policy="always"), run(codec="raw", policy="always")
+  for name, y, r in zip(("ppermute", "all_to_all", "psum_scatter", "all_gather"), got, want):
+    assert_bits_equal(y, r, name)
+  rungs = np.asarray(got[4]).reshape(-1)
+  assert rungs[0] != rungs[1], f"the groups should take different rungs, got {rungs}"

@@ -91,17 +91,21 @@ struct Place {
 // the emulated GPU: x [rows, n] of `elem`-byte words (dtype t) -> out [rows, nbytes],
 // stats [rows, 4], through fresh guarded buffers (workspace [rows, W]); machine() runs
 // just before the call. Returns false (after printing) if the handler returned an error.
+// No row is skipped (skip all zero): the CUDA handlers code every row anyway
+// (ffi/handler_common.h).
 template <typename Impl, typename Machine>
 bool call_encode(Impl impl, Machine machine, XLA_FFI_DataType t, const void* x, size_t elem, Place xp, uint64_t rows,
                  uint64_t n, uint64_t nbytes, uint64_t W, uint8_t* out, int32_t* stats) {
   namespace ffi = ::xla::ffi;
-  DevBuf dx(rows * n * elem, xp.shift, xp.align), dp(rows * nbytes), ds(rows * 16), dw(rows * W);
+  DevBuf dx(rows * n * elem, xp.shift, xp.align), dp(rows * nbytes), ds(rows * 16), dw(rows * W), dk(rows);
   memcpy(dx.data(), x, dx.size());
+  memset(dk.data(), 0, dk.size());
   FfiBuf fx(t, dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
-      fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
+      fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W),
+      fk(XLA_FFI_DataType_U8, dk.data(), rows, 1);
   machine();
-  const ffi::Error e = impl(nullptr, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b), ffi::Buffer<ffi::S32>(&fs.b),
-                            ffi::Buffer<ffi::U8>(&fw.b));
+  const ffi::Error e = impl(nullptr, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fk.b), ffi::Buffer<ffi::U8>(&fp.b),
+                            ffi::Buffer<ffi::S32>(&fs.b), ffi::Buffer<ffi::U8>(&fw.b));
   if (e.failure()) {
     printf("encode handler error: %s\n", e.message().c_str());
     return false;
@@ -113,19 +117,23 @@ bool call_encode(Impl impl, Machine machine, XLA_FFI_DataType t, const void* x, 
 
 // A decode handler (gpu::DecodeCudaImpl / EntropyDecodeCudaImpl) on the emulated GPU:
 // payload in [rows, L] -> y [rows, n] of `elem`-byte words (dtype t), status [rows].
+// No row is skipped and fill is [0, n].
 template <typename Impl, typename Machine>
 bool call_decode(Impl impl, Machine machine, XLA_FFI_DataType t, const uint8_t* in, Place pp, uint64_t rows,
                  uint64_t L, uint64_t n, size_t elem, Place yp, uint64_t W, void* y, int32_t* status) {
   namespace ffi = ::xla::ffi;
-  DevBuf dp(rows * L, pp.shift, pp.align), dy(rows * n * elem, yp.shift, yp.align), ds(rows * 4), dw(rows * W);
+  DevBuf dp(rows * L, pp.shift, pp.align), dy(rows * n * elem, yp.shift, yp.align), ds(rows * 4), dw(rows * W),
+      dk(rows);
   memcpy(dp.data(), in, dp.size());
+  memset(dk.data(), 0, dk.size());
   FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, L), fy(t, dy.data(), rows, n),
-      fw(XLA_FFI_DataType_U8, dw.data(), rows, W);
+      fw(XLA_FFI_DataType_U8, dw.data(), rows, W), fk(XLA_FFI_DataType_U8, dk.data(), rows, 1),
+      ff(t, nullptr, 0, n);
   int64_t sdim[1] = {(int64_t)rows};
   XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
   machine();
-  const ffi::Error e = impl(nullptr, ffi::Buffer<ffi::U8>(&fp.b), ffi::AnyBuffer(&fy.b), ffi::Buffer<ffi::S32>(&fs),
-                            ffi::Buffer<ffi::U8>(&fw.b));
+  const ffi::Error e = impl(nullptr, ffi::Buffer<ffi::U8>(&fp.b), ffi::Buffer<ffi::U8>(&fk.b), ffi::AnyBuffer(&ff.b),
+                            ffi::AnyBuffer(&fy.b), ffi::Buffer<ffi::S32>(&fs), ffi::Buffer<ffi::U8>(&fw.b));
   if (e.failure()) {
     printf("decode handler error: %s\n", e.message().c_str());
     return false;

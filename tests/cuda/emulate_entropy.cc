@@ -279,24 +279,28 @@ void check_case(DtypeCode d, const std::string& kind, uint64_t rows, uint64_t n,
 // The handlers' own argument checks (an ffi::Error, no launch).
 void check_handler_errors(DtypeCode d, std::mt19937_64& rng) {
   const uint64_t n = 100, nbytes = max_nbytes(d, n), W = workspace_nbytes(n);
-  DevBuf dx(2 * n), dp(nbytes + 128), ds(16), dw(W + 128);
+  DevBuf dx(2 * n), dp(nbytes + 128), ds(16), dw(W + 128), dk(16), df(4 * n);
   struct Try {
     const char* what;
     XLA_FFI_DataType t;
-    uint64_t nbytes, four, w;
+    uint64_t nbytes, four, w, skips, fill_n;
   };
-  const Try tries[] = {{"payload size", ffi_dtype(d), nbytes + 128, 4, W},
-                       {"stats shape", ffi_dtype(d), nbytes, 2, W},
-                       {"workspace size", ffi_dtype(d), nbytes, 4, W + 8},
-                       {"dtype", XLA_FFI_DataType_F32, nbytes, 4, W}};
+  const Try tries[] = {{"payload size", ffi_dtype(d), nbytes + 128, 4, W, 1, n},
+                       {"stats shape", ffi_dtype(d), nbytes, 4 - 2, W, 1, n},
+                       {"workspace size", ffi_dtype(d), nbytes, 4, W + 8, 1, n},
+                       {"dtype", XLA_FFI_DataType_F32, nbytes, 4, W, 1, n},
+                       {"skip count", ffi_dtype(d), nbytes, 4, W, 2, n},
+                       {"fill length (decode)", ffi_dtype(d), nbytes, 4, W, 1, n + 1}};
   for (const Try& t : tries) {
     ++cases;
     FfiBuf fx(t.t, dx.data(), 1, n), fp(XLA_FFI_DataType_U8, dp.data(), 1, t.nbytes),
-        fs(XLA_FFI_DataType_S32, ds.data(), 1, t.four), fw(XLA_FFI_DataType_U8, dw.data(), 1, t.w);
+        fs(XLA_FFI_DataType_S32, ds.data(), 1, t.four), fw(XLA_FFI_DataType_U8, dw.data(), 1, t.w),
+        fk(XLA_FFI_DataType_U8, dk.data(), t.skips, 1), ff(t.t, df.data(), 1, t.fill_n);
     machine(rng);
-    const ffi::Error e = gpu::EntropyEncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b),
-                                                    ffi::Buffer<ffi::S32>(&fs.b), ffi::Buffer<ffi::U8>(&fw.b));
-    if (!e.failure()) {
+    const ffi::Error e = gpu::EntropyEncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fk.b),
+                                                    ffi::Buffer<ffi::U8>(&fp.b), ffi::Buffer<ffi::S32>(&fs.b),
+                                                    ffi::Buffer<ffi::U8>(&fw.b));
+    if (!e.failure() && t.fill_n == n) {   // the encoder has no fill
       printf("FAIL encode handler accepted a bad %s\n", t.what);
       ++failures;
     }
@@ -305,7 +309,8 @@ void check_handler_errors(DtypeCode d, std::mt19937_64& rng) {
     int64_t sdim[1] = {t.four == 4 ? 1 : 2};
     XLA_FFI_Buffer gs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
     if (t.nbytes != nbytes) continue;  // any payload length is valid for the decoder
-    const ffi::Error e2 = gpu::EntropyDecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&gp.b), ffi::AnyBuffer(&gy.b),
+    const ffi::Error e2 = gpu::EntropyDecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&gp.b), ffi::Buffer<ffi::U8>(&fk.b),
+                                                     ffi::AnyBuffer(&ff.b), ffi::AnyBuffer(&gy.b),
                                                      ffi::Buffer<ffi::S32>(&gs), ffi::Buffer<ffi::U8>(&gw.b));
     if (!e2.failure()) {
       printf("FAIL decode handler accepted a bad %s\n", t.what);

@@ -324,39 +324,55 @@ template <typename T>
 void check_handler_errors(std::mt19937_64& rng) {
   using B = typename T::bits_t;
   const uint64_t n = 100, nbytes = max_nbytes(T::kCode, n), W = workspace_nbytes(n);
-  DevBuf dx(n * sizeof(B)), dp(nbytes + 16), ds(16), dw(W + 16), dy(n * sizeof(B) + 16);
+  DevBuf dx(n * sizeof(B)), dp(nbytes + 16), ds(16), dw(W + 16), dy(n * sizeof(B) + 16), dk(16),
+      df(2 * n * sizeof(B));
   struct Try {
     const char* what;
-    uint64_t nbytes, w, width;
+    uint64_t nbytes, w, width, skips;
     size_t pshift;
   };
-  const Try tries[] = {{"payload size", nbytes + 128, W, 4, 0},
-                       {"workspace size", nbytes, W + 8, 4, 0},
-                       {"stats width", nbytes, W, 2, 0},
-                       {"misaligned payload", nbytes, W, 4, 8}};
+  const Try tries[] = {{"payload size", nbytes + 128, W, 4, 1, 0},
+                       {"workspace size", nbytes, W + 8, 4, 1, 0},
+                       {"stats width", nbytes, W, 2, 1, 0},
+                       {"misaligned payload", nbytes, W, 4, 1, 8},
+                       {"skip count", nbytes, W, 4, 3, 0}};
   for (const Try& t : tries) {
     ++cases;
     FfiBuf fx(ffi_dtype<T>(), dx.data(), 1, n), fp(XLA_FFI_DataType_U8, dp.data() + t.pshift, 1, t.nbytes),
-        fs(XLA_FFI_DataType_S32, ds.data(), 1, t.width), fw(XLA_FFI_DataType_U8, dw.data(), 1, t.w);
+        fs(XLA_FFI_DataType_S32, ds.data(), 1, t.width), fw(XLA_FFI_DataType_U8, dw.data(), 1, t.w),
+        fk(XLA_FFI_DataType_U8, dk.data(), t.skips, 1);
     machine(rng);
-    const ffi::Error e = gpu::EncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fp.b),
-                                             ffi::Buffer<ffi::S32>(&fs.b), ffi::Buffer<ffi::U8>(&fw.b));
+    const ffi::Error e = gpu::EncodeCudaImpl(kStream, ffi::AnyBuffer(&fx.b), ffi::Buffer<ffi::U8>(&fk.b),
+                                             ffi::Buffer<ffi::U8>(&fp.b), ffi::Buffer<ffi::S32>(&fs.b),
+                                             ffi::Buffer<ffi::U8>(&fw.b));
     if (!e.failure()) {
       printf("FAIL handler accepted a bad %s\n", t.what);
       ++failures;
     }
   }
-  // The decoder refuses a row length that is not a multiple of 16 (16-byte loads).
-  ++cases;
-  FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), 1, nbytes - 8), fy(ffi_dtype<T>(), dy.data(), 1, n),
-      fw(XLA_FFI_DataType_U8, dw.data(), 1, W);
-  int64_t sdim[1] = {1};
-  XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
-  const ffi::Error e = gpu::DecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&fp.b), ffi::AnyBuffer(&fy.b),
-                                           ffi::Buffer<ffi::S32>(&fs), ffi::Buffer<ffi::U8>(&fw.b));
-  if (!e.failure()) {
-    printf("FAIL decode handler accepted a row length that is not a multiple of 16\n");
-    ++failures;
+  // The decoder refuses a row length that is not a multiple of 16 (16-byte loads),
+  // a fill whose rows do not divide the output's, and a skip mask of another size.
+  struct DecTry {
+    const char* what;
+    uint64_t nbytes, fill_rows, skips;
+  };
+  const DecTry dtries[] = {{"a row length that is not a multiple of 16", nbytes - 8, 1, 1},
+                           {"a fill of 2 rows for 1 output row", nbytes, 2, 1},
+                           {"a skip mask of 2 rows for 1 output row", nbytes, 1, 2}};
+  for (const DecTry& t : dtries) {
+    ++cases;
+    FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), 1, t.nbytes), fy(ffi_dtype<T>(), dy.data(), 1, n),
+        fw(XLA_FFI_DataType_U8, dw.data(), 1, W), fk(XLA_FFI_DataType_U8, dk.data(), t.skips, 1),
+        ff(ffi_dtype<T>(), df.data(), t.fill_rows, n);
+    int64_t sdim[1] = {1};
+    XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
+    const ffi::Error e = gpu::DecodeCudaImpl(kStream, ffi::Buffer<ffi::U8>(&fp.b), ffi::Buffer<ffi::U8>(&fk.b),
+                                             ffi::AnyBuffer(&ff.b), ffi::AnyBuffer(&fy.b), ffi::Buffer<ffi::S32>(&fs),
+                                             ffi::Buffer<ffi::U8>(&fw.b));
+    if (!e.failure()) {
+      printf("FAIL decode handler accepted %s\n", t.what);
+      ++failures;
+    }
   }
 }
 

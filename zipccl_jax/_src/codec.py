@@ -248,12 +248,47 @@ def _result_type(shape, dtype, like) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def encode_rows(x: jax.Array, escape_capacity: int | None = None):
+# The FFI targets take a per-row skip mask (and the decoder a fill): the transport
+# leaves its own row uncoded (docs/format.md, "Skipped rows").
+SKIP_ROWS = True
+
+
+def _skip_operand(skip, lead: tuple, where: str):
+  """The targets' skip operand: uint8[lead], 1 = skip the row (all zero for None)."""
+  if skip is None:
+    return jnp.zeros(lead, jnp.uint8)
+  skip = jnp.asarray(skip)
+  if skip.shape != tuple(lead):
+    raise ValueError(f"{where}: skip must have shape {tuple(lead)} (one flag per row), "
+                     f"got {skip.shape}")
+  return (skip != 0).astype(jnp.uint8)
+
+
+def _fill_operand(fill, lead: tuple, n: int, dtype, where: str):
+  """The decode targets' fill operand: dtype[F, n], F = 0 (None) or F dividing the rows."""
+  dtype = np.dtype(dtype)
+  if fill is None:
+    return jnp.zeros((0, n), dtype)
+  fill = jnp.asarray(fill)
+  rows = int(np.prod(lead, dtype=np.int64))
+  if fill.dtype != dtype or fill.ndim < 1 or fill.shape[-1] != n:
+    raise ValueError(f"{where}: fill must be {dtype}[..., {n}], got {fill.dtype}{list(fill.shape)}")
+  f = fill.size // n if n else int(np.prod(fill.shape[:-1], dtype=np.int64))
+  if f and rows % f:
+    raise ValueError(f"{where}: fill's {f} rows must divide the payload's {rows} rows")
+  return fill.reshape(f, n)
+
+
+def encode_rows(x: jax.Array, escape_capacity: int | None = None, skip=None):
   """Encodes every row x[..., :] independently. Returns (payload, stats).
 
   Args:
     x: bf16/f16/f32 array [..., n]; every leading index is a row.
     escape_capacity: deprecated and ignored (the payload is sized automatically).
+    skip: optional bool/int array of x.shape[:-1]: rows to leave uncoded (a
+      transport's own row, which never leaves the device). On the CPU their
+      payload bytes are unspecified and their stats zero; the GPU encodes them
+      anyway (docs/format.md, "Skipped rows").
 
   Returns:
     payload: uint8[..., max_nbytes(dtype, n)], bytes past each row's used_nbytes zero.
@@ -275,11 +310,12 @@ def encode_rows(x: jax.Array, escape_capacity: int | None = None):
        _result_type(lead + (STATS_WIDTH,), jnp.int32, x),
        _result_type(lead + (workspace_nbytes(n),), jnp.uint8, x)),
       vmap_method="broadcast_all")
-  payload, stats, _ = call(x)
+  payload, stats, _ = call(x, _skip_operand(skip, lead, "encode_rows"))
   return payload, stats
 
 
-def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None = None):
+def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None = None,
+                skip=None, fill=None):
   """Decodes every row payload[..., :L] (any static L >= the rows' used_nbytes).
 
   Args:
@@ -287,6 +323,12 @@ def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None =
     n: elements per row (static).
     dtype: the rows' dtype.
     escape_capacity: deprecated and ignored.
+    skip: optional bool/int array of payload.shape[:-1]: rows not to decode; each
+      takes its row of `fill` instead (status 0), or is unspecified without fill.
+      The GPU decodes them anyway, which gives the same bits when the row is the
+      encoding of its fill row (a transport's own row).
+    fill: optional dtype[F, n] (or [..., n] with F leading rows), F dividing the
+      number of rows R: skipped row r takes fill row r // (R // F).
 
   Returns:
     (values[..., n], status int32[...]); a row whose status is not 0 holds all-one
@@ -311,7 +353,8 @@ def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None =
        _result_type(lead, jnp.int32, payload),
        _result_type(lead + (workspace_nbytes(n),), jnp.uint8, payload)),
       vmap_method="broadcast_all")
-  y, status, _ = call(payload)
+  y, status, _ = call(payload, _skip_operand(skip, lead, "decode_rows"),
+                      _fill_operand(fill, lead, n, dtype, "decode_rows"))
   return y, status
 
 

@@ -415,19 +415,27 @@ def compressed_row_bytes(raw_row_bytes: int, ratio: float) -> int:
   return int(min(math.ceil(used * LADDER_SLACK), raw_row_bytes))
 
 
-def _terms(collective: str, n: int) -> list[tuple[str, int, int]]:
+# Platforms whose codec handlers skip the transport's own row (docs/design.md,
+# "The own row is not coded"); the CUDA handlers code every row.
+SKIPS_OWN_ROW = frozenset({"cpu"})
+
+
+def _terms(collective: str, n: int, skip_own: bool = True) -> list[tuple[str, int, int]]:
   """The transport of each collective: [(algorithm, rows encoded, rows decoded)].
 
   Rows are of the call's row size (one peer's message). all_gather encodes its
-  block (1 row) and decodes N; all_to_all / psum_scatter encode N rows (one per
-  destination) and decode the N that arrive; psum is a reduce-scatter followed by
-  an all_gather of the reduced row; ppermute moves one row.
+  block (1 row) and decodes the N-1 rows of the others (its own is copied);
+  all_to_all / psum_scatter encode the N-1 rows for the others and decode the N-1
+  that arrive from them; psum is a reduce-scatter followed by an all_gather of the
+  reduced row; ppermute moves one row. skip_own=False (a platform whose handlers
+  code every row, SKIPS_OWN_ROW) counts the own row too: N instead of N-1.
   """
+  o = n - 1 if skip_own else n
   return {
-      "all_gather": [("all_gather", 1, n)],
-      "all_to_all": [("all_to_all", n, n)],
-      "psum_scatter": [("all_to_all", n, n)],
-      "psum": [("all_to_all", n, n), ("all_gather", 1, n)],
+      "all_gather": [("all_gather", 1, o)],
+      "all_to_all": [("all_to_all", o, o)],
+      "psum_scatter": [("all_to_all", o, o)],
+      "psum": [("all_to_all", o, o), ("all_gather", 1, o)],
       "ppermute": [("ppermute", 1, 1)],
   }[collective]
 
@@ -545,7 +553,7 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
   raw_chunk = raw_row / k                      # bytes of one chunk of a row
   wire_row = compressed_row_bytes(math.ceil(raw_chunk), f.ratio)
   agree = _link(cal, "all_reduce", n)[0] if agreement else 0.0
-  for algo, enc_rows, dec_rows in _terms(collective, n):
+  for algo, enc_rows, dec_rows in _terms(collective, n, cal.platform in SKIPS_OWN_ROW):
     a, b = _link(cal, algo, n)
     enc = f.encode_latency_s + f.encode_s_per_byte * enc_rows * raw_chunk
     dec = f.decode_latency_s + f.decode_s_per_byte * dec_rows * raw_chunk

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from zipccl_jax._src import ffi as _ffi
+from zipccl_jax._src import codec as _codec
 from zipccl_jax._src.codec import _result_type  # keeps shard_map's varying type
 
 ENCODE_TARGET = "zipccl_entropy_encode"
@@ -142,11 +143,16 @@ def workspace_nbytes(n: int) -> int:
   return _HEADER_BYTES + _align(8 * (-(-n // BLOCK) + 1))
 
 
-def encode_rows(x: jax.Array):
+# The FFI targets take a per-row skip mask and the decoder a fill (codec.py).
+SKIP_ROWS = True
+
+
+def encode_rows(x: jax.Array, skip=None):
   """Encodes every row x[..., :] independently.
 
   Args:
     x: bfloat16 or float16 array; the last dimension is the row.
+    skip: optional rows to leave uncoded, as in `zipccl_jax.codec.encode_rows`.
 
   Returns:
     (payload uint8[..., max_nbytes(dtype, n)], stats int32[..., 4]) with stats =
@@ -168,17 +174,19 @@ def encode_rows(x: jax.Array):
        _result_type(lead + (4,), jnp.int32, x),
        _result_type(lead + (workspace_nbytes(n),), jnp.uint8, x)),
       vmap_method="broadcast_all")
-  payload, stats, _ = call(x)
+  payload, stats, _ = call(x, _codec._skip_operand(skip, lead, "entropy.encode_rows"))  # pylint: disable=protected-access
   return payload, stats
 
 
-def decode_rows(payload: jax.Array, n: int, dtype):
+def decode_rows(payload: jax.Array, n: int, dtype, skip=None, fill=None):
   """Decodes every row payload[..., :L] (any static L; only used_nbytes are read).
 
   Args:
     payload: uint8[..., L].
     n: elements per row (static).
     dtype: bfloat16 or float16.
+    skip, fill: rows not to decode and what they take instead, as in
+      `zipccl_jax.codec.decode_rows`.
 
   Returns:
     (values[..., n] of dtype, status int32[...]); status 0 = OK, else see
@@ -200,5 +208,6 @@ def decode_rows(payload: jax.Array, n: int, dtype):
        _result_type(lead, jnp.int32, payload),
        _result_type(lead + (workspace_nbytes(n),), jnp.uint8, payload)),
       vmap_method="broadcast_all")
-  y, status, _ = call(payload)
+  y, status, _ = call(payload, _codec._skip_operand(skip, lead, "entropy.decode_rows"),  # pylint: disable=protected-access
+                      _codec._fill_operand(fill, lead, n, dtype, "entropy.decode_rows"))  # pylint: disable=protected-access
   return y, status

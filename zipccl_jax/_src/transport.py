@@ -63,6 +63,9 @@ _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 # unless the row is too short for that.
 MAX_CHUNKS = 16
 CHUNK_ALIGN = 4096
+# False codes the own row like any other (the behaviour before the skip mask): read
+# at trace time, only for A/B measurements (benchmarks/netns_bench.py's "<codec>+own").
+_SKIP_OWN_ROW = True
 
 
 def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
@@ -189,7 +192,7 @@ def _raise_decode_error(where, word, bad, worst):
 
 
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
-            after=None, prefix=row_prefix):
+            after=None, prefix=row_prefix, own=None):
   """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
 
   move(a) is the XLA collective applied to a uint8[R, slot] payload or to the
@@ -199,14 +202,27 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   int32 >= 0 the agreement must wait for (a chunked transport passes the previous
   chunk's rung, so that XLA cannot combine the chunks' agreements into one
   all-reduce, which would wait for every chunk's encode). prefix(payload, slot)
-  cuts the slot out of the encoded rows.
+  cuts the slot out of the encoded rows. own: (sent, received, fill) for a
+  transport whose own row never leaves the device: sent bool[R] marks it among
+  the rows sent (or None), received bool[R'] among the rows received, fill[F, m]
+  its values (F dividing R': received row i takes fill row i // (R' // F)). A codec with SKIP_ROWS then neither encodes nor decodes it: the
+  decoder copies fill (docs/format.md, "Skipped rows"), the bits the row would
+  decode to, so the result is unchanged and the codec does (N-1)/N of the work.
   """
   m = plan.m
   dtype = plan.dtype
   codec = plan.codec
-  payload, st = codec.encode_rows(rows)                  # u8[R, max_nbytes], s32[R, 4]
+  if own is not None and not skips_own_row(codec):
+    own = None
+  if own is not None and own[0] is not None:
+    payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
+    # The count leaves the own row out on every backend (a GPU encodes it anyway);
+    # its used size stays in the max: a GPU decodes the own row from its slot.
+    count = jnp.sum(jnp.where(own[0], 0, jnp.minimum(st[:, 1], m)))
+  else:
+    payload, st = codec.encode_rows(rows)
+    count = jnp.sum(jnp.minimum(st[:, 1], m))
   used = jnp.max(st[:, 2])
-  count = jnp.sum(jnp.minimum(st[:, 1], m))
   if sends is not None:
     used = jnp.where(sends, used, 0)
     count = jnp.where(sends, count, 0)
@@ -223,8 +239,10 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     return compat.pvary(jnp.zeros(like.shape[:1], jnp.int32), tuple(compat.varying_axes(like)))
 
   def compressed(slot):
-    y, status = codec.decode_rows(move(prefix(payload, slot)), m, dtype)
-    return y, status
+    received = move(prefix(payload, slot))
+    if own is not None:
+      return codec.decode_rows(received, m, dtype, skip=own[1], fill=own[2])
+    return codec.decode_rows(received, m, dtype)
 
   def raw():
     y = unbits(move(bits(rows)), dtype)
@@ -248,6 +266,11 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     errors = lax.psum(bad, axes)
     agree_bytes += 4
   return y, (rung, agreed, count_total, errors, agree_bytes)
+
+
+def skips_own_row(codec) -> bool:
+  """Whether transports leave the own row uncoded with this codec (its SKIP_ROWS)."""
+  return _SKIP_OWN_ROW and bool(getattr(codec, "SKIP_ROWS", False))
 
 
 def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:
@@ -292,10 +315,15 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     if not p.compress:
       return unbits(move(bits(r)), p.dtype), stats.plain_part(n_peers * p.raw_row, p.raw_row)
     # A plain slice: XLA:CPU splits an all-to-all into per-peer slices anyway, and
-    # the slot's slice fuses into them (a custom call would add a copy).
+    # the slot's slice fuses into them (a custom call would add a copy). Row `me`
+    # is sent to this device itself: not coded. The fill is all rows (F = N: row r
+    # takes fill row r, so row me takes r[me]; no slice copy of the own row).
+    mine = jnp.arange(n_peers) == lax.axis_index(axes)
     y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_to_all",
-                      after=after, prefix=lambda a, slot: a[:, :slot])
-    return y, _part(p, info, n_peers, n_peers * n_peers * p.m)
+                      after=after, prefix=lambda a, slot: a[:, :slot], own=(mine, mine, r))
+    # elements the count covers: every participant's rows, less their own ones
+    coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
+    return y, _part(p, info, n_peers, n_peers * coded * p.m)
 
   if plan.parts:
     return _chunked(rows, plan, one)
@@ -313,8 +341,9 @@ def gather_rows(row, axes, n_peers, plan, want_stats, check=False):
   def one(r, p, after=None):
     if not p.compress:
       return unbits(move(bits(r)), p.dtype), stats.plain_part(p.raw_row, p.raw_row)
+    # This device's own row of the result is its input: not decoded.
     y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_gather",
-                      after=after)
+                      after=after, own=(None, jnp.arange(n_peers) == lax.axis_index(axes), r))
     return y, _part(p, info, 1, n_peers * p.m)
 
   if plan.parts:
