@@ -15,12 +15,7 @@ DT=${5:-1}
 FRESH=${6:-0}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-git archive "$BASE" ffi | tar -x -C "$TMP"
-INC=$(.venv/bin/python -c "import jax; print(jax.ffi.include_dir())")
 # The base's namespace and FFI handler symbols are renamed so both link into one binary.
-g++ -std=c++17 -O3 -c -I"$TMP/ffi" -isystem "$INC" -Dzipccl=zbase -DZipcclEntropyEncodeCpu=ZbaseEnc \
-  -DZipcclEntropyDecodeCpu=ZbaseDec "$TMP/ffi/entropy_cpu.cc" -o "$TMP/base.o"
-g++ -std=c++17 -O3 -c -Iffi -isystem "$INC" ffi/entropy_cpu.cc -o "$TMP/new.o"
-g++ -std=c++17 -O3 -c -Iffi -isystem "$INC" benchmarks/entropy_ab.cc -o "$TMP/ab.o"
-g++ "$TMP/ab.o" "$TMP/base.o" "$TMP/new.o" -o "$TMP/entropy_ab" -lpthread
+. benchmarks/entropy_base.sh
+build_against_base "$BASE" O3 entropy_ab "$TMP/entropy_ab"
 ZIPCCL_NUM_THREADS=1 "$TMP/entropy_ab" "$N" "$ROUNDS" "$REPS" "$DT" "$FRESH"

@@ -11,20 +11,7 @@
 #include <string>
 #include <vector>
 #include "entropy_cpu.h"
-namespace zbase {
-namespace ent {
-enum DtypeCode : uint8_t { kBF16 = 1, kF16 = 2 };
-namespace cpu {
-struct RowStats {
-  uint8_t status;
-  uint64_t raw_blocks;
-  uint64_t used;
-};
-RowStats encode_row(zbase::ent::DtypeCode d, const uint16_t* x, uint64_t n, uint8_t* out);
-int32_t decode_row(zbase::ent::DtypeCode d, const uint8_t* in, uint64_t nbytes, uint64_t n, uint16_t* y);
-}  // namespace cpu
-}  // namespace ent
-}  // namespace zbase
+#include "entropy_base.h"
 using namespace zipccl::ent;
 static uint64_t fnv(const uint8_t* p, uint64_t n) {
   uint64_t h = 1469598103934665603ull;

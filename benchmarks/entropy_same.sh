@@ -12,13 +12,8 @@ BASE=${1:?base revision}
 SIZES=${2:-"1 4097 100003 1048576 4194305"}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-git archive "$BASE" ffi | tar -x -C "$TMP"
-INC=$(.venv/bin/python -c "import jax; print(jax.ffi.include_dir())")
-g++ -std=c++17 -O2 -c -I"$TMP/ffi" -isystem "$INC" -Dzipccl=zbase -DZipcclEntropyEncodeCpu=ZbaseEnc \
-  -DZipcclEntropyDecodeCpu=ZbaseDec "$TMP/ffi/entropy_cpu.cc" -o "$TMP/base.o"
-g++ -std=c++17 -O2 -c -Iffi -isystem "$INC" ffi/entropy_cpu.cc -o "$TMP/new.o"
-g++ -std=c++17 -O2 -c -Iffi -isystem "$INC" benchmarks/entropy_same.cc -o "$TMP/same.o"
-g++ "$TMP/same.o" "$TMP/base.o" "$TMP/new.o" -o "$TMP/entropy_same" -lpthread
+. benchmarks/entropy_base.sh
+build_against_base "$BASE" O2 entropy_same "$TMP/entropy_same"
 mkdir "$TMP/rows"
 .venv/bin/python - "$TMP/rows" $SIZES <<'PY'
 import sys
