@@ -368,8 +368,11 @@ def permute_row(row, axes, perm, n_peers, plan, want_stats, check=False):
   def one(r, p, after=None):
     if not p.compress:
       return unbits(move(bits(r)), p.dtype), stats.plain_part(p.raw_row, p.raw_row)
+    # A permutation every device takes part in (a ring) needs no masks: the mask
+    # of receivers would cost a pass over the received row.
     y, info = _ladder(r, p, axes, want_stats, check, move=move,
-                      sends=jnp.asarray(sends_tbl)[me], recvs=jnp.asarray(recvs_tbl)[me],
+                      sends=None if sends_tbl.all() else jnp.asarray(sends_tbl)[me],
+                      recvs=None if recvs_tbl.all() else jnp.asarray(recvs_tbl)[me],
                       where="a ppermute", after=after)
     return y, _part(p, info, 1, len(perm) * p.m)
 
