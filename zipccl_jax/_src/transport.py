@@ -205,9 +205,10 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   cuts the slot out of the encoded rows. own: (sent, received, fill) for a
   transport whose own row never leaves the device: sent bool[R] marks it among
   the rows sent (or None), received bool[R'] among the rows received, fill[F, m]
-  its values (F dividing R': received row i takes fill row i // (R' // F)). A codec with SKIP_ROWS then neither encodes nor decodes it: the
-  decoder copies fill (docs/format.md, "Skipped rows"), the bits the row would
-  decode to, so the result is unchanged and the codec does (N-1)/N of the work.
+  its values (F dividing R': received row i takes fill row i // (R' // F)). A
+  codec with SKIP_ROWS then neither encodes nor decodes it: the decoder copies
+  fill (docs/format.md, "Skipped rows"), the bits the row would decode to, so the
+  result is unchanged and the codec does (N-1)/N of the work.
   """
   m = plan.m
   dtype = plan.dtype
