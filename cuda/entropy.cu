@@ -984,9 +984,9 @@ __device__ __forceinline__ void build_code(DecSmem& s, uint32_t g, uint32_t lane
 // Phase 2, join: segment r of every stream of block g (elements 512 s + 64 r .. + 64),
 // two elements per lane: the staged value bits (or the CONST symbol's) OR the raw
 // planes' bits, stored to y (one 32-bit store when aligned). Consecutive lanes read
-// consecutive plane bytes and write consecutive outputs. All 8 segments' plane bytes
-// are loaded before the first store (byte loads may alias the stores, so the
-// compiler would otherwise wait for each segment's loads in turn: 8 round trips).
+// consecutive plane bytes and write consecutive outputs. 4 segments' plane bytes are
+// loaded before the first store (byte loads may alias the stores, so the compiler
+// would otherwise wait for each segment's loads in turn: 8 round trips, now 2).
 template <DtypeCode D>
 __device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint32_t r, uint32_t lane) {
   constexpr Traits t = traits_c<D>();
@@ -997,42 +997,46 @@ __device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint3
   const uint8_t* rp = k.blk + (coding == kConst ? kBlockHead : k.area_off + k.ab);
   const uint8_t* pp = rp + (bp ? len : 0);
   const uint32_t psz = (len + 7) / 8 * pw;
-  uint32_t raw[kStreams][2];
-#pragma unroll
-  for (uint32_t sidx = 0; sidx < kStreams; ++sidx) {
-#pragma unroll
-    for (uint32_t h = 0; h < 2; ++h) {
-      const uint32_t e = sidx * kStreamLen + r * kSeg + 2 * lane + h;
-      uint32_t v = 0;
-      if (e < len) {
-        if (pw) {  // element e's pw bits at bit pw * e of the packed plane (LSB first), within 2 bytes
-          const uint32_t bit = pw * e, by = bit >> 3;
-          uint32_t x = pp[by];
-          if (by + 1 < psz) x |= (uint32_t)pp[by + 1] << 8;
-          v = (x >> (bit & 7)) & pmask;
-        }
-        if (bp) v = (v << 8) | rp[e];
-      }
-      raw[sidx][h] = v;
-    }
-  }
   const uint32_t cval = coding == kConst ? t.sym_bits(kind, ld16(k.blk + 2)) * 0x10001u : 0u;
   uint16_t* y = k.y;
   const bool w32 = (reinterpret_cast<uintptr_t>(y) & 3) == 0;
-#pragma unroll
-  for (uint32_t sidx = 0; sidx < kStreams; ++sidx) {
-    const uint32_t e0 = sidx * kStreamLen + r * kSeg + 2 * lane;
-    const uint32_t sv =
-        coding == kConst ? cval : reinterpret_cast<const uint32_t*>(s.stage[g * kStreams + sidx])[lane];
-    uint32_t out[2];
-#pragma unroll
-    for (uint32_t h = 0; h < 2; ++h)  // Traits::raw_bits for both kinds (kind J's raw has < mbits + 1 bits)
-      out[h] = ((sv >> (16 * h)) & 0xFFFFu) | ((raw[sidx][h] >> t.mbits) << 15) | (raw[sidx][h] & ((1u << t.mbits) - 1));
-    if (w32 && e0 + 1 < len) {
-      *reinterpret_cast<uint32_t*>(y + e0) = out[0] | (out[1] << 16);
-    } else {
-      if (e0 < len) y[e0] = (uint16_t)out[0];
-      if (e0 + 1 < len) y[e0 + 1] = (uint16_t)out[1];
+  // Two halves of 4 streams (all 8 at once would need > 128 registers for fp16).
+  for (uint32_t hs = 0; hs < kStreams; hs += kStreams / 2) {
+    uint32_t raw[kStreams / 2][2];
+  #pragma unroll
+    for (uint32_t si = 0; si < kStreams / 2; ++si) {
+      const uint32_t sidx = hs + si;
+  #pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        // Element e's pw bits at bit pw * e of the packed plane (LSB first, within 2
+        // bytes) above its byte-plane byte. Conditional loads, no branches, so that the
+        // compiler issues all of them before the first use.
+        const uint32_t e = sidx * kStreamLen + r * kSeg + 2 * lane + h;
+        const bool in = e < len;
+        const uint32_t bit = pw * e, by = bit >> 3;
+        const uint32_t x0 = in && pw ? (uint32_t)pp[by] : 0u;
+        const uint32_t x1 = in && pw && by + 1 < psz ? (uint32_t)pp[by + 1] : 0u;
+        const uint32_t b8 = in && bp ? (uint32_t)rp[e] : 0u;
+        const uint32_t v = ((x0 | (x1 << 8)) >> (bit & 7)) & pmask;
+        raw[si][h] = bp ? (v << 8) | b8 : v;
+      }
+    }
+  #pragma unroll
+    for (uint32_t si = 0; si < kStreams / 2; ++si) {
+      const uint32_t sidx = hs + si;
+      const uint32_t e0 = sidx * kStreamLen + r * kSeg + 2 * lane;
+      const uint32_t sv =
+          coding == kConst ? cval : reinterpret_cast<const uint32_t*>(s.stage[g * kStreams + sidx])[lane];
+      uint32_t out[2];
+  #pragma unroll
+      for (uint32_t h = 0; h < 2; ++h)  // Traits::raw_bits for both kinds (kind J's raw has < mbits + 1 bits)
+        out[h] = ((sv >> (16 * h)) & 0xFFFFu) | ((raw[si][h] >> t.mbits) << 15) | (raw[si][h] & ((1u << t.mbits) - 1));
+      if (w32 && e0 + 1 < len) {
+        *reinterpret_cast<uint32_t*>(y + e0) = out[0] | (out[1] << 16);
+      } else {
+        if (e0 < len) y[e0] = (uint16_t)out[0];
+        if (e0 + 1 < len) y[e0 + 1] = (uint16_t)out[1];
+      }
     }
   }
 }
