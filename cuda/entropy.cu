@@ -26,10 +26,12 @@
 //   3. ent_encode_finalize (a CTA per row): header, checksum, stats.
 // Decoder: memset(workspace); ent_decode_rows (a CTA per row: header checks in the
 // CPU's order, directory sizes, block offsets into the workspace, raw-block count);
-// ent_decode_blocks (a CTA per block: block validation as the CPU, a 2048-entry
-// table, the 8 streams decoded by 8 threads, raw planes joined; findings and
-// checksum terms into the workspace); ent_decode_finalize (status by the CPU's
-// priority, all-one rows on error).
+// ent_decode_blocks (a one-warp CTA per 4 blocks: block validation as the CPU by
+// one lane per block, canonical symbol lists and 256-entry primary tables by
+// ballots, then lane 8 g + s decodes stream s of block g in rounds of 64 symbols
+// staged in shared memory and joined with the raw planes by the whole warp;
+// findings and checksum terms into the workspace); ent_decode_finalize (status by
+// the CPU's priority, all-one rows on error).
 #include "device_util.h"
 
 #include <stdint.h>
@@ -50,10 +52,11 @@ using ::zipccl::dev::st_relaxed;
 
 constexpr unsigned kFull = 0xFFFFFFFFu;
 constexpr int kEncThreads = 256;  // 8 warps: warp s codes bit stream s
-constexpr int kDecThreads = 128;
-// ent_decode_blocks: 7 CTAs per SM (register cap 72). At 8 (cap 64) ptxas spills a
-// few registers; the shared memory (~22 KB per CTA) would allow 9-10.
-constexpr int kDecMinCtas = 7;
+// ent_decode_blocks: a CTA is one warp for kDecG blocks (a lane per bit stream).
+// 12.7 KB of shared memory per CTA allows 16 CTAs per SM; 16 asks for <= 128 registers.
+constexpr uint32_t kDecG = 4;
+constexpr int kDecThreads = 32;
+constexpr int kDecMinCtas = 16;
 constexpr int kRowThreads = 256;  // the per-row kernels
 constexpr uint32_t kMaxArea = kBlock * kMaxLen / 8;  // bytes of the largest bit area (5632)
 constexpr uint32_t kLanesPerStream = 32;
@@ -698,6 +701,7 @@ struct DecArgs {
   uint16_t* y;        // [rows, n]
   uint8_t* ws;        // [rows, ws_row], zeroed
   uint64_t L, n, nb, ws_row;
+  uint64_t nblk;  // rows * nb: the blocks of the call
 };
 
 // The header checks of the CPU decoder, in its order (docs/format.md).
@@ -796,311 +800,422 @@ __global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
   }
 }
 
-// The number of zero bytes of x (exact: no borrow between bytes).
-__device__ __forceinline__ uint32_t zero_bytes(uint32_t x) {
-  const uint32_t y = (x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu;
-  return popc32(~(y | x | 0x7F7F7F7Fu));
-}
+// ---- ent_decode_blocks: a warp decodes 4 blocks, a lane per bit stream ----------------
+//
+// The previous design (a CTA of 128 threads per block, a 2048-entry two-symbol table,
+// 8 lanes decoding while 120 threads waited at a barrier) ran at 141 GB/s on an H200:
+// ~23 K warp instructions per block, 18 of 32 lanes active, 56 streams per SM in
+// flight (docs/cuda.md, "Measured"). Here a CTA is one warp for kDecG = 4 blocks and
+// lane 8 g + s decodes stream s of block g, so every decode instruction serves 32
+// streams. The per-block state is small (a 256-entry primary table, the canonical
+// symbol list, the code lengths: ~2.6 KB; the staging rows reuse the lengths' space:
+// 12.7 KB per 4 blocks), so 16 CTAs = 64 blocks = 512 streams are resident per SM
+// (+1 KB reserved per CTA: 16 x 13.7 KB <= 228 KB). docs/cuda.md
+// ("Entropy codec kernels", "Decoder v2") has the estimate.
+//
+// Decoding without a full table: codes are canonical, so the codes of length l
+// occupy the 11-bit windows [B_l, B_{l+1}) with B_l = sum_{i<l} n_i 2^(11-i), and
+// the window w of a code of length l is the symbol at index C_l + (w - B_l) >> (11 - l)
+// of the list of present symbols in (length, symbol) order (C_l = sum_{i<l} n_i).
+// The primary table (the window's first 8 bits) holds every code of <= 8 bits; a
+// longer code (Gaussian bf16: ~0.4% of symbols) takes the arithmetic for l = 9..11.
 
-// The decoder's symbol array: stream s's 512 entries start 2 s entries (one bank) past
-// 512 s, so that the 8 decoding lanes store into 8 different banks.
-__device__ __forceinline__ uint32_t yslot(uint32_t j) { return j + 2 * (j >> 9); }
+constexpr uint32_t kPrimBits = 8;                          // primary table index bits
+constexpr uint32_t kPrim = 1u << kPrimBits;                // its entries (256)
+constexpr uint32_t kLong = kMaxLen - kPrimBits;            // code lengths past the table (9, 10, 11)
+constexpr uint32_t kSeg = 64;                              // symbols a lane decodes per round
+constexpr uint32_t kSegRounds = kStreamLen / kSeg;         // rounds per stream (8)
+constexpr uint32_t kSkip = 0xFFFFFFFFu;                    // block status: none (past the grid, or its row failed)
+static_assert(kDecG * kStreams == 32, "a lane per stream");
+static_assert(kLong == 3, "the long-code arithmetic selects among 3 lengths");
+static_assert(kSeg == 64, "the join stores 2 elements per lane per segment");
 
-// Joins the symbols' bits (sym_bits) with the raw planes at rp (entropy_format.h) and stores the
-// block's len elements: a group of 8 elements per step (its packed-plane bytes read
-// once), 16-byte stores where the output allows. The kind is a template parameter
-// so that plane widths and shifts are constants.
-template <DtypeCode D, uint32_t KIND>
-__device__ __forceinline__ void join_planes(const uint16_t* sy, const uint8_t* rp, uint16_t* y, uint32_t len) {
-  constexpr Traits t = traits_c<D>();
-  // entropy_format.h Traits::byte_plane / packed_width, as constants.
-  constexpr uint32_t width = KIND == kKindE ? t.mbits + 1 : t.mbits;
-  constexpr bool bp = width >= 8;
-  constexpr uint32_t w = bp ? width - 8 : width;
-  const uint8_t* pp = rp + (bp ? len : 0);
-  const bool vec = (reinterpret_cast<uintptr_t>(y) & 15) == 0;
-  for (uint32_t g = threadIdx.x; g < (len + 7) / 8; g += kDecThreads) {
-    uint64_t acc = 0;
-    if constexpr (w > 0) {
-#pragma unroll
-      for (uint32_t i = 0; i < w; ++i) acc |= (uint64_t)pp[g * w + i] << (8 * i);
-    }
-    uint32_t v[4] = {0, 0, 0, 0};  // elements 2i, 2i + 1 of the group
-#pragma unroll
-    for (uint32_t k = 0; k < 8; ++k) {
-      const uint32_t j = 8 * g + k;
-      uint32_t r = w ? (uint32_t)(acc >> (k * w)) & ((1u << w) - 1) : 0u;
-      if (bp) r = (r << 8) | (j < len ? rp[j] : 0u);
-      v[k / 2] |= (t.sym_bits(KIND, sy[yslot(j < len ? j : 0)]) | t.raw_bits(KIND, r)) << (16 * (k & 1));
-    }
-    if (vec && 8 * g + 8 <= len) {
-      reinterpret_cast<uint4*>(y)[g] = make_uint4(v[0], v[1], v[2], v[3]);
-    } else {
-#pragma unroll
-      for (uint32_t k = 0; k < 8; ++k)
-        if (8 * g + k < len) y[8 * g + k] = (uint16_t)(v[k / 2] >> (16 * (k & 1)));
-    }
-  }
-}
-
-struct DecSmem {
-  uint16_t y[kBlock + 2 * kStreams];  // the symbol of element j at yslot(j)
-  uint16_t tab[kTableSize];           // one symbol: sym << 4 | code length (0 = not yet filled)
-  uint32_t tab2[kTableSize];          // up to two symbols: see ent_decode_blocks, (d)
-  uint32_t area[kMaxArea / 4 + 4];    // the bit area as big-endian words, zero past its end
-  alignas(4) uint8_t len[kMaxAlphabet];  // read as words by the canonical-code ranks
-  uint32_t nl[kMaxLen + 1];           // present symbols per code length
-  uint32_t next[kMaxLen + 1];         // the first canonical code of each length
-  uint64_t red[kDecThreads / 32];
-  uint32_t scan[kDecThreads / 32];
-  uint32_t start[kStreams + 1];
-  uint32_t status, coding, kind, sym_end, area_off, ab, bad, lens_ok;
+// One block's decode state (written by lane g in phase 0, the code by phase 1).
+struct DecBlk {
+  const uint8_t* blk;  // the block's bytes
+  const uint8_t* rin;  // the row's payload
+  uint8_t* ws;         // the row's workspace
+  uint16_t* y;         // the block's first output element
+  uint64_t cs0, cs1;   // row byte range whose checksum terms this block adds
+  uint32_t len, size, st, coding, kind, sym_end, area_off, ab, lens_ok, bad;
+  uint32_t start[kStreams + 1];  // bit offset of each stream in the area (+ the total)
+  uint32_t lb[kLong], lc[kLong];  // codes of kPrimBits + 1 + i bits: B_l and C_l (see above)
 };
 
-// One CTA per block of every row whose header and directory passed.
+struct DecSmem {
+  uint32_t prim[kDecG][kPrim];           // value bits << 16 | code length (0: a code of > kPrimBits bits)
+  uint16_t sorted[kDecG][kMaxAlphabet];  // value bits (sym_bits) of the present symbols, canonical order
+  union {
+    uint8_t len[kDecG][kMaxAlphabet];  // phases 0-1: code lengths
+    uint16_t stage[32][kSeg + 2];      // phase 2: a lane's decoded value bits of one round (+2: banks)
+  };
+  DecBlk bk[kDecG];
+};
+
+__device__ __forceinline__ uint32_t bswap32(uint32_t x) {
+#if defined(ZIPCCL_SIMT_HOST)
+  return __builtin_bswap32(x);
+#else
+  return __byte_perm(x, 0, 0x0123);
+#endif
+}
+
+// Big-endian word wi of a bit area read from the 4-byte aligned address base (inside
+// the block, at or after its start); the words before word wfull lie inside the
+// block, bytes past its end hi read as zero. Which bits lie past a stream's end does
+// not matter: a prefix code's lengths depend only on the bits they consume, and a
+// stream that consumes a bit past its end fails its end-position check.
+__device__ __forceinline__ uint32_t area_word(uintptr_t base, uint32_t wi, uint32_t wfull, uintptr_t hi) {
+  const uintptr_t p = base + 4 * (uintptr_t)wi;
+  if (wi < wfull) return bswap32(*reinterpret_cast<const uint32_t*>(p));
+  uint32_t w = 0;
+  for (uint32_t i = 0; i < 4; ++i) w = (w << 8) | (p + i < hi ? (uint32_t)*reinterpret_cast<const uint8_t*>(p + i) : 0u);
+  return w;
+}
+
+// Phase 0 (one lane per block): the block's header, code lengths and stream lengths,
+// validated in the CPU decoder's order. The Kraft sum (the rest of canonical_codes'
+// check) follows in phase 1; its failure is BAD_TABLE, which takes precedence over
+// everything found here after the lengths (BAD_TABLE or BAD_STREAM).
+template <DtypeCode D>
+__device__ uint32_t block_header(DecBlk& k, uint8_t* lenv) {
+  constexpr Traits t = traits_c<D>();
+  const uint8_t* blk = k.blk;
+  const uint32_t size = k.size, len = k.len;
+  if (size < kBlockHead || blk[1] != 0) return kDecBadTable;
+  const uint32_t coding = blk[0] & 3, kind = blk[0] >> 2;
+  k.coding = coding;
+  k.kind = kind;
+  if (coding == kRaw)
+    return blk[0] != 0 || ld16(blk + 2) != 0 || size != max_block_bytes(len) ? kDecBadTable : kDecOk;
+  if (kind > 1 || coding > kHuff) return kDecBadTable;
+  const uint32_t A = t.alphabet(kind), rawb = t.raw_bytes(kind, len);
+  if (coding == kConst) return ld16(blk + 2) >= A || size != kBlockHead + rawb ? kDecBadTable : kDecOk;
+  if (size < kHuffHead + rawb) return kDecBadTable;
+  // read_lengths sets len[0, sym_end) (sym_end <= A when it succeeds); nothing past it is read.
+  const uint32_t sym_end = ld16(blk + 2);
+  const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, lenv);
+  k.sym_end = sym_end;
+  if (nib < 0) return kDecBadTable;
+  k.lens_ok = 1;
+  k.start[0] = 0;
+  for (uint32_t s = 0; s < kStreams; ++s) {
+    const uint32_t j0 = s * kStreamLen < len ? s * kStreamLen : len;
+    const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
+    const uint32_t cnt = j1 - j0, bits = ld16(blk + kBlockHead + 2 * s);
+    if (bits < cnt || bits > kMaxLen * cnt) return kDecBadTable;
+    k.start[s + 1] = k.start[s] + bits;
+  }
+  const uint32_t total = k.start[kStreams], ab = (total + 7) / 8, area_off = kHuffHead + (uint32_t)nib;
+  k.area_off = area_off;
+  k.ab = ab;
+  if (size != area_off + ab + rawb) return kDecBadTable;
+  if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
+  return kDecOk;
+}
+
+// Phase 1 for block g (the whole warp): code lengths per length by ballots, the Kraft
+// check, the canonical symbol list, the primary table.
+template <DtypeCode D>
+__device__ __forceinline__ void build_code(DecSmem& s, uint32_t g, uint32_t lane) {
+  constexpr Traits t = traits_c<D>();
+  const uint32_t se = s.bk[g].sym_end, kind = s.bk[g].kind;
+  const uint8_t* ln = s.len[g];
+  uint32_t nl[kMaxLen + 1];
+#pragma unroll
+  for (uint32_t l = 0; l <= kMaxLen; ++l) nl[l] = 0;
+  for (uint32_t b0 = 0; b0 < se; b0 += 32) {
+    const uint32_t sym = b0 + lane, my = sym < se ? ln[sym] : 0u;
+#pragma unroll
+    for (uint32_t l = 1; l <= kMaxLen; ++l) nl[l] += popc32(__ballot_sync(kFull, my == l));
+  }
+  uint32_t B[kMaxLen + 2], C[kMaxLen + 2];
+  B[1] = 0;
+  C[1] = 0;
+#pragma unroll
+  for (uint32_t l = 1; l <= kMaxLen; ++l) {
+    B[l + 1] = B[l] + (nl[l] << (kMaxLen - l));
+    C[l + 1] = C[l] + nl[l];
+  }
+  if (B[kMaxLen + 1] != kTableSize) {  // the Kraft sum: not a complete code (the same in every lane)
+    if (lane == 0) s.bk[g].st = kDecBadTable;
+    return;
+  }
+  // The list: symbol sym of length l at C_l + its rank among the symbols of length l.
+  uint32_t cnt[kMaxLen + 1];
+#pragma unroll
+  for (uint32_t l = 0; l <= kMaxLen; ++l) cnt[l] = 0;
+  const uint32_t below = (1u << lane) - 1;
+  for (uint32_t b0 = 0; b0 < se; b0 += 32) {
+    const uint32_t sym = b0 + lane, my = sym < se ? ln[sym] : 0u;
+    uint32_t pos = 0;
+#pragma unroll
+    for (uint32_t l = 1; l <= kMaxLen; ++l) {
+      const uint32_t m = __ballot_sync(kFull, my == l);
+      if (my == l) pos = C[l] + cnt[l] + popc32(m & below);
+      cnt[l] += popc32(m);
+    }
+    if (my) s.sorted[g][pos] = (uint16_t)t.sym_bits(kind, sym);
+  }
+  __syncthreads();  // (L) the list is complete
+  // Primary entry i: the code that window i << 3 starts with, when it has <= 8 bits
+  // (the length l is the largest with B_l <= w: empty lengths have B_l = B_{l+1}).
+  for (uint32_t i = lane; i < kPrim; i += 32) {
+    const uint32_t w = i << (kMaxLen - kPrimBits);
+    uint32_t l = 1, bl = 0, cl = 0;
+#pragma unroll
+    for (uint32_t m = 2; m <= kPrimBits + 1; ++m)
+      if (w >= B[m]) {
+        l = m;
+        bl = B[m];
+        cl = C[m];
+      }
+    s.prim[g][i] = l <= kPrimBits ? ((uint32_t)s.sorted[g][cl + ((w - bl) >> (kMaxLen - l))] << 16) | l : 0u;
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (uint32_t i = 0; i < kLong; ++i) {
+      s.bk[g].lb[i] = B[kPrimBits + 1 + i];
+      s.bk[g].lc[i] = C[kPrimBits + 1 + i];
+    }
+  }
+}
+
+// Phase 2, join: segment r of every stream of block g (elements 512 s + 64 r .. + 64),
+// two elements per lane: the staged value bits (or the CONST symbol's) OR the raw
+// planes' bits, stored to y (one 32-bit store when aligned). Consecutive lanes read
+// consecutive plane bytes and write consecutive outputs. 4 segments' plane bytes are
+// loaded before the first store (byte loads may alias the stores, so the compiler
+// would otherwise wait for each segment's loads in turn: 8 round trips, now 2).
+template <DtypeCode D>
+__device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint32_t r, uint32_t lane) {
+  constexpr Traits t = traits_c<D>();
+  const DecBlk& k = s.bk[g];
+  const uint32_t len = k.len, kind = k.kind, coding = k.coding;
+  const bool bp = t.byte_plane(kind);
+  const uint32_t pw = t.packed_width(kind), pmask = (1u << pw) - 1;
+  const uint8_t* rp = k.blk + (coding == kConst ? kBlockHead : k.area_off + k.ab);
+  const uint8_t* pp = rp + (bp ? len : 0);
+  const uint32_t psz = (len + 7) / 8 * pw;
+  const uint32_t cval = coding == kConst ? t.sym_bits(kind, ld16(k.blk + 2)) * 0x10001u : 0u;
+  uint16_t* y = k.y;
+  const bool w32 = (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  // Two halves of 4 streams (all 8 at once would need > 128 registers for fp16).
+  for (uint32_t hs = 0; hs < kStreams; hs += kStreams / 2) {
+    uint32_t raw[kStreams / 2][2];
+  #pragma unroll
+    for (uint32_t si = 0; si < kStreams / 2; ++si) {
+      const uint32_t sidx = hs + si;
+  #pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        // Element e's pw bits at bit pw * e of the packed plane (LSB first, within 2
+        // bytes) above its byte-plane byte. Conditional loads, no branches, so that the
+        // compiler issues all of them before the first use.
+        const uint32_t e = sidx * kStreamLen + r * kSeg + 2 * lane + h;
+        const bool in = e < len;
+        const uint32_t bit = pw * e, by = bit >> 3;
+        const uint32_t x0 = in && pw ? (uint32_t)pp[by] : 0u;
+        const uint32_t x1 = in && pw && by + 1 < psz ? (uint32_t)pp[by + 1] : 0u;
+        const uint32_t b8 = in && bp ? (uint32_t)rp[e] : 0u;
+        const uint32_t v = ((x0 | (x1 << 8)) >> (bit & 7)) & pmask;
+        raw[si][h] = bp ? (v << 8) | b8 : v;
+      }
+    }
+  #pragma unroll
+    for (uint32_t si = 0; si < kStreams / 2; ++si) {
+      const uint32_t sidx = hs + si;
+      const uint32_t e0 = sidx * kStreamLen + r * kSeg + 2 * lane;
+      const uint32_t sv =
+          coding == kConst ? cval : reinterpret_cast<const uint32_t*>(s.stage[g * kStreams + sidx])[lane];
+      uint32_t out[2];
+  #pragma unroll
+      for (uint32_t h = 0; h < 2; ++h)  // Traits::raw_bits for both kinds (kind J's raw has < mbits + 1 bits)
+        out[h] = ((sv >> (16 * h)) & 0xFFFFu) | ((raw[si][h] >> t.mbits) << 15) | (raw[si][h] & ((1u << t.mbits) - 1));
+      if (w32 && e0 + 1 < len) {
+        *reinterpret_cast<uint32_t*>(y + e0) = out[0] | (out[1] << 16);
+      } else {
+        if (e0 < len) y[e0] = (uint16_t)out[0];
+        if (e0 + 1 < len) y[e0 + 1] = (uint16_t)out[1];
+      }
+    }
+  }
+}
+
+// Asks L2 for the line at p (no effect on results; the emulator skips it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if !defined(ZIPCCL_SIMT_HOST)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
+// This lane's share of the checksum terms of row bytes [c0, c1): aligned 32-bit words
+// where the row is 4-byte aligned, single bytes at the ends (and otherwise).
+__device__ __forceinline__ uint64_t cs_range(const uint8_t* rin, uint64_t c0, uint64_t c1, uint32_t lane) {
+  uint64_t cs = 0;
+  const uint64_t w0 = (c0 + 3) >> 2, w1 = c1 >> 2;
+  if ((reinterpret_cast<uintptr_t>(rin) & 3) == 0 && w0 < w1) {
+    for (uint64_t w = w0 + lane; w < w1; w += 32)
+      cs += (uint64_t)*reinterpret_cast<const uint32_t*>(rin + 4 * w) * (2 * w + 1);
+    const uint64_t i = lane < 4 ? c0 + lane : 4 * w1 + (lane - 4);  // lanes 0-3 head, 4-7 tail
+    if ((lane < 4 && i < 4 * w0) || (lane >= 4 && lane < 8 && i < c1)) cs += cs_byte(i, rin[i]);
+  } else {
+    for (uint64_t i = c0 + lane; i < c1; i += 32) cs += cs_byte(i, rin[i]);
+  }
+  return cs;
+}
+
+// kDecG blocks per CTA of one warp (blocks blockIdx.x * kDecG + g over all rows).
 template <DtypeCode D>
 __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(DecArgs a) {
-  constexpr Traits t = traits_c<D>();
-  constexpr int NT = kDecThreads;
   ZC_SHARED(DecSmem, s, );
-  // blockIdx.x < 2^31 (the grid is checked on the host): row and block fit 32 bits.
-  const uint32_t row = (uint32_t)(blockIdx.x / a.nb), b = (uint32_t)(blockIdx.x - row * a.nb);
-  const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const uint8_t* blk;
-  uint32_t size;
-  {
-    const uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
-    if (*reinterpret_cast<const uint32_t*>(ws + kWsHead) != kDecOk) return;  // the same for the whole CTA
-    const uint64_t* off = reinterpret_cast<const uint64_t*>(ws + kWsTab);
-    const uint64_t o0 = off[b], o1 = off[b + 1];
-    size = (uint32_t)(o1 - o0);
-    blk = a.in + (uint64_t)row * a.L + o0;
-  }
-  const uint32_t len = block_len(a.n, b);
-
-  // Thread 0: the block's header, code lengths and stream lengths, validated as the
-  // CPU decoder does; the Kraft sum of the lengths (the rest of canonical_codes'
-  // check) follows in parallel. Its failure is BAD_TABLE, which takes precedence
-  // over everything thread 0 can find after the lengths (BAD_TABLE or BAD_STREAM).
-  for (uint32_t i = tid; i <= kMaxLen; i += NT) s.nl[i] = 0;
-  if (tid == 0) {
-    uint32_t st = kDecOk, coding = 0, kind = 0, lens_ok = 0;
-    if (size < kBlockHead || blk[1] != 0) {
-      st = kDecBadTable;
-    } else {
-      coding = blk[0] & 3;
-      kind = blk[0] >> 2;
-      if (coding == kRaw) {
-        if (blk[0] != 0 || ld16(blk + 2) != 0 || size != max_block_bytes(len)) st = kDecBadTable;
-      } else if (kind > 1 || coding > kHuff) {
-        st = kDecBadTable;
-      } else {
-        const uint32_t A = t.alphabet(kind), rawb = t.raw_bytes(kind, len);
-        if (coding == kConst) {
-          if (ld16(blk + 2) >= A || size != kBlockHead + rawb) st = kDecBadTable;
-        } else if (size < kHuffHead + rawb) {
-          st = kDecBadTable;
-        } else {
-          // read_lengths sets len[0, sym_end) (sym_end <= A when it succeeds); nothing past it is read.
-          const uint32_t sym_end = ld16(blk + 2);
-          const int32_t nib = read_lengths(blk + kHuffHead, size - kHuffHead - rawb, sym_end, A, s.len);
-          s.sym_end = sym_end;
-          if (nib < 0) {
-            st = kDecBadTable;
-          } else {
-            lens_ok = 1;
-            s.start[0] = 0;
-            for (uint32_t k = 0; k < kStreams && st == kDecOk; ++k) {
-              const uint32_t j0 = k * kStreamLen < len ? k * kStreamLen : len;
-              const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
-              const uint32_t cnt = j1 - j0, bits = ld16(blk + kBlockHead + 2 * k);
-              if (bits < cnt || bits > kMaxLen * cnt) st = kDecBadTable;
-              s.start[k + 1] = s.start[k] + bits;
-            }
-            if (st == kDecOk) {
-              const uint32_t total = s.start[kStreams], ab = (total + 7) / 8;
-              const uint32_t area_off = kHuffHead + (uint32_t)nib;
-              if (size != area_off + ab + rawb)
-                st = kDecBadTable;
-              else if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1)))
-                st = kDecBadStream;
-              s.area_off = area_off;
-              s.ab = ab;
-            }
-          }
-        }
+  const uint32_t lane = threadIdx.x;
+  // Phase 0: lane g < kDecG validates block g.
+  if (lane < kDecG) {
+    DecBlk& k = s.bk[lane];
+    k.st = kSkip;
+    k.lens_ok = 0;
+    k.bad = 0;
+    k.coding = 0;
+    k.kind = 0;
+    // blockIdx.x * kDecG + lane < 2^31 + 3 (the host checks rows * nb < 2^31).
+    const uint64_t B = (uint64_t)blockIdx.x * kDecG + lane;
+    if (B < a.nblk) {
+      const uint64_t row = B / a.nb, b = B - row * a.nb;
+      const uint8_t* ws = a.ws + row * a.ws_row;
+      if (*reinterpret_cast<const uint32_t*>(ws + kWsHead) == kDecOk) {
+        const uint64_t* off = reinterpret_cast<const uint64_t*>(ws + kWsTab);
+        const uint64_t o0 = off[b], o1 = off[b + 1];
+        const uint8_t* rin = a.in + row * a.L;
+        k.rin = rin;
+        k.ws = const_cast<uint8_t*>(ws);
+        k.cs0 = o0;
+        k.cs1 = b + 1 == a.nb ? ld64(rin + kOffUsed) : o1;  // the row's last block: up to used
+        k.blk = rin + o0;
+        k.y = a.y + row * a.n + b * kBlock;
+        k.len = block_len(a.n, b);
+        k.size = (uint32_t)(o1 - o0);
+        k.st = block_header<D>(k, s.len[lane]);
       }
     }
-    s.status = st;
-    s.coding = coding;
-    s.kind = kind;
-    s.lens_ok = lens_ok;
-    s.bad = 0;
   }
   __syncthreads();
-  const uint32_t coding = s.coding, kind = s.kind;
-  uint32_t st = s.status;
-  if (s.lens_ok) {
-    // (a) lengths per code length; the table cleared; the bit area as words.
-    const uint32_t sym_end = s.sym_end;
-    for (uint32_t sym = tid; sym < sym_end; sym += NT)
-      if (const uint32_t l = s.len[sym]) atomicAdd(&s.nl[l], 1u);
-    for (uint32_t i = tid; i < kTableSize; i += NT) s.tab[i] = 0;
-    if (st == kDecOk) {
-      const uint32_t ab = s.ab, nw = (ab + 3) / 4 + 2;
-      const uint8_t* ap = blk + s.area_off;
-      for (uint32_t i = tid; i < nw; i += NT) {
-        uint32_t w = 0;
-        for (uint32_t k = 0; k < 4; ++k) w = (w << 8) | (4 * i + k < ab ? ap[4 * i + k] : 0u);
-        s.area[i] = w;
-      }
-    }
-    __syncthreads();
-    // (b) Kraft sum (every thread: the same value), then each present symbol's
-    // canonical code (entropy_format.h canonical_codes: next[l] + its rank among the
-    // symbols of length l in symbol order) marks the first entry of its table range.
-    uint32_t kraft = 0;
-    for (uint32_t l = 1; l <= kMaxLen; ++l) kraft += s.nl[l] << (kMaxLen - l);
-    if (kraft != kTableSize) st = kDecBadTable;
-    if (tid == 0) {  // the first code of each length
-      uint32_t c = 0;
-      for (uint32_t l = 1; l <= kMaxLen; ++l) {
-        s.next[l] = c;
-        c = (c + s.nl[l]) << 1;
-      }
-    }
-    __syncthreads();
-    if (st == kDecOk) {
-      for (uint32_t sym = tid; sym < sym_end; sym += NT) {
-        const uint32_t l = s.len[sym];
-        if (!l) continue;
-        uint32_t c = s.next[l];
-        // + the symbols below sym of length l, four length bytes per step.
-        const uint32_t* lw = reinterpret_cast<const uint32_t*>(s.len);
-        const uint32_t pat = l * 0x01010101u;
-#pragma unroll 1
-        for (uint32_t o = 0; o < sym / 4; ++o) c += zero_bytes(lw[o] ^ pat);
-        if (sym & 3) c += zero_bytes((lw[sym / 4] ^ pat) | (0xFFFFFFFFu << (8 * (sym & 3))));
-        s.tab[c << (kMaxLen - l)] = (uint16_t)((sym << 4) | l);
-      }
-    }
-    __syncthreads();
-    if (st == kDecOk) {
-      // (c) Fill each range from its marked first entry: thread t owns entries
-      // [16 t, 16 t + 16); the owner of its first entry is the last marked entry
-      // before it (a max-scan over the threads).
-      constexpr uint32_t E = kTableSize / NT;
-      static_assert(kTableSize % NT == 0, "table entries per thread");
-      int32_t last = -1;
-#pragma unroll 4
-      for (uint32_t i = 0; i < E; ++i)
-        if (s.tab[E * tid + i]) last = (int32_t)(E * tid + i);
-      int32_t incl = last;
+  // The blocks' bytes towards L2 while phase 1 runs (the join's plane loads and the
+  // stream words then hit L2 instead of DRAM): one 128-byte line per lane and step.
+  for (uint32_t g = 0; g < kDecG; ++g) {
+    if (s.bk[g].st == kSkip) continue;
+    const uintptr_t b0 = reinterpret_cast<uintptr_t>(s.bk[g].blk), b1 = b0 + s.bk[g].size;
+    for (uintptr_t p = (b0 & ~(uintptr_t)127) + 128 * lane; p < b1; p += 128 * 32)
+      prefetch_l2(reinterpret_cast<const void*>(p > b0 ? p : b0));
+  }
+  // Phase 1: the codes (the branch is the same for every lane).
+  for (uint32_t g = 0; g < kDecG; ++g)
+    if (s.bk[g].st != kSkip && s.bk[g].lens_ok) build_code<D>(s, g, lane);
+  __syncthreads();
+  // Phase 2: lane 8 g + sidx decodes stream sidx of block g, kSeg symbols per round
+  // into its staging row; then the warp joins the round's segments with the raw planes.
+  const uint32_t g = lane / kStreams, sidx = lane % kStreams;
+  const DecBlk& k = s.bk[g];
+  const bool dec = k.st == kDecOk && k.coding == kHuff;
+  uint32_t j = 0, j1 = 0, have = 0, nw = 0, pre = 0, wfull = 0, p0 = 0;
+  uint64_t buf = 0;
+  uintptr_t base = 0, hi = 0;
+  uint32_t lb[kLong], lc[kLong];
 #pragma unroll
-      for (uint32_t d = 1; d < 32; d <<= 1) {
-        const int32_t o = __shfl_up_sync(kFull, incl, d);
-        if (lane >= d && o > incl) incl = o;
-      }
-      if (lane == 31) s.scan[warp] = (uint32_t)incl;
-      __syncthreads();
-      int32_t before = __shfl_up_sync(kFull, incl, 1);
-      if (lane == 0) before = -1;
-      for (uint32_t w = 0; w < warp; ++w)
-        if ((int32_t)s.scan[w] > before) before = (int32_t)s.scan[w];
-      // Entry 0 is always marked (the first code is 0), so before >= 0 where needed.
-      uint32_t cur = before >= 0 ? s.tab[before] : 0u;  // (entry 0 is marked)
-#pragma unroll 4
-      for (uint32_t i = 0; i < E; ++i) {
-        const uint32_t v = s.tab[E * tid + i];
-        if (v) cur = v;
-        else s.tab[E * tid + i] = (uint16_t)cur;
-      }
-      __syncthreads();
-      // (d) The two-symbol table: entry i holds the symbol of the window i (length
-      // l1) and, when the code that follows it lies inside the same 11 bits (l1 + l2
-      // <= 11), the next symbol too: bits 0-3 l1, 4-7 l2 (0: none), 8-16 the first
-      // symbol, 17-25 the second. The second is what a one-symbol lookup at the
-      // position after the first would give: a code of length l2 is fixed by its
-      // first l2 bits, and those are bits l1 .. l1 + l2 - 1 of the window.
-      for (uint32_t i = tid; i < kTableSize; i += NT) {
-        const uint32_t e1 = s.tab[i], l1 = e1 & 15;
-        const uint32_t e2 = s.tab[(i << l1) & (kTableSize - 1)], l2 = e2 & 15;
-        s.tab2[i] = l1 + l2 <= kMaxLen ? ((e2 >> 4) << 17) | ((e1 >> 4) << 8) | (l2 << 4) | l1
-                                       : ((e1 >> 4) << 8) | l1;
-      }
-      __syncthreads();
-      if (tid < kStreams) {
-        // Stream tid through a 64-bit bit buffer (MSB first): 11-bit lookups, a 32-bit
-        // refill whenever fewer than 32 bits remain. Words past the area read as zero
-        // (a corrupt stream that runs past it is reported by its end position).
-        const uint32_t j0 = tid * kStreamLen < len ? tid * kStreamLen : len;
-        const uint32_t j1 = j0 + kStreamLen < len ? j0 + kStreamLen : len;
-        const uint32_t q0 = s.start[tid], nw = (s.ab + 3) / 4 + 2;
-        uint32_t wi = q0 >> 5;
-        const uint32_t w0 = wi < nw ? s.area[wi] : 0u, w1 = wi + 1 < nw ? s.area[wi + 1] : 0u;
-        uint64_t buf = (((uint64_t)w0 << 32) | w1) << (q0 & 31);
-        uint32_t have = 64 - (q0 & 31), q = q0;
-        wi += 2;
-        for (uint32_t j = j0; j < j1;) {
-          // One lookup, one or two symbols (the second only while the stream needs it).
-          const uint32_t e = s.tab2[(uint32_t)(buf >> (64 - kMaxLen))];
-          s.y[yslot(j)] = (uint16_t)((e >> 8) & 511);
-          uint32_t l = e & 15;
-          const uint32_t l2 = (e >> 4) & 15;
-          if (l2 && j + 1 < j1) {
-            s.y[yslot(j + 1)] = (uint16_t)(e >> 17);
-            l += l2;
-            j += 2;
-          } else {
-            j += 1;
-          }
-          buf <<= l;
-          have -= l;
-          q += l;
-          if (have < 32) {
-            buf |= (uint64_t)(wi < nw ? s.area[wi] : 0u) << (32 - have);
-            ++wi;
-            have += 32;
-          }
-        }
-        if (q != s.start[tid + 1]) s.bad = 1;
-      }
-      __syncthreads();
-      if (s.bad) st = kDecBadStream;
+  for (uint32_t i = 0; i < kLong; ++i) lb[i] = lc[i] = 0;
+  if (dec) {
+    const uint32_t len = k.len;
+    j = sidx * kStreamLen < len ? sidx * kStreamLen : len;
+    j1 = j + kStreamLen < len ? j + kStreamLen : len;
+#pragma unroll
+    for (uint32_t i = 0; i < kLong; ++i) {
+      lb[i] = k.lb[i];
+      lc[i] = k.lc[i];
     }
-  } else if (st == kDecOk && coding == kConst) {
-    const uint16_t v = ld16(blk + 2);  // the symbol (< alphabet: checked)
-    for (uint32_t j = tid; j < len; j += NT) s.y[yslot(j)] = v;
+    // A 64-bit MSB-first bit buffer holding `have` bits, fed with the area's aligned
+    // big-endian words; the next word is loaded one refill ahead (pre), so its latency
+    // overlaps ~12 lookups. Bits are counted from base: the next word to enter the
+    // buffer starts at bit 32 nw, so the stream's position is 32 nw - have.
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(k.blk), area = lo + k.area_off;
+    hi = lo + k.size;
+    base = area & ~(uintptr_t)3;  // >= lo: the area starts >= kHuffHead bytes into the block
+    wfull = (uint32_t)((hi - base) / 4);
+    p0 = 8 * (uint32_t)(area & 3);
+    const uint32_t q0 = p0 + k.start[sidx];
+    nw = q0 >> 5;
+    const uint32_t w0 = area_word(base, nw, wfull, hi), w1 = area_word(base, nw + 1, wfull, hi);
+    buf = (((uint64_t)w0 << 32) | w1) << (q0 & 31);
+    have = 64 - (q0 & 31);
+    nw += 2;
+    pre = area_word(base, nw, wfull, hi);
   }
+  const uint32_t* prim = s.prim[g];
+  const uint16_t* sorted = s.sorted[g];
+  uint16_t* stage = s.stage[lane];
+  // One symbol (have >= 11): the primary entry, or for a code of 9..11 bits its length
+  // from the limits B_l and its value from the list.
+  auto one = [&](uint32_t i) {
+    const uint32_t w = (uint32_t)(buf >> (64 - kMaxLen));
+    const uint32_t e = prim[w >> (kMaxLen - kPrimBits)];
+    uint32_t l = e & 15, v = e >> 16;
+    if (l == 0) {
+      const uint32_t x = (w >= lb[1]) + (w >= lb[2]);
+      l = kPrimBits + 1 + x;
+      const uint32_t bl = x == 0 ? lb[0] : x == 1 ? lb[1] : lb[2];
+      const uint32_t cl = x == 0 ? lc[0] : x == 1 ? lc[1] : lc[2];
+      v = sorted[(cl + ((w - bl) >> (kMaxLen - l))) & (kMaxAlphabet - 1)];
+    }
+    stage[i] = (uint16_t)v;
+    buf <<= l;
+    have -= l;
+  };
+  // Refill once per two symbols: have >= 32 after it (or without it), so both lookups
+  // of the next pair see >= 21 bits. (Lanes refill at different steps, so the warp runs
+  // this block at almost every check: checking once per pair halves its cost.)
+  auto refill = [&]() {
+    if (have < 32) {
+      buf |= (uint64_t)pre << (32 - have);
+      have += 32;
+      ++nw;
+      pre = area_word(base, nw, wfull, hi);
+    }
+  };
+  for (uint32_t r = 0; r < kSegRounds; ++r) {
+    if (dec) {
+      const uint32_t je = j + kSeg < j1 ? j + kSeg : j1;
+      uint32_t i = 0;
+      for (; j + 2 <= je; j += 2, i += 2) {
+        one(i);
+        one(i + 1);
+        refill();
+      }
+      if (j < je) {
+        one(i);
+        refill();
+        ++j;
+      }
+    }
+    __syncthreads();  // (R) the round's symbols are staged
+    for (uint32_t gg = 0; gg < kDecG; ++gg)
+      if (s.bk[gg].st == kDecOk && s.bk[gg].coding != kRaw) join_segment<D>(s, gg, r, lane);
+    __syncthreads();  // the staging rows are free again
+  }
+  if (dec && 32 * nw - have - p0 != k.start[sidx + 1]) s.bk[g].bad = 1;
   __syncthreads();
-  if (st == kDecOk) {
-    if (coding == kRaw) {
-      uint16_t* y = a.y + row * a.n + (uint64_t)b * kBlock;
-      for (uint32_t j = tid; j < len; j += NT) y[j] = ld16(blk + kBlockHead + 2 * j);
-    } else {
-      const uint8_t* rp = blk + (coding == kConst ? kBlockHead : s.area_off + s.ab);
-      uint16_t* y = a.y + row * a.n + (uint64_t)b * kBlock;
-      if (kind == kKindE)
-        join_planes<D, kKindE>(s.y, rp, y, len);
-      else
-        join_planes<D, kKindJ>(s.y, rp, y, len);
+  // Phase 3: RAW blocks, then per block its status bit and checksum terms.
+  for (uint32_t gg = 0; gg < kDecG; ++gg) {
+    DecBlk& kb = s.bk[gg];
+    uint32_t st = kb.st;
+    if (st == kSkip) continue;  // the same for every lane
+    if (st == kDecOk && kb.coding == kRaw)
+      for (uint32_t i = lane; i < kb.len; i += 32) kb.y[i] = ld16(kb.blk + kBlockHead + 2 * i);
+    if (st == kDecOk && kb.bad) st = kDecBadStream;
+    const uint64_t sum = warp_sum64(cs_range(kb.rin, kb.cs0, kb.cs1, lane));
+    if (lane == 0) {
+      if (st != kDecOk) atomicOr(reinterpret_cast<unsigned*>(kb.ws + kWsCount), 1u << st);
+      if (sum) atomicAdd(reinterpret_cast<unsigned long long*>(kb.ws + kWsSum), (unsigned long long)sum);
     }
-  }
-  // The block's checksum terms; the row's last block also covers the padding up to
-  // used. (The offsets are read again here rather than kept in registers through
-  // the decoding: the output stores in between may alias, so the loads stay.)
-  uint64_t cs = 0;
-  {
-    const uint8_t* rin = a.in + (uint64_t)row * a.L;
-    const uint64_t* roff = reinterpret_cast<const uint64_t*>(a.ws + (uint64_t)row * a.ws_row + kWsTab);
-    const uint64_t c0 = roff[b], end = b + 1 == a.nb ? ld64(rin + kOffUsed) : roff[b + 1];
-    for (uint64_t i = c0 + tid; i < end; i += NT) cs += cs_byte(i, rin[i]);
-  }
-  const uint64_t sum = cta_sum64<NT>(cs, s.red);
-  if (tid == 0) {
-    uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
-    if (st != kDecOk) atomicOr(reinterpret_cast<unsigned*>(ws + kWsCount), 1u << st);
-    if (sum) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsSum), (unsigned long long)sum);
   }
 }
 
@@ -1181,7 +1296,7 @@ ffi::Error decode_launch(cudaStream_t stream, const DecArgs& a, uint64_t rows, i
   ffi::Error e = check_launch(kDec, "ent_decode_rows launch");
   if (e.failure()) return e;
   if (rows * a.nb != 0) {
-    ZC_LAUNCH(ent_decode_blocks<D>, rows * a.nb, kDecThreads, stream, a);
+    ZC_LAUNCH(ent_decode_blocks<D>, (rows * a.nb + kDecG - 1) / kDecG, kDecThreads, stream, a);
     e = check_launch(kDec, "ent_decode_blocks launch");
     if (e.failure()) return e;
   }
@@ -1276,6 +1391,7 @@ ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> paylo
   a.n = n;
   a.nb = num_blocks(n);
   a.ws_row = wbytes;
+  a.nblk = rows * a.nb;
   int32_t* st = status->typed_data();
   return d == kBF16 ? decode_launch<kBF16>(stream, a, rows, st) : decode_launch<kF16>(stream, a, rows, st);
 }
@@ -1292,6 +1408,13 @@ int warm_up_entropy() {
     cudaFuncGetAttributes(&attr, ent_decode_rows<kF16>);
     cudaFuncGetAttributes(&attr, ent_decode_blocks<kBF16>);
     cudaFuncGetAttributes(&attr, ent_decode_blocks<kF16>);
+#if !defined(ZIPCCL_SIMT_HOST)
+    // ~14 one-warp CTAs of ~15 KB each per SM need the largest shared-memory carveout.
+    cudaFuncSetAttribute(ent_decode_blocks<kBF16>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    cudaFuncSetAttribute(ent_decode_blocks<kF16>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+#endif
     cudaFuncGetAttributes(&attr, ent_decode_finalize);
   });
 }

@@ -76,13 +76,14 @@ def test_cuda_module_compiles_without_spills(cuda_build):
     assert u.get("stack") == 0 and u.get("spill_stores") == 0 and u.get("spill_loads") == 0, (name, u)
     # The register cap __launch_bounds__ sets (cuda/codec.cu, min_ctas): 65536 / (threads x CTAs).
     m = re.search(r"<(\w+),G=(\d)>", name)
-    # cuda/entropy.cu: ent_encode_kernel 256 threads x 6 CTAs (42 -> 40), ent_decode_blocks 128 x 7 (73 -> 72);
+    # cuda/entropy.cu: ent_encode_kernel 256 threads x 6 CTAs (42 -> 40); ent_decode_blocks one warp x 16 CTAs
+    # (65536 / 512 = 128: its 12.7 KB of shared memory per CTA allows 16 per SM, registers must too);
     # the other kernels (no min CTAs) 64.
     cap = 64 if not m else 65536 // ((256 // int(m.group(2))) * MIN_CTAS[m.group(1), int(m.group(2))])
     if name.startswith("ent_encode_kernel<"):
       cap = 40
     elif name.startswith("ent_decode_blocks<"):
-      cap = 72
+      cap = 128
     assert 0 < u.get("registers", 0) <= cap, (name, u, cap)
 
 
