@@ -943,9 +943,9 @@ ffi::Error decode_launch(cudaStream_t stream, const uint8_t* in, uint8_t* y, int
   return check_launch(kDecodeTarget, "decode_finalize launch");
 }
 
-// skip and fill (handler_common.h): checked, then every row is coded; a skipped
-// row of the transport is its own row, whose payload is that row's encoding, so
-// decoding it gives fill's bits. Reading skip would need the mask on the host.
+// skip and fill (handler_common.h): every row is coded (reading skip on the host
+// would cost a synchronization), then launch_skip_stats / launch_skip_fill
+// (device_util.h) give the skipped rows the CPU handlers' results.
 ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip,
                           ffi::Result<ffi::Buffer<ffi::U8>> payload, ffi::Result<ffi::Buffer<ffi::S32>> stats,
                           ffi::Result<ffi::Buffer<ffi::U8>> workspace) {
@@ -962,11 +962,11 @@ ffi::Error EncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi
     return handler::invalid(kEncodeTarget, "payload and workspace must be 16-byte aligned");
   const uint8_t* xb = static_cast<const uint8_t*>(x.untyped_data());
   int32_t* st = stats->typed_data();
-  switch (s.d) {
-    case kBF16: return encode_launch<BF16Traits>(stream, xb, out, st, ws, s);
-    case kF16: return encode_launch<F16Traits>(stream, xb, out, st, ws, s);
-    default: return encode_launch<F32Traits>(stream, xb, out, st, ws, s);
-  }
+  ffi::Error e = s.d == kBF16  ? encode_launch<BF16Traits>(stream, xb, out, st, ws, s)
+                 : s.d == kF16 ? encode_launch<F16Traits>(stream, xb, out, st, ws, s)
+                               : encode_launch<F32Traits>(stream, xb, out, st, ws, s);
+  if (e.failure()) return e;
+  return dev::launch_skip_stats(kEncodeTarget, stream, skip.typed_data(), st, s.rows);
 }
 
 ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip,
@@ -983,7 +983,6 @@ ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi
           handler::check_fill(kDecodeTarget, fill.element_type(), y->element_type(), fill.dimensions(), s.rows, s.n, &group);
       e.failure())
     return e;
-  (void)group;  // every row is decoded (see above)
   if (s.rows == 0) return ffi::Error::Success();
   // Rows are read with 16-byte loads: each must start 16-byte aligned (decode_rows
   // cuts a row length that is not a multiple of 16 to a multiple of 128, which
@@ -997,11 +996,12 @@ ffi::Error DecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi
     return handler::invalid(kDecodeTarget, "payload and workspace must be 16-byte aligned");
   uint8_t* yb = static_cast<uint8_t*>(y->untyped_data());
   int32_t* st = status->typed_data();
-  switch (s.d) {
-    case kBF16: return decode_launch<BF16Traits>(stream, in, yb, st, ws, s);
-    case kF16: return decode_launch<F16Traits>(stream, in, yb, st, ws, s);
-    default: return decode_launch<F32Traits>(stream, in, yb, st, ws, s);
-  }
+  ffi::Error e = s.d == kBF16  ? decode_launch<BF16Traits>(stream, in, yb, st, ws, s)
+                 : s.d == kF16 ? decode_launch<F16Traits>(stream, in, yb, st, ws, s)
+                               : decode_launch<F32Traits>(stream, in, yb, st, ws, s);
+  if (e.failure()) return e;
+  return dev::launch_skip_fill(kDecodeTarget, stream, skip.typed_data(), fill.untyped_data(), yb, st, s.rows,
+                               s.n * elem_bytes_of(s.d), group);
 }
 
 }  // namespace

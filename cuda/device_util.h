@@ -70,6 +70,43 @@ template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 #endif
 
+// ---- skipped rows (ffi/handler_common.h check_skip / check_fill) -----------------------
+//
+// The CUDA handlers code every row (the mask is in device memory; reading it on
+// the host would cost a synchronization per call), then these kernels give
+// skipped rows the results the CPU handlers give them: an encoder's stats row
+// [status, escapes, used/128, 0] all zero; a decoder's status 0 and, when fill
+// has F > 0 rows, output row r = fill row r / group (group = rows / F) bit for
+// bit. Launched after the codec's own kernels on the same stream.
+
+// stats [rows, 4] int32: skipped rows zeroed. One thread per row.
+static __global__ void skip_zero_stats(const uint8_t* skip, int32_t* stats, uint64_t rows) {
+  const uint64_t r = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < rows && skip[r])
+    for (int k = 0; k < 4; ++k) stats[4 * r + k] = 0;
+}
+
+// y [rows, row_bytes] and status [rows]: CTA b handles row b / parts, bytes
+// [(b % parts) * span, + span) of it with span = ceil(row_bytes / parts); 16-byte
+// accesses when wide (y, fill and row_bytes all 16-byte aligned), else bytes.
+static __global__ void skip_fill_rows(const uint8_t* skip, const uint8_t* fill, uint8_t* y, int32_t* status,
+                                      uint64_t rows, uint64_t row_bytes, uint64_t group, uint32_t parts, bool wide) {
+  const uint64_t r = blockIdx.x / parts, part = blockIdx.x % parts;
+  if (r >= rows || !skip[r]) return;
+  if (part == 0 && threadIdx.x == 0) status[r] = 0;
+  if (group == 0 || row_bytes == 0) return;  // F = 0: the row is left as decoded (unspecified)
+  const uint64_t span = (row_bytes + parts - 1) / parts;
+  const uint64_t lo = part * span, hi = lo + span < row_bytes ? lo + span : row_bytes;
+  const uint8_t* src = fill + (r / group) * row_bytes;
+  uint8_t* dst = y + r * row_bytes;
+  if (wide) {  // span is a multiple of 16 here (launch_skip_fill)
+    for (uint64_t i = lo + 16 * (uint64_t)threadIdx.x; i < hi; i += 16 * (uint64_t)blockDim.x)
+      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+  } else {
+    for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------
 
 // A failed CUDA call as an FFI error of the handler `target` (the error state cleared).
@@ -83,6 +120,32 @@ inline ::xla::ffi::Error check_launch(const char* target, const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error(target, what, e);
   return ::xla::ffi::Error::Success();
+}
+
+// The encoder's skipped rows: stats zeroed (skip_zero_stats), after the codec's kernels.
+inline ::xla::ffi::Error launch_skip_stats(const char* target, cudaStream_t stream, const uint8_t* skip,
+                                           int32_t* stats, uint64_t rows) {
+  if (rows == 0) return ::xla::ffi::Error::Success();
+  ZC_LAUNCH(skip_zero_stats, (rows + 255) / 256, 256, stream, skip, stats, rows);
+  return check_launch(target, "skip_zero_stats launch");
+}
+
+// The decoder's skipped rows: status 0, fill copied in (skip_fill_rows), after the
+// codec's kernels. Rows are split into up to 64 parts of >= 64 KiB so that a big
+// row is copied by many CTAs.
+inline ::xla::ffi::Error launch_skip_fill(const char* target, cudaStream_t stream, const uint8_t* skip,
+                                          const void* fill, void* y, int32_t* status, uint64_t rows,
+                                          uint64_t row_bytes, uint64_t group) {
+  if (rows == 0) return ::xla::ffi::Error::Success();
+  const bool wide = ((uintptr_t)fill | (uintptr_t)y | row_bytes) % 16 == 0;
+  uint64_t parts = row_bytes / (64 << 10);
+  parts = parts < 1 ? 1 : parts > 64 ? 64 : parts;
+  if (wide) {  // every part a whole number of 16-byte words
+    while (parts > 1 && (row_bytes / 16) % parts != 0) --parts;
+  }
+  ZC_LAUNCH(skip_fill_rows, rows * parts, 256, stream, skip, static_cast<const uint8_t*>(fill),
+            static_cast<uint8_t*>(y), status, rows, row_bytes, group, (uint32_t)parts, wide);
+  return check_launch(target, "skip_fill_rows launch");
 }
 
 // per_device() on every visible device in turn (made current), the current device

@@ -1306,9 +1306,9 @@ ffi::Error decode_launch(cudaStream_t stream, const DecArgs& a, uint64_t rows, i
 
 }  // namespace
 
-// skip and fill (handler_common.h): checked, then every row is coded; a skipped
-// row of the transport is its own row, whose payload is that row's encoding, so
-// decoding it gives fill's bits. Reading skip would need the mask on the host.
+// skip and fill (handler_common.h): every row is coded (reading skip on the host
+// would cost a synchronization), then launch_skip_stats / launch_skip_fill
+// (device_util.h) give the skipped rows the CPU handlers' results.
 ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip,
                                  ffi::Result<ffi::Buffer<ffi::U8>> payload,
                                  ffi::Result<ffi::Buffer<ffi::S32>> stats,
@@ -1347,7 +1347,9 @@ ffi::Error EntropyEncodeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buf
   a.out_row = nbytes;
   a.ws_row = wbytes;
   int32_t* st = stats->typed_data();
-  return d == kBF16 ? encode_launch<kBF16>(stream, a, rows, st) : encode_launch<kF16>(stream, a, rows, st);
+  ffi::Error e = d == kBF16 ? encode_launch<kBF16>(stream, a, rows, st) : encode_launch<kF16>(stream, a, rows, st);
+  if (e.failure()) return e;
+  return dev::launch_skip_stats(kEnc, stream, skip.typed_data(), st, rows);
 }
 
 ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip,
@@ -1371,7 +1373,6 @@ ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> paylo
   if (ffi::Error e = ::zipccl::handler::check_fill(kDec, fill.element_type(), y->element_type(), fill.dimensions(), rows, n, &group);
       e.failure())
     return e;
-  (void)group;  // every row is decoded (see above)
   if (n >= (1ull << 32))
     return ffi::Error::InvalidArgument(std::string(kDec) + ": rows of >= 2^32 elements are not supported");
   const uint64_t wneed = workspace_nbytes(n);
@@ -1393,7 +1394,9 @@ ffi::Error EntropyDecodeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> paylo
   a.ws_row = wbytes;
   a.nblk = rows * a.nb;
   int32_t* st = status->typed_data();
-  return d == kBF16 ? decode_launch<kBF16>(stream, a, rows, st) : decode_launch<kF16>(stream, a, rows, st);
+  ffi::Error e = d == kBF16 ? decode_launch<kBF16>(stream, a, rows, st) : decode_launch<kF16>(stream, a, rows, st);
+  if (e.failure()) return e;
+  return dev::launch_skip_fill(kDec, stream, skip.typed_data(), fill.untyped_data(), a.y, st, rows, 2 * n, group);
 }
 
 int warm_up_entropy() {

@@ -175,3 +175,26 @@ def test_simt_emulator_catches_broken_kernels(tmp_path, mutation):
   res, out = emulator.run(exe, "--quick", "--stop", timeout=300)
   assert res.returncode != 0, f"the emulator passed kernels with this bug: {mutation}\n{out[-2000:]}"
   assert "FAIL" in out or "SIMT emulation error" in out, out[-2000:]
+
+
+# Handlers that ignore the skip mask (cuda/device_util.h): the emulator's skipped-row
+# cases (tests/cuda/emulate_common.h check_skipped_rows) must fail.
+SKIP_MUTATIONS = {
+    "encoder keeps the stats of skipped rows": ("if (r < rows && skip[r])", "if (false)"),
+    "decoder ignores skip and fill": ("if (r >= rows || !skip[r]) return;", "return;"),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("mutation", sorted(SKIP_MUTATIONS))
+def test_simt_emulator_catches_handlers_that_ignore_skip(tmp_path, mutation):
+  old, new = SKIP_MUTATIONS[mutation]
+  cuda = tmp_path / "cuda"
+  shutil.copytree(ROOT / "cuda", cuda)
+  src = (cuda / "device_util.h").read_text()
+  assert src.count(old) == 1, old
+  (cuda / "device_util.h").write_text(src.replace(old, new))
+  exe = tmp_path / "emulate_host"
+  _build_emulator(cuda, exe)
+  res, out = emulator.run(exe, "--quick", "--stop", timeout=300)
+  assert res.returncode != 0 and "FAIL skip" in out, f"the emulator passed: {mutation}\n{out[-2000:]}"

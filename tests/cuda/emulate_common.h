@@ -12,7 +12,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <random>
 #include <string>
+#include <vector>
 
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -87,19 +89,26 @@ struct Place {
   size_t shift = 0, align = 16;
 };
 
+// The skip mask and fill of one handler call (ffi/handler_common.h): skip == nullptr
+// means no row is skipped; fill has fill_rows rows of the output's row shape.
+struct SkipFill {
+  const uint8_t* skip = nullptr;
+  const void* fill = nullptr;
+  uint64_t fill_rows = 0;
+};
+
 // An encode handler (the signature of gpu::EncodeCudaImpl / EntropyEncodeCudaImpl) on
 // the emulated GPU: x [rows, n] of `elem`-byte words (dtype t) -> out [rows, nbytes],
 // stats [rows, 4], through fresh guarded buffers (workspace [rows, W]); machine() runs
 // just before the call. Returns false (after printing) if the handler returned an error.
-// No row is skipped (skip all zero): the CUDA handlers code every row anyway
-// (ffi/handler_common.h).
+// sf: the rows to skip (default: none).
 template <typename Impl, typename Machine>
 bool call_encode(Impl impl, Machine machine, XLA_FFI_DataType t, const void* x, size_t elem, Place xp, uint64_t rows,
-                 uint64_t n, uint64_t nbytes, uint64_t W, uint8_t* out, int32_t* stats) {
+                 uint64_t n, uint64_t nbytes, uint64_t W, uint8_t* out, int32_t* stats, SkipFill sf = {}) {
   namespace ffi = ::xla::ffi;
   DevBuf dx(rows * n * elem, xp.shift, xp.align), dp(rows * nbytes), ds(rows * 16), dw(rows * W), dk(rows);
   memcpy(dx.data(), x, dx.size());
-  memset(dk.data(), 0, dk.size());
+  if (sf.skip) memcpy(dk.data(), sf.skip, dk.size()); else memset(dk.data(), 0, dk.size());
   FfiBuf fx(t, dx.data(), rows, n), fp(XLA_FFI_DataType_U8, dp.data(), rows, nbytes),
       fs(XLA_FFI_DataType_S32, ds.data(), rows, 4), fw(XLA_FFI_DataType_U8, dw.data(), rows, W),
       fk(XLA_FFI_DataType_U8, dk.data(), rows, 1);
@@ -117,18 +126,21 @@ bool call_encode(Impl impl, Machine machine, XLA_FFI_DataType t, const void* x, 
 
 // A decode handler (gpu::DecodeCudaImpl / EntropyDecodeCudaImpl) on the emulated GPU:
 // payload in [rows, L] -> y [rows, n] of `elem`-byte words (dtype t), status [rows].
-// No row is skipped and fill is [0, n].
+// sf: the rows to skip and their fill (default: none, fill [0, n]); y's skipped rows
+// start as garbage, so a row the handler leaves alone shows.
 template <typename Impl, typename Machine>
 bool call_decode(Impl impl, Machine machine, XLA_FFI_DataType t, const uint8_t* in, Place pp, uint64_t rows,
-                 uint64_t L, uint64_t n, size_t elem, Place yp, uint64_t W, void* y, int32_t* status) {
+                 uint64_t L, uint64_t n, size_t elem, Place yp, uint64_t W, void* y, int32_t* status,
+                 SkipFill sf = {}) {
   namespace ffi = ::xla::ffi;
   DevBuf dp(rows * L, pp.shift, pp.align), dy(rows * n * elem, yp.shift, yp.align), ds(rows * 4), dw(rows * W),
-      dk(rows);
+      dk(rows), df(sf.fill_rows * n * elem);
   memcpy(dp.data(), in, dp.size());
-  memset(dk.data(), 0, dk.size());
+  if (sf.skip) memcpy(dk.data(), sf.skip, dk.size()); else memset(dk.data(), 0, dk.size());
+  if (sf.fill_rows) memcpy(df.data(), sf.fill, df.size());
   FfiBuf fp(XLA_FFI_DataType_U8, dp.data(), rows, L), fy(t, dy.data(), rows, n),
       fw(XLA_FFI_DataType_U8, dw.data(), rows, W), fk(XLA_FFI_DataType_U8, dk.data(), rows, 1),
-      ff(t, nullptr, 0, n);
+      ff(t, sf.fill_rows ? df.data() : nullptr, sf.fill_rows, n);
   int64_t sdim[1] = {(int64_t)rows};
   XLA_FFI_Buffer fs{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_S32, ds.data(), 1, sdim};
   machine();
@@ -140,6 +152,55 @@ bool call_decode(Impl impl, Machine machine, XLA_FFI_DataType t, const uint8_t* 
   }
   memcpy(y, dy.data(), dy.size());
   memcpy(status, ds.data(), ds.size());
+  return true;
+}
+
+// Skipped rows through a codec's CUDA handlers (cuda/device_util.h): x [rows, n] of
+// `elem`-byte words whose CPU encoding is ref [rows, nbytes] with stats ref_stats
+// [rows, 4]. A random mask (>= 1 row skipped) must leave the coded rows' bytes and
+// stats as without it and zero the skipped rows' stats; the decoder, given garbage
+// in the skipped rows' payload, must return status 0 for them and copy in their fill
+// row (F = rows and F = 1), or leave them alone with F = 0; the other rows decode
+// exactly. enc(skip, out, stats) and dec(in, sf, y, status) call the handlers.
+// Returns false after printing the first difference.
+template <typename Enc, typename Dec>
+bool check_skipped_rows(const char* name, Enc enc, Dec dec, const void* x, size_t elem, uint64_t rows, uint64_t n,
+                        uint64_t nbytes, const uint8_t* ref, const int32_t* ref_stats, std::mt19937_64& rng) {
+  std::vector<uint8_t> skip(rows);
+  for (uint64_t r = 0; r < rows; ++r) skip[r] = (uint8_t)(rng() % 2);
+  skip[rng() % rows] = 1;
+  std::vector<uint8_t> out(rows * nbytes, kGarbage);
+  std::vector<int32_t> st(4 * rows, -7);
+  if (!enc(skip.data(), out.data(), st.data())) return printf("FAIL skip encode %s: handler error\n", name), false;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const int32_t zero[4] = {0, 0, 0, 0};
+    const int32_t* want = skip[r] ? zero : ref_stats + 4 * r;
+    if (memcmp(want, st.data() + 4 * r, 16) != 0 ||
+        (!skip[r] && memcmp(ref + r * nbytes, out.data() + r * nbytes, nbytes) != 0))
+      return printf("FAIL skip encode %s row %llu (skipped %d): stats or bytes differ\n", name,
+                    (unsigned long long)r, skip[r]),
+             false;
+  }
+  std::vector<uint8_t> in(ref, ref + rows * nbytes);
+  for (uint64_t r = 0; r < rows; ++r)
+    if (skip[r]) memset(in.data() + r * nbytes, 0xFF, nbytes);  // not decodable: the skip must matter
+  std::vector<uint8_t> fill(rows * n * elem);
+  for (uint8_t& b : fill) b = (uint8_t)rng();
+  const uint64_t row_bytes = n * elem;
+  const uint8_t* xb = static_cast<const uint8_t*>(x);
+  for (uint64_t F : {rows, (uint64_t)1, (uint64_t)0}) {
+    std::vector<uint8_t> y(rows * row_bytes, 0x11);
+    std::vector<int32_t> status(rows, -1);
+    if (!dec(in.data(), SkipFill{skip.data(), fill.data(), F}, y.data(), status.data()))
+      return printf("FAIL skip decode %s F=%llu: handler error\n", name, (unsigned long long)F), false;
+    for (uint64_t r = 0; r < rows; ++r) {
+      const uint8_t* want = !skip[r] ? xb + r * row_bytes : F ? fill.data() + (r / (rows / F)) * row_bytes : nullptr;
+      if (status[r] != 0 || (want && memcmp(want, y.data() + r * row_bytes, row_bytes) != 0))
+        return printf("FAIL skip decode %s F=%llu row %llu (skipped %d): status %d or words differ\n", name,
+                      (unsigned long long)F, (unsigned long long)r, skip[r], status[r]),
+               false;
+    }
+  }
   return true;
 }
 

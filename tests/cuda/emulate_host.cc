@@ -68,19 +68,19 @@ void machine(std::mt19937_64& rng) {
 // returned an error.
 template <typename T>
 bool gpu_encode(const typename T::bits_t* x, uint64_t rows, uint64_t n, uint8_t* out, int32_t* stats,
-                size_t x_shift, std::mt19937_64& rng) {
+                size_t x_shift, std::mt19937_64& rng, zipccl_emulate::SkipFill sf = {}) {
   return zipccl_emulate::call_encode(gpu::EncodeCudaImpl, [&] { machine(rng); }, ffi_dtype<T>(), x,
                                      sizeof(typename T::bits_t), {x_shift, 16}, rows, n, max_nbytes(T::kCode, n),
-                                     workspace_nbytes(n), out, stats);
+                                     workspace_nbytes(n), out, stats, sf);
 }
 
 // zipccl_zipccl_decode on the emulated GPU: payload rows of any length nbytes.
 template <typename T>
 bool gpu_decode(const uint8_t* in, uint64_t rows, uint64_t nbytes, uint64_t n, typename T::bits_t* y,
-                int32_t* status, size_t y_shift, std::mt19937_64& rng) {
+                int32_t* status, size_t y_shift, std::mt19937_64& rng, zipccl_emulate::SkipFill sf = {}) {
   return zipccl_emulate::call_decode(gpu::DecodeCudaImpl, [&] { machine(rng); }, ffi_dtype<T>(), in, {0, 16}, rows,
                                      nbytes, n, sizeof(typename T::bits_t), {y_shift, 16}, workspace_nbytes(n), y,
-                                     status);
+                                     status, sf);
 }
 
 // ---- test data -------------------------------------------------------------------------
@@ -257,6 +257,23 @@ void check_case(const std::string& kind, uint64_t rows, uint64_t n, int corrupt,
         ++failures;
         return;
       }
+    }
+  }
+  // Skipped rows (cuda/device_util.h), where every row fits (so every coded row decodes exactly).
+  bool all_fit = rows >= 2;
+  for (uint64_t r = 0; r < rows; ++r) all_fit = all_fit && ref_stats[4 * r] == kEncOk;
+  if (all_fit) {
+    ++cases;
+    auto enc = [&](const uint8_t* skip, uint8_t* out, int32_t* st) {
+      return gpu_encode<T>(x.data(), rows, n, out, st, shift, rng, {skip, nullptr, 0});
+    };
+    auto dec = [&](const uint8_t* in, zipccl_emulate::SkipFill sf, uint8_t* y, int32_t* st) {
+      return gpu_decode<T>(in, rows, nbytes, n, reinterpret_cast<B*>(y), st, shift, rng, sf);
+    };
+    if (!zipccl_emulate::check_skipped_rows(name, enc, dec, x.data(), sizeof(B), rows, n, nbytes, ref.data(),
+                                            ref_stats.data(), rng)) {
+      ++failures;
+      return;
     }
   }
   if (rows != 1 || n == 0 || corrupt == 0) return;
