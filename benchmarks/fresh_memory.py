@@ -5,7 +5,7 @@ the gathered slots, the decoded rows), and every first touch of a 4 KiB page is 
 fault in which the kernel zeroes the page. How many of its pages are fresh depends
 on what else the process allocates. This benchmark times compressed_all_gather
 (codec "zipccl" vs "raw", policy "always") between 2 processes pinned to their own
-cores inside a 1 Gbit/s network namespace (examples/launch.py) in four settings:
+cores inside a 1 Gbit/s network namespace (examples/launch.py) in five settings:
 
   alone        each variant in processes of its own, zc.tune_host_allocator()
   interleaved  both variants alternating in the same processes (as
@@ -14,6 +14,11 @@ cores inside a 1 Gbit/s network namespace (examples/launch.py) in four settings:
   hugetlb      interleaved, glibc defaults + GLIBC_TUNABLES=glibc.malloc.hugetlb=1
                (transparent huge pages for malloc's mappings; read at process
                start, so only a launcher can set it)
+  arena1       interleaved, tuned allocator + GLIBC_TUNABLES=glibc.malloc.arena_max=1:
+               one malloc arena for all threads. A thread arena's heaps are at
+               most 64 MiB, so a larger buffer that XLA's worker threads allocate
+               is mmap'd (fresh pages) whatever the mmap threshold; the main
+               arena grows with brk and keeps freed memory for reuse
 
 and writes benchmarks/results/fresh_memory_<date>.md (zipccl / raw per repeat:
 the settings alternate, so load drifts hit all of them). Every result is checked
@@ -41,13 +46,16 @@ SETTINGS = {
     "interleaved": dict(mode="interleaved", tune="1", glibc=""),
     "default": dict(mode="interleaved", tune="0", glibc=""),
     "hugetlb": dict(mode="interleaved", tune="0", glibc="glibc.malloc.hugetlb=1"),
+    "arena1": dict(mode="interleaved", tune="1", glibc="glibc.malloc.arena_max=1"),
 }
 
 
 def worker() -> None:
   """One process of a setting: prints {"codec": median seconds} as JSON (process 0)."""
   import launch  # examples/launch.py
-  launch.init_jax()
+  # tuned: zc.tune_host_allocator() before JAX starts its backend (its arena limit
+  # only binds threads that have not allocated yet)
+  launch.init_jax(malloc="tuned" if os.environ["FM_TUNE"] == "1" else "default")
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -55,8 +63,6 @@ def worker() -> None:
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   import zipccl_jax as zc
-  if os.environ["FM_TUNE"] == "1":
-    zc.tune_host_allocator()
   mesh = jax.make_mesh((jax.device_count(),), ("dp",))
   sh = NamedSharding(mesh, P("dp"))
   n = int(float(os.environ["FM_MIB"]) * 2**20) // 2
@@ -119,13 +125,18 @@ def main(argv=None) -> int:
   ap.add_argument("--netns", default="1gbit", help="examples/launch.py --netns rate")
   ap.add_argument("--logdir", default="/tmp/zipccl_fresh_memory")
   ap.add_argument("--out", default=None)
+  ap.add_argument("--settings", default=",".join(SETTINGS),
+                  help=f"comma-separated subset of {', '.join(SETTINGS)} (default: all)")
   args = ap.parse_args(argv)
   sys.path.insert(0, str(ROOT))
   from benchmarks import common
-  rows = {name: [] for name in SETTINGS}
+  chosen = [x.strip() for x in args.settings.split(",") if x.strip()]
+  if not chosen or any(x not in SETTINGS for x in chosen):
+    ap.error(f"--settings: choose from {', '.join(SETTINGS)}, got {args.settings!r}")
+  rows = {name: [] for name in chosen}
   t0 = time.monotonic()
   for r in range(args.repeats):
-    for name in SETTINGS:
+    for name in chosen:
       z, raw = run_setting(name, args)
       rows[name].append((z, raw))
       common.log(f"repeat {r + 1}/{args.repeats} {name}: zipccl {1e3 * z:.0f} ms, raw "
@@ -145,13 +156,14 @@ def main(argv=None) -> int:
   what = {"alone": "each variant in its own processes, tune_host_allocator()",
           "interleaved": "both variants in the same processes, tune_host_allocator()",
           "default": "interleaved, glibc defaults",
-          "hugetlb": "interleaved, glibc defaults + GLIBC_TUNABLES=glibc.malloc.hugetlb=1"}
+          "hugetlb": "interleaved, glibc defaults + GLIBC_TUNABLES=glibc.malloc.hugetlb=1",
+          "arena1": "interleaved, tune_host_allocator() + GLIBC_TUNABLES=glibc.malloc.arena_max=1"}
   for name, vals in rows.items():
     lines.append(f"| {name} | {what[name]} | " + ", ".join(f"{z / r:.3f}" for z, r in vals) +
                  f" | {', '.join(f'{1e3 * z:.0f}' for z, _ in vals)} | "
                  f"{', '.join(f'{1e3 * r:.0f}' for _, r in vals)} |")
   lines += ["", f"Reproduce: `sudo python benchmarks/fresh_memory.py --mib {args.mib:g} --rounds "
-            f"{args.rounds} --repeats {args.repeats}`"]
+            f"{args.rounds} --repeats {args.repeats} --settings {args.settings}`"]
   common.write_lines(str(out), lines)
   print("\n".join(lines))
   return 0

@@ -362,6 +362,11 @@ def worker(cfg_path: str, pid: int) -> int:
 
 def _worker(cfg, pid, rundir, out):
   import jax
+
+  import zipccl_jax as zc
+  # Before JAX starts its backend: the one-arena limit binds only threads that have
+  # not allocated yet (zipccl_jax.tune_host_allocator).
+  zc.tune_host_allocator()
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   n_proc = cfg["procs"]
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{cfg['port']}",
@@ -371,7 +376,6 @@ def _worker(cfg, pid, rundir, out):
   from jax import lax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  import zipccl_jax as zc
   from zipccl_jax import costmodel as cm
   from zipccl_jax._src import transport   # the "+own" A/B variants
 
@@ -381,7 +385,6 @@ def _worker(cfg, pid, rundir, out):
     print(f"[{time.monotonic() - t_start:7.1f}s] {msg}", flush=True)
 
   wlog("distributed initialised")
-  zc.tune_host_allocator()
   mesh = jax.make_mesh((n_proc,), ("dp",), axis_types=(jax.sharding.AxisType.Explicit,))
   sharding = NamedSharding(mesh, P("dp"))
   ring = [(i, (i + 1) % n_proc) for i in range(n_proc)]

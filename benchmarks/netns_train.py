@@ -198,7 +198,7 @@ def report(rows, args, stem: str) -> str:
            "weight gathers only, its gradient reduce-scatters run inside the gathers' VJP "
            "and have no stats); 'fallbacks' = steps where such a call fell back. Bit-identical = zipccl and raw losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
-  extra = [c for c in ("auto",) if any(c in r["variants"] for r in rows)]
+  extra = [c for c in ("entropy", "auto") if any(c in r["variants"] for r in rows)]
   for nproc in args.procs:
     lines += [f"## {nproc} processes", "",
               "| example | zipccl ms | raw ms | lax ms | " + "".join(f"{c} ms | " for c in extra)
@@ -250,7 +250,7 @@ def report(rows, args, stem: str) -> str:
             f"{' --codecs ' + args.codecs if args.codecs else ''}"
             f"{' --calibrate' if args.calibrate else ''}"
             f"{' --breakdown' if args.breakdown else ''}"
-            f"{' --malloc tuned' if args.malloc == 'tuned' else ''}"
+            f"{' --malloc default' if args.malloc == 'default' else ''}"
             f"{' --name ' + args.name if args.name else ''}`"
             f" (whole grid: {sum(r['wall_s'] + (r.get('unshaped') or {}).get('wall_s', 0) for r in rows):.0f} s)", ""]
   return "\n".join(lines)
@@ -326,12 +326,13 @@ def plot(rows, args, path: Path) -> bool:
   except ImportError:
     print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
     return False
-  colors = {"zipccl": "#1f77b4", "raw": "#7f7f7f", "lax": "#ff7f0e", "auto": "#2ca02c"}
+  colors = {"zipccl": "#1f77b4", "entropy": "#9467bd", "raw": "#7f7f7f", "lax": "#ff7f0e",
+            "auto": "#2ca02c"}
   fig, axes = plt.subplots(1, len(args.procs), figsize=(5.5 * len(args.procs), 4), squeeze=False)
   for ax, nproc in zip(axes[0], args.procs):
     sel = [r for r in rows if r["procs"] == nproc and r["variants"]]
     labels = [r["example"].removeprefix("train_") for r in sel]
-    shown = [c for c in ("zipccl", "raw", "lax", "auto") if any(c in r["variants"] for r in sel)]
+    shown = [c for c in ("zipccl", "entropy", "raw", "lax", "auto") if any(c in r["variants"] for r in sel)]
     width = 0.8 / max(len(shown), 1)
     for j, codec in enumerate(shown):
       xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(sel))]
@@ -378,7 +379,7 @@ def main(argv=None) -> int:
                   help="appended to the results' file stem train_<date> (e.g. _p4), so that "
                        "two runs of one day keep both tables")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")
-  ap.add_argument("--malloc", choices=("tuned", "default"), default="default",
+  ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
                   help="the examples' --malloc (and the codec speed measurement's): tuned = "
                        "zipccl_jax.tune_host_allocator() in every process; default: glibc's")
   for ex in EXAMPLES:

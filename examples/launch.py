@@ -75,9 +75,13 @@ def init_jax(default_devices: int = 8, malloc: str = "default") -> bool:
   every buffer of every step afresh, and glibc maps each large one anew, so
   without it a step first-touches all its large buffers page by page (the
   compressed transport has more of them than raw: the encoded rows, the slot,
-  the received slots). "default" leaves malloc alone. The FSDP step over 1 Gbit/s
-  measured the same either way (zipccl / raw 0.89-0.91 in 4 alternating runs,
-  benchmarks/results/train_2026-11-30_malloc.md).
+  the received slots). It runs before JAX starts its backend, so that its limit
+  of one malloc arena binds XLA's worker threads too (a thread arena maps every
+  buffer above 64 MiB afresh). "default" leaves malloc alone. The FSDP step over
+  1 Gbit/s with 2 processes: raw 957 -> 915 ms, zipccl 807 -> 757 ms, entropy
+  771 -> 729 ms (benchmarks/results/train_2026-12-01_entropy_fsdp25.md vs
+  train_2026-12-01_arena_fsdp25.md; before the arena limit the two settings
+  measured the same, train_2026-11-30_malloc.md).
 
   Returns:
     True when this process is one of several (jax.distributed is initialised).
