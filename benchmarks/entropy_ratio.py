@@ -3,7 +3,7 @@ bound, the window codec and ZipNN, plus single-thread encode/decode GB/s through
 jax.jit on 64 MiB of Gaussian bf16 (with ZipNN and the window codec timed in the
 same run).
 
-    python benchmarks/entropy_ratio.py [--ratio-mib 16] [--speed-mib 64] [--runs 7]
+    python benchmarks/entropy_ratio.py [--ratio-mib 16] [--speed-mib 64] [--runs 7] [--tuned]
     -> benchmarks/results/entropy_ratio_<date>.md
 
 Codec ratio = raw bytes / used_nbytes (the bytes a prefix-decodable row needs). The
@@ -211,8 +211,12 @@ def report(rows, speed, info, args, wall, load) -> list[str]:
            f"are noisy: medians of {args.runs} runs); versions: "
            + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + ".", "",
            f"Command: `python benchmarks/entropy_ratio.py --ratio-mib {args.ratio_mib} "
-           f"--speed-mib {args.speed_mib} --runs {args.runs}` (ZIPCCL_NUM_THREADS="
-           f"{os.environ['ZIPCCL_NUM_THREADS']}); wall {wall:.0f} s.", "",
+           f"--speed-mib {args.speed_mib} --runs {args.runs}{' --tuned' if args.tuned else ''}` "
+           f"(ZIPCCL_NUM_THREADS={os.environ['ZIPCCL_NUM_THREADS']}); wall {wall:.0f} s. "
+           + ("Allocator: `zc.tune_host_allocator()` before JAX started (XLA's output buffers "
+              "reused from the heap; ZipNN allocates its outputs as it always does)."
+              if args.tuned else "Allocator: glibc defaults (every large jit output is a fresh "
+              "mapping, faulted in page by page)."), "",
            f"## Codec ratio ({args.ratio_mib} MiB per case)", "",
            "codec ratio = raw bytes / used_nbytes; order-0 = 16 / H(16-bit word); window = "
            "the window codec (`analyze(x).ratio`); ZipNN 1 thread, same bytes. "
@@ -263,7 +267,14 @@ def main(argv=None) -> int:
   ap.add_argument("--speed-mib", type=float, default=64)
   ap.add_argument("--runs", type=int, default=7)
   ap.add_argument("--out", default=None, help="report path (default results/entropy_ratio_<date>.md)")
+  ap.add_argument("--tuned", action="store_true",
+                  help="zipccl_jax.tune_host_allocator() before JAX starts (XLA's output buffers "
+                       "reused from the heap, as the README recommends on CPU backends)")
   args = ap.parse_args(argv)
+  if args.tuned:
+    import zipccl_jax as zc
+    if not zc.tune_host_allocator():
+      ap.error("--tuned: glibc did not accept the allocator settings")
   info = machine_info()
   t0, snap0 = time.perf_counter(), common.cpu_snapshot()
   rows = ratio_rows(int(args.ratio_mib * 2**20) // 2)
