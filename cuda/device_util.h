@@ -143,6 +143,7 @@ inline ::xla::ffi::Error launch_skip_fill(const char* target, cudaStream_t strea
   if (wide) {  // every part a whole number of 16-byte words
     while (parts > 1 && (row_bytes / 16) % parts != 0) --parts;
   }
+  if (rows * parts > 0x7FFFFFFFull) parts = 1;  // grid.x limit (the handlers bound rows below it)
   ZC_LAUNCH(skip_fill_rows, rows * parts, 256, stream, skip, static_cast<const uint8_t*>(fill),
             static_cast<uint8_t*>(y), status, rows, row_bytes, group, (uint32_t)parts, wide);
   return check_launch(target, "skip_fill_rows launch");
