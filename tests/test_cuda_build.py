@@ -162,17 +162,22 @@ def mutate(src: str, marker: str, statement: str) -> str:
   return pattern.sub(lambda m: m.group(1) + " " + statement, src)
 
 
+def _run_mutated(tmp_path, name: str, edit):
+  """The quick emulator run (stopping at the first failure) with cuda/<name> replaced
+  by edit(its text), in a copy of cuda/: (result, output)."""
+  cuda = tmp_path / "cuda"
+  shutil.copytree(ROOT / "cuda", cuda)
+  (cuda / name).write_text(edit((cuda / name).read_text()))
+  exe = tmp_path / "emulate_host"
+  _build_emulator(cuda, exe)
+  return emulator.run(exe, "--quick", "--stop", timeout=300)
+
+
 @needs_gxx
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_simt_emulator_catches_broken_kernels(tmp_path, mutation):
   marker, statement = MUTATIONS[mutation]
-  cuda = tmp_path / "cuda"
-  shutil.copytree(ROOT / "cuda", cuda)
-  src = (cuda / "codec.cu").read_text()
-  (cuda / "codec.cu").write_text(mutate(src, marker, statement))
-  exe = tmp_path / "emulate_host"
-  _build_emulator(cuda, exe)
-  res, out = emulator.run(exe, "--quick", "--stop", timeout=300)
+  res, out = _run_mutated(tmp_path, "codec.cu", lambda src: mutate(src, marker, statement))
   assert res.returncode != 0, f"the emulator passed kernels with this bug: {mutation}\n{out[-2000:]}"
   assert "FAIL" in out or "SIMT emulation error" in out, out[-2000:]
 
@@ -189,12 +194,10 @@ SKIP_MUTATIONS = {
 @pytest.mark.parametrize("mutation", sorted(SKIP_MUTATIONS))
 def test_simt_emulator_catches_handlers_that_ignore_skip(tmp_path, mutation):
   old, new = SKIP_MUTATIONS[mutation]
-  cuda = tmp_path / "cuda"
-  shutil.copytree(ROOT / "cuda", cuda)
-  src = (cuda / "device_util.h").read_text()
-  assert src.count(old) == 1, old
-  (cuda / "device_util.h").write_text(src.replace(old, new))
-  exe = tmp_path / "emulate_host"
-  _build_emulator(cuda, exe)
-  res, out = emulator.run(exe, "--quick", "--stop", timeout=300)
+
+  def edit(src):
+    assert src.count(old) == 1, old
+    return src.replace(old, new)
+
+  res, out = _run_mutated(tmp_path, "device_util.h", edit)
   assert res.returncode != 0 and "FAIL skip" in out, f"the emulator passed: {mutation}\n{out[-2000:]}"
