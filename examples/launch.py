@@ -89,7 +89,14 @@ def init_jax(default_devices: int = 8, malloc: str = "default") -> bool:
   import jax
   if malloc == "tuned":
     import zipccl_jax
-    zipccl_jax.tune_host_allocator()
+    # Under a running backend (e.g. pytest) the one-arena limit would come too late
+    # (tune_host_allocator warns): only the mmap threshold then.
+    try:
+      from jax._src import xla_bridge  # no public spelling of this question
+      late = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):
+      late = False
+    zipccl_jax.tune_host_allocator(arenas=None if late else 1)
   elif malloc != "default":
     raise ValueError(f"init_jax: malloc must be 'tuned' or 'default', got {malloc!r}")
   jax.config.update("jax_platforms", "cpu")

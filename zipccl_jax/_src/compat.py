@@ -24,6 +24,16 @@ def check_vma_enabled() -> bool:
     return True
 
 
+def backends_started() -> bool | None:
+  """Whether JAX has created its backends (device clients and their thread pools);
+  None when this JAX does not say."""
+  try:
+    from jax._src import xla_bridge as _xb  # pylint: disable=g-import-not-at-top
+    return bool(_xb.backends_are_initialized())
+  except (ImportError, AttributeError):  # pragma: no cover - future JAX
+    return None
+
+
 def is_linearizing(tangent) -> bool:
   """True when a custom_jvp rule runs for reverse mode rather than for jax.jvp.
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import warnings
+
+from zipccl_jax._src import compat
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -65,4 +68,11 @@ def tune_host_allocator(mmap_threshold: int = 1 << 30, arenas: int | None = 1) -
   ok = ok and mallopt(_M_TRIM_THRESHOLD, min(2 * value, 2**31 - 1)) == 1
   if arenas is not None:
     ok = ok and mallopt(_M_ARENA_MAX, min(arenas, 2**31 - 1)) == 1
+    if ok and compat.backends_started():
+      warnings.warn(
+          "tune_host_allocator: JAX's backend is already running, so its threads keep "
+          "their own malloc arenas and buffers above 64 MiB are still mapped afresh on "
+          "every call; call tune_host_allocator() before the first JAX computation (or "
+          "jax.distributed.initialize), or set GLIBC_TUNABLES=glibc.malloc.arena_max=1 "
+          "in the environment", RuntimeWarning, stacklevel=2)
   return ok
