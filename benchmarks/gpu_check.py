@@ -25,6 +25,10 @@ others' results):
   5. entropy  the entropy codec (cuda/entropy.cu): GPU vs CPU bytes and stats (bf16, fp16,
               n = 0 .. 64M+), GPU decode of whole and prefix-cut rows, statuses of
               corrupted payloads, encode/decode GB/s of 64 MiB bf16 next to a copy
+  6. collectives  the five collectives x both codecs on a 1-device mesh, bit for bit
+  7. ctiming  the time of one 64 MiB bf16 collective on that mesh: lax, codec="raw",
+              both codecs (what a compressed call costs the GPU per call)
+`--only ctiming,timing` runs a subset of phases 3-7 (after the build and tests).
 The table (markdown) and all numbers (JSON) go to benchmarks/results/ (or --out),
 and also to $OUT when that variable is set.
 
@@ -821,6 +825,57 @@ def phase_collectives(args) -> dict:
   return {"ok": failures == 0, "failures": failures, "cases": cases}
 
 
+# ---- phase 7: the time of one compressed collective on the GPU ----------------------------------
+
+
+def phase_ctiming(args) -> dict:
+  """One jitted collective of 64 MiB of Gaussian bf16 on a 1-device mesh of the GPU: lax, the raw
+  transport (codec="raw") and both codecs (policy="always"), for the five collectives. With one
+  participant nothing crosses a link, so the time over lax's is what a compressed call costs the GPU
+  per call: the codec kernels, the size agreement, the slot switch (whose branch index XLA reads on
+  the host), the slot copies. Results are checked bit for bit as in phase_collectives."""
+  import ml_dtypes
+  import numpy as np
+  jax, zc, gpu, _ = setup_jax(args)
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array([gpu]), ("x",))
+  size = (64 << 20) >> (8 if args.rehearse else 0)
+  dt = np.dtype(ml_dtypes.bfloat16)
+  n = size // dt.itemsize
+  reps, rounds = (10, 5) if args.quick else (20, 7)
+  x = jax.device_put(make("gauss", n, dt, 11), gpu)
+  xw = np.asarray(x).view(np.uint16)
+  ops = {
+      "all_gather": lambda v, c: (zc.compressed_all_gather(v, "x", codec=c, policy="always", tiled=True)
+                                  if c else jax.lax.all_gather(v, "x", tiled=True)),
+      "psum_scatter": lambda v, c: (zc.compressed_psum_scatter(v, "x", codec=c, policy="always", tiled=True)
+                                    if c else jax.lax.psum_scatter(v, "x", tiled=True)),
+      "psum": lambda v, c: (zc.compressed_psum(v, "x", codec=c, policy="always") if c
+                            else jax.lax.psum(v, "x")),
+      "all_to_all": lambda v, c: (zc.compressed_all_to_all(v, "x", 0, 0, codec=c, policy="always", tiled=True)
+                                  if c else jax.lax.all_to_all(v, "x", 0, 0, tiled=True)),
+      "ppermute": lambda v, c: (zc.compressed_ppermute(v, "x", [(0, 0)], codec=c, policy="always") if c
+                                else jax.lax.ppermute(v, "x", [(0, 0)])),
+  }
+  rows, bad = [], 0
+  for name, f in ops.items():
+    row = {"collective": name}
+    for codec in (None, "raw", "zipccl", "entropy"):
+      g = jax.jit(jax.shard_map(lambda v, c=codec, f=f: f(v, c), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+      got = np.asarray(g(x)).view(np.uint16)
+      # one participant: every op returns its input (a sum of one term; lax may quieten NaNs, the
+      # Gaussian data has none)
+      ok = got.shape == xw.shape and bool((got == xw).all())
+      bad += not ok
+      t, tmin = time_calls(jax, g, (x,), reps, rounds)
+      row[codec or "lax"] = {"time_us": t * 1e6, "time_min_us": tmin * 1e6, "bit_identical": ok}
+    rows.append(row)
+    log(f"  {name:12s} " + "  ".join(f"{k} {row[k]['time_us']:8.1f} us" for k in ("lax", "raw", "zipccl", "entropy")))
+  log(f"CTIMING: {len(rows) * 4} calls timed, {bad} results not bit-identical")
+  return {"ok": bad == 0, "rows": rows, "bytes": size,
+          "method": f"median over {rounds} rounds of {reps} back-to-back jitted calls, {size / 2**20:g} MiB bf16"}
+
+
 # ---- driver --------------------------------------------------------------------------------------
 
 # The tile kernels' variants (8-element groups per thread; cuda/codec.cu, docs/cuda.md).
@@ -840,7 +895,7 @@ def set_tile_groups(groups: int) -> None:
   cuda.set_tile_groups(groups)
 
 PHASES = {"identity": phase_identity, "timing": phase_timing, "entropy": phase_entropy,
-          "collectives": phase_collectives}
+          "collectives": phase_collectives, "ctiming": phase_ctiming}
 
 
 def run_phase_subprocess(name: str, args, timeout: int) -> dict:
@@ -958,6 +1013,21 @@ def write_report(args, report: dict) -> None:
     for c in co.get("cases", []):
       if not c["ok"]:
         lines.append(f"  - FAIL {' '.join(c['case'])}: {c['detail']}")
+  ct = report.get("ctiming", {})
+  if ct.get("rows"):
+    lines += ["", "## One collective on a 1-device mesh of the " + gpu + " (time per call)", "",
+              f"Method: {ct.get('method')}; policy=\"always\". Nothing crosses a link: the time over lax's "
+              "is the compressed transport's own cost per call (codec kernels, agreement, slot switch, copies).",
+              "", "| collective | lax us | raw transport us | zipccl us | entropy us | zipccl - lax us | "
+              "entropy - lax us | bit-identical |", "|---|---|---|---|---|---|---|---|"]
+    for r in ct["rows"]:
+      t = {k: r[k]["time_us"] for k in ("lax", "raw", "zipccl", "entropy")}
+      ok = all(r[k]["bit_identical"] for k in t)
+      lines.append(f"| {r['collective']} | {t['lax']:.1f} | {t['raw']:.1f} | {t['zipccl']:.1f} | "
+                   f"{t['entropy']:.1f} | {t['zipccl'] - t['lax']:.1f} | {t['entropy'] - t['lax']:.1f} | "
+                   f"{'yes' if ok else 'NO'} |")
+  elif ct:
+    lines += ["", f"Collective timing failed: {ct.get('error', '?')}"]
   md = "\n".join(lines) + "\n"
   print("\n" + md, flush=True)
   dests = [args.out]
@@ -988,6 +1058,8 @@ def main() -> int:
   ap.add_argument("--rehearse", action="store_true",
                   help="dry run without a GPU: the CPU stands in for the GPU, sizes of a few MiB, the build (if "
                   "not skipped) into a temporary directory, reports named gpu_check_rehearsal_* to --out only")
+  ap.add_argument("--only", default=None,
+                  help=f"comma-separated GPU phases to run (default: all of {', '.join(PHASES)})")
   ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
   ap.add_argument("--phase-result", type=Path, help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -1001,6 +1073,9 @@ def main() -> int:
     os.environ["JAX_PLATFORMS"] = "cpu"
   args.out = (args.out or RESULTS).resolve()
   args.out.mkdir(parents=True, exist_ok=True)
+  only = list(PHASES) if args.only is None else [p.strip() for p in args.only.split(",") if p.strip()]
+  if not only or any(p not in PHASES for p in only):
+    ap.error(f"--only: choose from {', '.join(PHASES)}, got {args.only!r}")
 
   if args.phase:  # child process: one GPU phase
     try:
@@ -1029,15 +1104,14 @@ def main() -> int:
   log(f"IMPORT: {out.strip().splitlines()[-1] if out.strip() else out}")
   if not args.skip_tests:
     report["tests"] = phase_tests(args)
-  report["identity"] = run_phase_subprocess("identity", args, timeout=600 if not args.quick else 300)
-  report["timing"] = run_phase_subprocess("timing", args, timeout=300)
-  report["entropy"] = run_phase_subprocess("entropy", args, timeout=600 if not args.quick else 300)
-  report["collectives"] = run_phase_subprocess("collectives", args, timeout=300)
+  timeouts = {"identity": 600 if not args.quick else 300, "timing": 300,
+              "entropy": 600 if not args.quick else 300, "collectives": 300, "ctiming": 300}
+  for name in only:
+    report[name] = run_phase_subprocess(name, args, timeout=timeouts[name])
   write_report(args, report)
   # A phase that ran must have passed (tests: ok is None when tests/test_codec.py is missing).
   ok = (report.get("build", {}).get("ok", True) and report.get("tests", {}).get("ok") is not False
-        and report["identity"].get("ok") and report["timing"].get("ok") and report["entropy"].get("ok")
-        and report["collectives"].get("ok"))
+        and all(report[name].get("ok") for name in only))
   log(f"DONE in {time.time() - T0:.0f}s: {'all checks passed' if ok else 'SOME CHECKS FAILED'}")
   return 0 if ok else 1
 
