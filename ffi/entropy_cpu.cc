@@ -434,6 +434,60 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t
   return k;
 }
 
+// The pair writer (encode_block_impl, kind E HUFF of a full block, AVX2 path)
+// codes two elements per table lookup: a table over pairs of exponents in
+// [emin, emin + R) holds the concatenated code (<= 22 bits) and its length, so a
+// code push (a symbol load, a length load, a shift, an OR, an add: 5
+// instructions) serves 2 elements, and 2 pairs (<= 44 bits) go per flush instead
+// of 5 single codes. R <= kPairMaxR keeps the table at 1024 entries (9 KiB),
+// built from the block's canonical codes in ~R * R / 4 vector steps. Gaussian
+// bf16 blocks span ~16-20 exponents, fp16 at most 32.
+constexpr uint32_t kPairMaxR = 32;
+
+#if EZ_X86
+// Pair indices of a full block: pair i (elements 2i, 2i + 1) gets (e_2i - emin) *
+// kPairMaxR + (e_2i+1 - emin), e = the exponent field (bits M .. M + E - 1 of the word),
+// 32 elements a step: vpmaddwd multiplies the even element's exponent by R and
+// adds the odd one's in each 32-bit lane.
+template <uint32_t M>
+EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* out) {
+  const __m256i mask = _mm256_set1_epi16((short)(0x7FFF & ~((1u << M) - 1)));
+  const __m256i mul = _mm256_set1_epi32((int)(kPairMaxR | 1u << 16));
+  const __m256i off = _mm256_set1_epi32((int)(emin * (kPairMaxR + 1)));
+  for (uint32_t j = 0; j < kBlock; j += 32) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
+    a = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_srli_epi16(_mm256_and_si256(a, mask), M), mul), off);
+    b = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_srli_epi16(_mm256_and_si256(b, mask), M), mul), off);
+    // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j / 2), p);
+  }
+}
+
+// The pair table: rows a < R with la[a] != 0 (absent exponents' rows are never
+// read), entries b in [0, ceil(R / 4) * 4): code (ce[a] << le[b]) | ce[b], length
+// le[a] + le[b] (all 32 lengths of a row in one byte vector). ce / le / le8 (le
+// as bytes) hold kPairMaxR values (zero past R); 4 codes a vector.
+EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, const uint8_t* le8, uint32_t R,
+                                    uint64_t* pcode, uint8_t* plen) {
+  const uint32_t nv = (R + 3) / 4;
+  const __m256i lb8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le8));
+  for (uint32_t a = 0; a < R; ++a) {
+    if (!le[a]) continue;
+    const __m256i ca = _mm256_set1_epi64x((long long)ce[a]);
+    for (uint32_t v = 0; v < nv; ++v) {
+      const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le + 4 * v));
+      const __m256i cb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ce + 4 * v));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pcode + a * kPairMaxR + 4 * v),
+                          _mm256_or_si256(_mm256_sllv_epi64(ca, lb), cb));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(plen + a * kPairMaxR),
+                        _mm256_add_epi8(lb8, _mm256_set1_epi8((char)le8[a])));
+  }
+}
+#endif
+
 struct EncScratch {
   PMFast pm;
   // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
@@ -450,6 +504,9 @@ struct EncScratch {
   uint8_t clen[kMaxAlphabet];        // [u] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
   uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
+  uint16_t pidx[kBlock / 2];         // pair writer: pair indices of the block
+  uint64_t pcode[kPairMaxR * kPairMaxR];  // pair writer: [a * kPairMaxR + b] code of e_a then e_b
+  uint8_t plen[kPairMaxR * kPairMaxR];    // pair writer: their total lengths (bits)
   // Prefetch targets for the histogram pass (see encode_row_t): the input of a
   // later block and the output bytes a later block will write (kPfBytes each).
   const uint8_t* pf_in;
@@ -509,12 +566,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // u = v >> M first (a vectorizable pass, with the largest |v|: its exponent
   // bounds the symbols), then counts in 4 lanes (a run of equal symbols would
   // otherwise serialize on one counter's store-to-load latency).
-  uint16_t mxa = 0;  // u16 keeps the max in 16-bit lanes (vpmaxuw)
+  uint16_t mxa = 0, mna = 0xFFFF;  // u16 keeps the max / min in 16-bit lanes (vpmaxuw)
   for (uint32_t j = 0; j < len; ++j) {
     const uint16_t v = x[j];
     s.sym[j] = (uint16_t)(v >> t.mbits);
     const uint16_t a = v & 0x7FFF;
     mxa = a > mxa ? a : mxa;
+    mna = a < mna ? a : mna;  // the smallest exponent: the pair writer's table base
   }
   uint32_t j = 0;
   // One input line and one output line are prefetched per 32 elements: 8 KiB
@@ -668,6 +726,70 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     w.nacc += l;
   };
   uint32_t bits_total;
+  const uint32_t emin = mna >> t.mbits, pair_r = emax + 1 - emin;  // exponents [emin, emax]
+  (void)pair_r;
+#if EZ_X86
+  if (Fast && kind == kKindE && len == kBlock && pair_r <= kPairMaxR) {
+    // Pair writer (kPairMaxR): the same bits as the single-code writer below, two
+    // elements a push. Table rows of absent exponents are never read; entries
+    // with an absent second exponent are never read either (length 0 there).
+    const uint32_t R = pair_r;
+    uint64_t ce[kPairMaxR], le[kPairMaxR];
+    uint8_t le8[kPairMaxR];
+    for (uint32_t b = 0; b < kPairMaxR; ++b) {
+      const uint32_t l = b < R ? s.len[kKindE][emin + b] : 0;
+      le[b] = l;
+      le8[b] = (uint8_t)l;
+      ce[b] = l ? s.ccode[emin + b] : 0;
+    }
+    pair_table_fast(ce, le, le8, R, s.pcode, s.plen);
+    pair_index_fast<t.mbits>(x, emin, s.pidx);
+    // Two writers as below (streams 0..3 and 4..7), 2 pairs (<= 44 bits + < 8
+    // pending <= 64) a flush: a stream's 512 elements are 128 groups of 4.
+    uint64_t acc_a = 0, acc_b = 0;
+    uint32_t P_a = 0, P_b = 0;
+#define EZ_PUSH2(acc, P, pi)              \
+  do {                                    \
+    const uint32_t l_ = s.plen[pi];       \
+    acc = (acc << l_) | s.pcode[pi];      \
+    P += l_;                              \
+  } while (0)
+#define EZ_FLUSH(acc, P0, P, buf) \
+  store_be64((buf) + ((P0) >> 3), (acc) << ((((P0) & ~7u) - (P)) & 63))
+    uint32_t before_a = 0, before_b = 0;
+    constexpr uint32_t kHalfPairs = kStreams / 2 * kStreamLen / 2;  // stream st + 4's first pair
+    const uint16_t* pa = s.pidx;
+    for (uint32_t st = 0; st < kStreams / 2; ++st) {
+      // Two groups an iteration (the loop's own 3 instructions were ~10% of it).
+      for (uint32_t g = 0; g < kStreamLen / 8; ++g, pa += 4) {
+        uint32_t p0a = P_a, p0b = P_b;
+        EZ_PUSH2(acc_a, P_a, pa[0]);
+        EZ_PUSH2(acc_a, P_a, pa[1]);
+        EZ_FLUSH(acc_a, p0a, P_a, s.bits);
+        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 0]);
+        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 1]);
+        EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
+        p0a = P_a;
+        p0b = P_b;
+        EZ_PUSH2(acc_a, P_a, pa[2]);
+        EZ_PUSH2(acc_a, P_a, pa[3]);
+        EZ_FLUSH(acc_a, p0a, P_a, s.bits);
+        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 2]);
+        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 3]);
+        EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
+      }
+      st16(out + kBlockHead + 2 * st, P_a - before_a);
+      st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - before_b);
+      before_a = P_a;
+      before_b = P_b;
+    }
+#undef EZ_PUSH2
+#undef EZ_FLUSH
+    std::memset(s.bits2 + (P_b >> 3) + 8, 0, 16);
+    append_bits(s.bits, before_a, s.bits2, before_b);
+    bits_total = before_a + before_b;
+  } else
+#endif
   if (len == kBlock) {
     // Two writers, streams 0..3 into s.bits and 4..7 into s.bits2, advanced in
     // turn: each accumulator's shift-OR chain (2 cycles a code) overlaps the
