@@ -366,9 +366,11 @@ struct PMFast {
   uint32_t d[kMaxAlphabet + 1];
 };
 
-EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t* len, PMFast& s) {
+// Symbols below a0 have count 0 (their counts and lengths are not read or written:
+// a bf16 block's exponents start ~100 symbols up).
+EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32_t A, uint8_t* len, PMFast& s) {
   uint32_t k = 0;
-  for (uint32_t a = 0; a < A; ++a) {
+  for (uint32_t a = a0; a < A; ++a) {
     len[a] = 0;
     const uint32_t c = counts[a];
     if (c) {
@@ -488,6 +490,37 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
 }
 #endif
 
+// write_lengths (entropy_format.h) for lengths that are zero below a0 (len[0, a0)
+// is not read): the leading run of absent symbols starts at a0 without a scan.
+EZ_INLINE uint32_t write_lengths_from(const uint8_t* len, uint32_t a0, uint32_t sym_end, uint8_t* out) {
+  uint32_t nn = 0;
+  auto put = [&](uint32_t v) {
+    if (nn & 1) out[nn >> 1] |= (uint8_t)(v << 4);
+    else out[nn >> 1] = (uint8_t)v;
+    ++nn;
+  };
+  uint32_t a = 0, r0 = a0;  // r0: absent symbols known before a
+  while (a < sym_end) {
+    if (!r0 && len[a]) {
+      put(len[a++]);
+      continue;
+    }
+    uint32_t r = r0;
+    r0 = 0;
+    while (a + r < sym_end && len[a + r] == 0) ++r;
+    a += r;
+    while (r >= 3) {
+      const uint32_t c = r < 258 ? r : 258;
+      put(15);
+      put((c - 3) & 15);
+      put((c - 3) >> 4);
+      r -= c;
+    }
+    while (r--) put(0);
+  }
+  return (nn + 1) / 2;
+}
+
 struct EncScratch {
   PMFast pm;
   // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
@@ -598,17 +631,21 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // Sum the lanes (and clear them for the next block) for exponents <= the
   // largest one (counts above it are zero), each sign half contiguous (vector
   // loops), then interleave them into J order (symbol 2 e + s) and kind E's.
-  const uint32_t emax = mxa >> t.mbits;
+  // Exponents below emin (the smallest |v|'s) have no elements: their lanes are
+  // zero, and the counts, lengths and codes of symbols below a0[kind] (emin, 2
+  // emin) are neither written nor read in this block.
+  const uint32_t emax = mxa >> t.mbits, emin = mna >> t.mbits;
   const uint32_t eend = emax + 1;
+  const uint32_t a0[2] = {emin, 2 * emin};  // [kind] first symbol that may be present
   for (uint32_t sg = 0; sg < 2; ++sg) {
     uint16_t* const h = s.half[sg];
-    for (uint32_t e = 0; e < eend; ++e) {
+    for (uint32_t e = emin; e < eend; ++e) {
       const uint32_t u = sg * AE + e;
       h[e] = (uint16_t)(s.cnt[0][u] + s.cnt[1][u] + s.cnt[2][u] + s.cnt[3][u]);
       s.cnt[0][u] = s.cnt[1][u] = s.cnt[2][u] = s.cnt[3][u] = 0;
     }
   }
-  for (uint32_t e = 0; e < eend; ++e) {
+  for (uint32_t e = emin; e < eend; ++e) {
     const uint32_t p = s.half[0][e], m = s.half[1][e];
     s.c[kKindJ][2 * e] = p;
     s.c[kKindJ][2 * e + 1] = m;
@@ -629,17 +666,17 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
   // for J halves the code-length work on symmetric data).
   uint32_t imb = 0;
-  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) {
+  for (uint32_t e = emin; e < sym_end[kKindE]; ++e) {
     const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
     imb += (uint32_t)(d < 0 ? -d : d);
   }
   uint32_t k[2];
-  k[kKindE] = code_lengths_fast(s.c[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
+  k[kKindE] = code_lengths_fast(s.c[kKindE], a0[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
   if (16 * imb >= len) {
-    k[kKindJ] = code_lengths_fast(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
+    k[kKindJ] = code_lengths_fast(s.c[kKindJ], a0[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
   } else {
     k[kKindJ] = 0;
-    for (uint32_t a = 0; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
+    for (uint32_t a = a0[kKindJ]; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
     if (k[kKindJ] >= 2) k[kKindJ] = 0;  // not a HUFF-J candidate (and not CONST-J)
   }
   uint32_t size[4] = {~0u, ~0u, ~0u, ~0u};
@@ -648,8 +685,8 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   for (uint32_t kind = 0; kind < 2; ++kind) {
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
-    for (uint32_t a = 0; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
-    nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind]);
+    for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
+    nib[kind] = write_lengths_from(s.len[kind], a0[kind], sym_end[kind], s.nibs[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
     size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
@@ -687,7 +724,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // Lengths counted in 4 lanes: most symbols below sym_end are absent (length
     // 0), and one counter's store-to-load chain cost ~4% of the encoder's time.
     uint32_t nl4[4][kMaxLen + 1] = {}, nl[kMaxLen + 1], next[kMaxLen + 1];
-    uint32_t a4 = 0;
+    uint32_t a4 = a0[kind];
     for (; a4 + 4 <= sym_end[kind]; a4 += 4) {
       nl4[0][ln[a4]]++;
       nl4[1][ln[a4 + 1]]++;
@@ -701,7 +738,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       next[l] = c;
       c = (c + nl[l]) << 1;
     }
-    for (uint32_t a = 0; a < sym_end[kind]; ++a) {
+    for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) {
       const uint32_t l = ln[a];
       if (!l) continue;
       const uint32_t code = next[l]++;
@@ -726,7 +763,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     w.nacc += l;
   };
   uint32_t bits_total;
-  const uint32_t emin = mna >> t.mbits, pair_r = emax + 1 - emin;  // exponents [emin, emax]
+  const uint32_t pair_r = emax + 1 - emin;  // exponents [emin, emax]
   (void)pair_r;
 #if EZ_X86
   if (Fast && kind == kKindE && len == kBlock && pair_r <= kPairMaxR) {
