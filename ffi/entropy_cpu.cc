@@ -177,6 +177,51 @@ EZ_TARGET_FAST uint32_t write_raw_bf16e_fast(const uint16_t* x, uint32_t len, ui
   }
   return j;
 }
+
+// fp16 byte plane (both kinds: raw & 0xFF = m[7:0], the word's low byte), 32
+// elements a step. Returns the elements done (a multiple of 32).
+EZ_TARGET_FAST uint32_t write_raw_low8_fast(const uint16_t* x, uint32_t len, uint8_t* out) {
+  const __m256i mff = _mm256_set1_epi16(0xFF);
+  uint32_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)), mff);
+    const __m256i b = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16)), mff);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), p);
+  }
+  return j;
+}
+
+// fp16 packed plane (kind E: s m9 m8, w = 3; kind J: m9 m8, w = 2), 4 groups of
+// 8 elements a step: the words' high bytes (s << 7 | e << 2 | m9 m8, no
+// saturation in packus) as 32 bytes, then PEXT with the mask of the raw bits of
+// each byte (0x83 / 0x03: bits in order m8, m9, s = the packed value's bits 0..2).
+// The 4 groups' w bytes are stored as 8-byte words at g w, each next one
+// overwriting the previous one's zero bytes: the caller keeps the last store
+// inside the plane (g w + 3 w + 8 <= its end). Returns the groups done.
+template <uint32_t K>
+EZ_TARGET_FAST uint32_t write_packed_fp16_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
+  constexpr uint32_t w = K == kKindE ? 3 : 2;
+  constexpr uint64_t mask = 0x0101010101010101ull * (K == kKindE ? 0x83 : 0x03);
+  uint32_t g = 0;
+  for (; (g + 3) * w + 8 <= groups * w; g += 4) {
+    const __m256i a = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g)), 8);
+    const __m256i b = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g + 16)), 8);
+    // packus interleaves the 128-bit lanes (a0-7 b0-7 a8-15 b8-15): restore order
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+    const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+    uint8_t* const o = out + g * w;
+    const uint64_t r0 = _pext_u64((uint64_t)_mm_cvtsi128_si64(lo), mask);
+    const uint64_t r1 = _pext_u64((uint64_t)_mm_extract_epi64(lo, 1), mask);
+    const uint64_t r2 = _pext_u64((uint64_t)_mm_cvtsi128_si64(hi), mask);
+    const uint64_t r3 = _pext_u64((uint64_t)_mm_extract_epi64(hi, 1), mask);
+    std::memcpy(o, &r0, 8);
+    std::memcpy(o + w, &r1, 8);
+    std::memcpy(o + 2 * w, &r2, 8);
+    std::memcpy(o + 3 * w, &r3, 8);
+  }
+  return g;
+}
 #endif
 
 // Stores the low W (0..8) bytes of v at p, little-endian, from the register (a
@@ -207,6 +252,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
     uint32_t j = 0;
 #if EZ_X86
     if constexpr (Fast && K == kKindE && D == kBF16) j = write_raw_bf16e_fast(x, len, out);
+    if constexpr (Fast && D == kF16) j = write_raw_low8_fast(x, len, out);
 #endif
     for (; j < len; ++j) out[j] = (uint8_t)t.raw(K, x[j]);
     out += len;
@@ -216,6 +262,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
     uint32_t g = 0;
 #if EZ_X86
     if constexpr (Fast) {
+      if constexpr (D == kF16) g = write_packed_fp16_fast<K>(x, len / 8, out);
       // 8 elements at a time: their packed values as 8 bytes (SSE2), PEXT gathers
       // the low w bits of each byte into the group's w bytes. Whole groups only.
       constexpr uint64_t spread = 0x0101010101010101ull * ((1ull << w) - 1);
