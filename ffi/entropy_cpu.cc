@@ -494,24 +494,67 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
 constexpr uint32_t kPairMaxR = 32;
 
 #if EZ_X86
-// Pair indices of a full block: pair i (elements 2i, 2i + 1) gets (e_2i - emin) *
-// kPairMaxR + (e_2i+1 - emin), e = the exponent field (bits M .. M + E - 1 of the word),
-// 32 elements a step: vpmaddwd multiplies the even element's exponent by R and
-// adds the odd one's in each 32-bit lane.
+// Pair indices of a full block, 32 elements a step. With us = s << 5 | (e -
+// emin) (sign and exponent offset, 6 bits; e = the exponent field, bits M .. M +
+// E - 1 of the word), pair i (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 |
+// us_2i+1 (12 bits: the pair histogram's bin) and pe[i] = (e_2i - emin) *
+// kPairMaxR + (e_2i+1 - emin) (the pair writer's table index). vpmaddwd
+// multiplies the even element's us by 64 and adds the odd one's in each 32-bit
+// lane.
 template <uint32_t M>
-EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* out) {
-  const __m256i mask = _mm256_set1_epi16((short)(0x7FFF & ~((1u << M) - 1)));
-  const __m256i mul = _mm256_set1_epi32((int)(kPairMaxR | 1u << 16));
-  const __m256i off = _mm256_set1_epi32((int)(emin * (kPairMaxR + 1)));
+EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* ps, uint16_t* pe) {
+  const __m256i emask = _mm256_set1_epi16((short)(0x7FFF & ~((1u << M) - 1)));
+  const __m256i smask = _mm256_set1_epi16(0x20);
+  const __m256i vmin = _mm256_set1_epi16((short)emin);
+  const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
+  const __m256i m3e0 = _mm256_set1_epi16(0x3E0), m1f = _mm256_set1_epi16(0x1F);
   for (uint32_t j = 0; j < kBlock; j += 32) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
-    a = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_srli_epi16(_mm256_and_si256(a, mask), M), mul), off);
-    b = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_srli_epi16(_mm256_and_si256(b, mask), M), mul), off);
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
+    const __m256i ua = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(a, emask), M), vmin),
+                                       _mm256_and_si256(_mm256_srli_epi16(a, 10), smask));
+    const __m256i ub = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(b, emask), M), vmin),
+                                       _mm256_and_si256(_mm256_srli_epi16(b, 10), smask));
     // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j / 2), p);
+    const __m256i p = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_madd_epi16(ua, mul), _mm256_madd_epi16(ub, mul)), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps + j / 2), p);
+    // e0' << 6 | e1' (sign bits 11 and 5 dropped) -> e0' << 5 | e1'
+    const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 1), m3e0), _mm256_and_si256(p, m1f));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j / 2), q);
   }
+}
+
+// The counts by sign and exponent from the pair histogram h[us0 << 6 | us1]:
+// count(us) = row sum (us as the even element) + column sum (as the odd one),
+// for us = sg << 5 | e', e' < R (other bins are zero); half[sg][emin + e'] gets
+// it. The rows read are cleared for the next block.
+EZ_TARGET_FAST void pair_hist_counts_fast(uint16_t* h, uint32_t emin, uint32_t R, uint16_t (*half)[kMaxAlphabet / 2 + 16]) {
+  __m256i col[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  alignas(32) uint16_t rows[64] = {};
+  const __m256i ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+  for (uint32_t sg = 0; sg < 2; ++sg) {
+    for (uint32_t e = 0; e < R; ++e) {
+      uint16_t* const r = h + (sg * 32 + e) * 64;
+      __m256i sum = zero;
+      for (uint32_t k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16 * k));
+        col[k] = _mm256_add_epi16(col[k], v);
+        sum = _mm256_add_epi16(sum, v);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + 16 * k), zero);
+      }
+      // a row sums to <= 2048 (pairs in a block): 16-bit lanes do not overflow
+      __m256i s32 = _mm256_madd_epi16(sum, ones);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      rows[sg * 32 + e] = (uint16_t)_mm_cvtsi128_si32(s4);
+    }
+  }
+  alignas(32) uint16_t cols[64];
+  for (uint32_t k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(cols + 16 * k), col[k]);
+  for (uint32_t sg = 0; sg < 2; ++sg)
+    for (uint32_t e = 0; e < R; ++e) half[sg][emin + e] = (uint16_t)(rows[sg * 32 + e] + cols[sg * 32 + e]);
 }
 
 // The pair table: rows a < R with la[a] != 0 (absent exponents' rows are never
@@ -584,7 +627,9 @@ struct EncScratch {
   uint8_t clen[kMaxAlphabet];        // [u] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
   uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
-  uint16_t pidx[kBlock / 2];         // pair writer: pair indices of the block
+  uint16_t pidx[kBlock / 2];         // pair writer: pair indices of the block (pe)
+  uint16_t pbin[kBlock / 2];         // pair histogram bins of the block (ps)
+  uint16_t pcnt[64 * 64];            // pair histogram; zero between blocks
   uint64_t pcode[kPairMaxR * kPairMaxR];  // pair writer: [a * kPairMaxR + b] code of e_a then e_b
   uint8_t plen[kPairMaxR * kPairMaxR];    // pair writer: their total lengths (bits)
   // Prefetch targets for the histogram pass (see encode_row_t): the input of a
@@ -643,22 +688,48 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
                                      bool* raw) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t AE = 1u << t.ebits;
-  // u = v >> M first (a vectorizable pass, with the largest |v|: its exponent
-  // bounds the symbols), then counts in 4 lanes (a run of equal symbols would
-  // otherwise serialize on one counter's store-to-load latency).
+  // The largest and smallest |v| first (a vectorizable pass): their exponents
+  // bound the symbols present.
   uint16_t mxa = 0, mna = 0xFFFF;  // u16 keeps the max / min in 16-bit lanes (vpmaxuw)
   for (uint32_t j = 0; j < len; ++j) {
-    const uint16_t v = x[j];
-    s.sym[j] = (uint16_t)(v >> t.mbits);
-    const uint16_t a = v & 0x7FFF;
+    const uint16_t a = x[j] & 0x7FFF;
     mxa = a > mxa ? a : mxa;
-    mna = a < mna ? a : mna;  // the smallest exponent: the pair writer's table base
+    mna = a < mna ? a : mna;
   }
-  uint32_t j = 0;
+  // Exponents below emin (the smallest |v|'s) have no elements: the counts,
+  // lengths and codes of symbols below a0[kind] (emin, 2 emin) are neither
+  // written nor read in this block.
+  const uint32_t emax = mxa >> t.mbits, emin = mna >> t.mbits;
+  const uint32_t eend = emax + 1;
+  const uint32_t a0[2] = {emin, 2 * emin};  // [kind] first symbol that may be present
+  const uint32_t pair_r = eend - emin;      // exponents [emin, emax]
   // One input line and one output line are prefetched per 32 elements: 8 KiB
-  // each per full block, spread over the pass instead of a burst (a burst of
-  // 128 prefetches stalls on the fill buffers like the demand misses it replaces).
+  // each per full block, spread over the histogram instead of a burst (a burst
+  // of 128 prefetches stalls on the fill buffers like the demand misses it
+  // replaces).
   static_assert(kPfBytes == kBlock * 2, "one line of each per 32 elements");
+  bool have_sym = false;  // s.sym holds the block's u values
+#if EZ_X86
+  if (Fast && len == kBlock && pair_r <= kPairMaxR) {
+    // Pair histogram: one counter increment (2 instructions) per 2 elements
+    // over (sign, exponent) pairs, the per-symbol counts from its row and column
+    // sums; the pair indices serve the pair writer too.
+    pair_index_fast<t.mbits>(x, emin, s.pbin, s.pidx);
+    for (uint32_t i = 0; i < kBlock / 2; i += 16) {
+      __builtin_prefetch(s.pf_in + 4 * i, 0, 2);
+      __builtin_prefetch(s.pf_out + 4 * i, 1, 2);
+#pragma GCC unroll 16
+      for (uint32_t q = i; q < i + 16; ++q) s.pcnt[s.pbin[q]]++;
+    }
+    pair_hist_counts_fast(s.pcnt, emin, pair_r, s.half);
+  } else
+#endif
+  {
+  // u = v >> M, then counts in 4 lanes (a run of equal symbols would otherwise
+  // serialize on one counter's store-to-load latency).
+  for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
+  have_sym = true;
+  uint32_t j = 0;
   for (; j + 32 <= len; j += 32) {
     __builtin_prefetch(s.pf_in + 2 * j, 0, 2);
     __builtin_prefetch(s.pf_out + 2 * j, 1, 2);
@@ -675,15 +746,9 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     }
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
-  // Sum the lanes (and clear them for the next block) for exponents <= the
-  // largest one (counts above it are zero), each sign half contiguous (vector
-  // loops), then interleave them into J order (symbol 2 e + s) and kind E's.
-  // Exponents below emin (the smallest |v|'s) have no elements: their lanes are
-  // zero, and the counts, lengths and codes of symbols below a0[kind] (emin, 2
-  // emin) are neither written nor read in this block.
-  const uint32_t emax = mxa >> t.mbits, emin = mna >> t.mbits;
-  const uint32_t eend = emax + 1;
-  const uint32_t a0[2] = {emin, 2 * emin};  // [kind] first symbol that may be present
+  // Sum the lanes (and clear them for the next block) for exponents in [emin,
+  // emax] (the lanes are zero elsewhere), each sign half contiguous (vector
+  // loops).
   for (uint32_t sg = 0; sg < 2; ++sg) {
     uint16_t* const h = s.half[sg];
     for (uint32_t e = emin; e < eend; ++e) {
@@ -692,6 +757,8 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       s.cnt[0][u] = s.cnt[1][u] = s.cnt[2][u] = s.cnt[3][u] = 0;
     }
   }
+  }
+  // Interleave the sign halves into J order (symbol 2 e + s) and kind E's.
   for (uint32_t e = emin; e < eend; ++e) {
     const uint32_t p = s.half[0][e], m = s.half[1][e];
     s.c[kKindJ][2 * e] = p;
@@ -810,10 +877,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     w.nacc += l;
   };
   uint32_t bits_total;
-  const uint32_t pair_r = emax + 1 - emin;  // exponents [emin, emax]
-  (void)pair_r;
+  // The pair writer runs exactly when the histogram was by pairs and the block
+  // is HUFF-E; the single-code writers read u per element.
+  const bool pair_writer = !have_sym && kind == kKindE;
+  if (!pair_writer && !have_sym)
+    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
 #if EZ_X86
-  if (Fast && kind == kKindE && len == kBlock && pair_r <= kPairMaxR) {
+  if (pair_writer) {
     // Pair writer (kPairMaxR): the same bits as the single-code writer below, two
     // elements a push. Table rows of absent exponents are never read; entries
     // with an absent second exponent are never read either (length 0 there).
@@ -826,8 +896,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       le8[b] = (uint8_t)l;
       ce[b] = l ? s.ccode[emin + b] : 0;
     }
-    pair_table_fast(ce, le, le8, R, s.pcode, s.plen);
-    pair_index_fast<t.mbits>(x, emin, s.pidx);
+    pair_table_fast(ce, le, le8, R, s.pcode, s.plen);  // s.pidx: from the histogram pass
     // Two writers as below (streams 0..3 and 4..7), 2 pairs (<= 44 bits + < 8
     // pending <= 64) a flush: a stream's 512 elements are 128 groups of 4.
     uint64_t acc_a = 0, acc_b = 0;
