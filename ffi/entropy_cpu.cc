@@ -505,16 +505,24 @@ template <uint32_t M>
 EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* ps, uint16_t* pe) {
   const __m256i emask = _mm256_set1_epi16((short)(0x7FFF & ~((1u << M) - 1)));
   const __m256i smask = _mm256_set1_epi16(0x20);
-  const __m256i vmin = _mm256_set1_epi16((short)emin);
+  const __m256i vmin = _mm256_set1_epi16((short)(M == 10 ? emin << M : emin));
   const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
   const __m256i m3e0 = _mm256_set1_epi16(0x3E0), m1f = _mm256_set1_epi16(0x1F);
   for (uint32_t j = 0; j < kBlock; j += 32) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
-    const __m256i ua = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(a, emask), M), vmin),
-                                       _mm256_and_si256(_mm256_srli_epi16(a, 10), smask));
-    const __m256i ub = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(b, emask), M), vmin),
-                                       _mm256_and_si256(_mm256_srli_epi16(b, 10), smask));
+    __m256i ua, ub;
+    if constexpr (M == 10) {
+      // fp16 (E = 5): (v - emin << 10) >> 10 is s << 5 | e' already (|v| >= emin << 10
+      // keeps the subtraction out of the sign bit)
+      ua = _mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M);
+      ub = _mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M);
+    } else {
+      ua = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(a, emask), M), vmin),
+                           _mm256_and_si256(_mm256_srli_epi16(a, 10), smask));
+      ub = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(b, emask), M), vmin),
+                           _mm256_and_si256(_mm256_srli_epi16(b, 10), smask));
+    }
     // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
     const __m256i p = _mm256_permute4x64_epi64(
         _mm256_packus_epi32(_mm256_madd_epi16(ua, mul), _mm256_madd_epi16(ub, mul)), 0xD8);
@@ -523,6 +531,33 @@ EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* 
     const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 1), m3e0), _mm256_and_si256(p, m1f));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j / 2), q);
   }
+}
+
+// The largest and smallest |v| (v & 0x7FFF) of a full block, 64 elements a step.
+EZ_TARGET_FAST void minmax_abs_fast(const uint16_t* x, uint16_t* mx, uint16_t* mn) {
+  const __m256i m = _mm256_set1_epi16(0x7FFF);
+  __m256i hi0 = _mm256_setzero_si256(), hi1 = hi0, lo0 = _mm256_set1_epi16(-1), lo1 = lo0;
+  for (uint32_t j = 0; j < kBlock; j += 64) {
+    const __m256i* p = reinterpret_cast<const __m256i*>(x + j);
+    const __m256i a = _mm256_and_si256(_mm256_loadu_si256(p), m);
+    const __m256i b = _mm256_and_si256(_mm256_loadu_si256(p + 1), m);
+    const __m256i c = _mm256_and_si256(_mm256_loadu_si256(p + 2), m);
+    const __m256i d = _mm256_and_si256(_mm256_loadu_si256(p + 3), m);
+    hi0 = _mm256_max_epu16(hi0, _mm256_max_epu16(a, b));
+    hi1 = _mm256_max_epu16(hi1, _mm256_max_epu16(c, d));
+    lo0 = _mm256_min_epu16(lo0, _mm256_min_epu16(a, b));
+    lo1 = _mm256_min_epu16(lo1, _mm256_min_epu16(c, d));
+  }
+  alignas(32) uint16_t h[16], l[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(h), _mm256_max_epu16(hi0, hi1));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), _mm256_min_epu16(lo0, lo1));
+  uint16_t vh = 0, vl = 0xFFFF;
+  for (int i = 0; i < 16; ++i) {
+    vh = h[i] > vh ? h[i] : vh;
+    vl = l[i] < vl ? l[i] : vl;
+  }
+  *mx = vh;
+  *mn = vl;
 }
 
 // The counts by sign and exponent from the pair histogram h[us0 << 6 | us1]:
@@ -691,10 +726,17 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // The largest and smallest |v| first (a vectorizable pass): their exponents
   // bound the symbols present.
   uint16_t mxa = 0, mna = 0xFFFF;  // u16 keeps the max / min in 16-bit lanes (vpmaxuw)
-  for (uint32_t j = 0; j < len; ++j) {
-    const uint16_t a = x[j] & 0x7FFF;
-    mxa = a > mxa ? a : mxa;
-    mna = a < mna ? a : mna;
+#if EZ_X86
+  if (Fast && len == kBlock) {
+    minmax_abs_fast(x, &mxa, &mna);
+  } else
+#endif
+  {
+    for (uint32_t j = 0; j < len; ++j) {
+      const uint16_t a = x[j] & 0x7FFF;
+      mxa = a > mxa ? a : mxa;
+      mna = a < mna ? a : mna;
+    }
   }
   // Exponents below emin (the smallest |v|'s) have no elements: the counts,
   // lengths and codes of symbols below a0[kind] (emin, 2 emin) are neither
