@@ -949,30 +949,40 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     acc = (acc << l_) | s.pcode[pi];      \
     P += l_;                              \
   } while (0)
-#define EZ_FLUSH(acc, P0, P, buf) \
-  store_be64((buf) + ((P0) >> 3), (acc) << ((((P0) & ~7u) - (P)) & 63))
+    // ANDN (BMI1; inline asm: GCC keeps ~7 in a register and still copies P0
+    // before an AND, as P0 is needed for the byte offset too) clears P0's low 3
+    // bits into a new register: 5 instructions a flush instead of 6. Only the
+    // AVX2/BMI2 path gets here (pair_writer).
+    uint32_t seven = 7;
+#define EZ_FLUSH(acc, P0, P, buf)                                                  \
+  do {                                                                             \
+    uint32_t b_;                                                                   \
+    asm("andn %[p0], %[m], %[b]" : [b] "=r"(b_) : [m] "r"(seven), [p0] "r"(P0)); \
+    store_be64((buf) + ((P0) >> 3), (acc) << ((b_ - (P)) & 63));                   \
+  } while (0)
     uint32_t before_a = 0, before_b = 0;
     constexpr uint32_t kHalfPairs = kStreams / 2 * kStreamLen / 2;  // stream st + 4's first pair
     const uint16_t* pa = s.pidx;
     for (uint32_t st = 0; st < kStreams / 2; ++st) {
-      // Two groups an iteration (the loop's own 3 instructions were ~10% of it).
-      for (uint32_t g = 0; g < kStreamLen / 8; ++g, pa += 4) {
-        uint32_t p0a = P_a, p0b = P_b;
-        EZ_PUSH2(acc_a, P_a, pa[0]);
-        EZ_PUSH2(acc_a, P_a, pa[1]);
-        EZ_FLUSH(acc_a, p0a, P_a, s.bits);
-        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 0]);
-        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 1]);
-        EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
-        p0a = P_a;
-        p0b = P_b;
-        EZ_PUSH2(acc_a, P_a, pa[2]);
-        EZ_PUSH2(acc_a, P_a, pa[3]);
-        EZ_FLUSH(acc_a, p0a, P_a, s.bits);
-        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 2]);
-        EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + 3]);
-        EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
+      // Four groups of each writer an iteration (the loop's own 3 instructions
+      // were ~10% of it at one group).
+#define EZ_GROUPS(q)                                  \
+  do {                                                \
+    const uint32_t p0a = P_a, p0b = P_b;              \
+    EZ_PUSH2(acc_a, P_a, pa[q]);                      \
+    EZ_PUSH2(acc_a, P_a, pa[(q) + 1]);                \
+    EZ_FLUSH(acc_a, p0a, P_a, s.bits);                \
+    EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + (q)]);       \
+    EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + (q) + 1]);   \
+    EZ_FLUSH(acc_b, p0b, P_b, s.bits2);               \
+  } while (0)
+      for (uint32_t g = 0; g < kStreamLen / 16; ++g, pa += 8) {
+        EZ_GROUPS(0);
+        EZ_GROUPS(2);
+        EZ_GROUPS(4);
+        EZ_GROUPS(6);
       }
+#undef EZ_GROUPS
       st16(out + kBlockHead + 2 * st, P_a - before_a);
       st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - before_b);
       before_a = P_a;
