@@ -503,9 +503,10 @@ constexpr uint32_t kPairMaxR = 32;
 // lane.
 template <uint32_t M>
 EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* ps, uint16_t* pe) {
-  const __m256i emask = _mm256_set1_epi16((short)(0x7FFF & ~((1u << M) - 1)));
-  const __m256i smask = _mm256_set1_epi16(0x20);
-  const __m256i vmin = _mm256_set1_epi16((short)(M == 10 ? emin << M : emin));
+  static_assert(M == 7 || M == 10, "bf16 or fp16");
+  // |v| >= emin << M for every element: the subtraction stays out of the sign bit
+  const __m256i vmin = _mm256_set1_epi16((short)(emin << M));
+  const __m256i sw = _mm256_set1_epi16(0x2001);
   const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
   const __m256i m3e0 = _mm256_set1_epi16(0x3E0), m1f = _mm256_set1_epi16(0x1F);
   for (uint32_t j = 0; j < kBlock; j += 32) {
@@ -513,15 +514,14 @@ EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* 
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
     __m256i ua, ub;
     if constexpr (M == 10) {
-      // fp16 (E = 5): (v - emin << 10) >> 10 is s << 5 | e' already (|v| >= emin << 10
-      // keeps the subtraction out of the sign bit)
+      // fp16 (E = 5): (v - emin << 10) >> 10 is s << 5 | e' already
       ua = _mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M);
       ub = _mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M);
     } else {
-      ua = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(a, emask), M), vmin),
-                           _mm256_and_si256(_mm256_srli_epi16(a, 10), smask));
-      ub = _mm256_or_si256(_mm256_sub_epi16(_mm256_srli_epi16(_mm256_and_si256(b, emask), M), vmin),
-                           _mm256_and_si256(_mm256_srli_epi16(b, 10), smask));
+      // bf16 (E = 8): (v - emin << 7) >> 7 = s << 8 | e' (bytes e', s), then
+      // vpmaddubsw with bytes (1, 32) gives e' + 32 s
+      ua = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M), sw);
+      ub = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M), sw);
     }
     // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
     const __m256i p = _mm256_permute4x64_epi64(
@@ -757,11 +757,13 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // over (sign, exponent) pairs, the per-symbol counts from its row and column
     // sums; the pair indices serve the pair writer too.
     pair_index_fast<t.mbits>(x, emin, s.pbin, s.pidx);
-    for (uint32_t i = 0; i < kBlock / 2; i += 16) {
+    for (uint32_t i = 0; i < kBlock / 2; i += 32) {  // 32 pairs = 64 elements
       __builtin_prefetch(s.pf_in + 4 * i, 0, 2);
       __builtin_prefetch(s.pf_out + 4 * i, 1, 2);
-#pragma GCC unroll 16
-      for (uint32_t q = i; q < i + 16; ++q) s.pcnt[s.pbin[q]]++;
+      __builtin_prefetch(s.pf_in + 4 * i + 64, 0, 2);
+      __builtin_prefetch(s.pf_out + 4 * i + 64, 1, 2);
+#pragma GCC unroll 32
+      for (uint32_t q = i; q < i + 32; ++q) s.pcnt[s.pbin[q]]++;
     }
     pair_hist_counts_fast(s.pcnt, emin, pair_r, s.half);
   } else
