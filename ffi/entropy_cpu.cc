@@ -492,6 +492,11 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
 // built from the block's canonical codes in ~R * R / 4 vector steps. Gaussian
 // bf16 blocks span ~16-20 exponents, fp16 at most 32.
 constexpr uint32_t kPairMaxR = 32;
+#if EZ_X86
+#define EZ_PAIR_OK true
+#else
+#define EZ_PAIR_OK false  // the pair passes are AVX2 code
+#endif
 
 #if EZ_X86
 // Pair indices of a full block, 32 elements a step. With us = s << 5 | (e -
@@ -726,17 +731,23 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // The largest and smallest |v| first (a vectorizable pass): their exponents
   // bound the symbols present.
   uint16_t mxa = 0, mna = 0xFFFF;  // u16 keeps the max / min in 16-bit lanes (vpmaxuw)
+  bool have_sym = false;  // s.sym holds the block's u values
 #if EZ_X86
   if (Fast && len == kBlock) {
     minmax_abs_fast(x, &mxa, &mna);
   } else
 #endif
   {
+    // Without the pair histogram (portable path, short blocks) every single-code
+    // path needs u = v >> M: computed in the same pass.
     for (uint32_t j = 0; j < len; ++j) {
-      const uint16_t a = x[j] & 0x7FFF;
+      const uint16_t v = x[j];
+      s.sym[j] = (uint16_t)(v >> t.mbits);
+      const uint16_t a = v & 0x7FFF;
       mxa = a > mxa ? a : mxa;
       mna = a < mna ? a : mna;
     }
+    have_sym = true;
   }
   // Exponents below emin (the smallest |v|'s) have no elements: the counts,
   // lengths and codes of symbols below a0[kind] (emin, 2 emin) are neither
@@ -750,9 +761,9 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // of 128 prefetches stalls on the fill buffers like the demand misses it
   // replaces).
   static_assert(kPfBytes == kBlock * 2, "one line of each per 32 elements");
-  bool have_sym = false;  // s.sym holds the block's u values
+  const bool pair_hist = EZ_PAIR_OK && Fast && len == kBlock && pair_r <= kPairMaxR;
 #if EZ_X86
-  if (Fast && len == kBlock && pair_r <= kPairMaxR) {
+  if (pair_hist) {
     // Pair histogram: one counter increment (2 instructions) per 2 elements
     // over (sign, exponent) pairs, the per-symbol counts from its row and column
     // sums; the pair indices serve the pair writer too.
@@ -771,7 +782,8 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   {
   // u = v >> M, then counts in 4 lanes (a run of equal symbols would otherwise
   // serialize on one counter's store-to-load latency).
-  for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
+  if (!have_sym)
+    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
   have_sym = true;
   uint32_t j = 0;
   for (; j + 32 <= len; j += 32) {
@@ -923,7 +935,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   uint32_t bits_total;
   // The pair writer runs exactly when the histogram was by pairs and the block
   // is HUFF-E; the single-code writers read u per element.
-  const bool pair_writer = !have_sym && kind == kKindE;
+  const bool pair_writer = pair_hist && kind == kKindE;
   if (!pair_writer && !have_sym)
     for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
 #if EZ_X86
