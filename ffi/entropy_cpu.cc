@@ -192,21 +192,32 @@ EZ_TARGET_FAST uint32_t write_raw_low8_fast(const uint16_t* x, uint32_t len, uin
   return j;
 }
 
-// fp16 packed plane (kind E: s m9 m8, w = 3; kind J: m9 m8, w = 2), 4 groups of
-// 8 elements a step: the words' high bytes (s << 7 | e << 2 | m9 m8, no
-// saturation in packus) as 32 bytes, then PEXT with the mask of the raw bits of
-// each byte (0x83 / 0x03: bits in order m8, m9, s = the packed value's bits 0..2).
-// The 4 groups' w bytes are stored as 8-byte words at g w, each next one
+// Packed planes by AVX2, 4 groups of 8 elements a step: fp16 kind E (s m9 m8, w =
+// 3) and kind J (m9 m8, w = 2) from the words' high bytes (s << 7 | e << 2 | m9
+// m8, no saturation in packus); bf16 kind J (m, w = 7) from the low bytes masked
+// to m (v & 0x7F). Then PEXT with the mask of the raw bits of each byte (0x83 /
+// 0x03 / 0x7F: for fp16 E bits in order m8, m9, s = the packed value's bits
+// 0..2). The 4 groups' w bytes are stored as 8-byte words at g w, each next one
 // overwriting the previous one's zero bytes: the caller keeps the last store
 // inside the plane (g w + 3 w + 8 <= its end). Returns the groups done.
-template <uint32_t K>
-EZ_TARGET_FAST uint32_t write_packed_fp16_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
-  constexpr uint32_t w = K == kKindE ? 3 : 2;
-  constexpr uint64_t mask = 0x0101010101010101ull * (K == kKindE ? 0x83 : 0x03);
+template <DtypeCode D, uint32_t K>
+EZ_TARGET_FAST uint32_t write_packed_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
+  constexpr bool hi = D == kF16;  // fp16: high bytes; bf16 (kind J only): low bytes
+  constexpr uint32_t w = !hi ? 7 : K == kKindE ? 3 : 2;
+  constexpr uint64_t mask = 0x0101010101010101ull * (!hi ? 0x7F : K == kKindE ? 0x83 : 0x03);
+  static_assert(hi || K == kKindJ, "bf16 kind E has no packed plane");
+  const __m256i m7f = _mm256_set1_epi16(0x7F);
   uint32_t g = 0;
   for (; (g + 3) * w + 8 <= groups * w; g += 4) {
-    const __m256i a = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g)), 8);
-    const __m256i b = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g + 16)), 8);
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g + 16));
+    if constexpr (hi) {
+      a = _mm256_srli_epi16(a, 8);
+      b = _mm256_srli_epi16(b, 8);
+    } else {
+      a = _mm256_and_si256(a, m7f);
+      b = _mm256_and_si256(b, m7f);
+    }
     // packus interleaves the 128-bit lanes (a0-7 b0-7 a8-15 b8-15): restore order
     const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
     const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
@@ -262,7 +273,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
     uint32_t g = 0;
 #if EZ_X86
     if constexpr (Fast) {
-      if constexpr (D == kF16) g = write_packed_fp16_fast<K>(x, len / 8, out);
+      if constexpr (D == kF16 || K == kKindJ) g = write_packed_fast<D, K>(x, len / 8, out);
       // 8 elements at a time: their packed values as 8 bytes (SSE2), PEXT gathers
       // the low w bits of each byte into the group's w bytes. Whole groups only.
       constexpr uint64_t spread = 0x0101010101010101ull * ((1ull << w) - 1);
@@ -597,25 +608,35 @@ EZ_TARGET_FAST void pair_hist_counts_fast(uint16_t* h, uint32_t emin, uint32_t R
     for (uint32_t e = 0; e < R; ++e) half[sg][emin + e] = (uint16_t)(rows[sg * 32 + e] + cols[sg * 32 + e]);
 }
 
-// The pair table: rows a < R with la[a] != 0 (absent exponents' rows are never
-// read), entries b in [0, ceil(R / 4) * 4): code (ce[a] << le[b]) | ce[b], length
-// le[a] + le[b] (all 32 lengths of a row in one byte vector). ce / le / le8 (le
-// as bytes) hold kPairMaxR values (zero past R); 4 codes a vector.
+// The pair table over H halves of 32 symbol slots (kind E: H = 1, slot e' =
+// exponent e' + emin, index a * 32 + b; kind J: H = 2, slot us = s << 5 | e',
+// index us_a * 64 + us_b = the pair histogram's bin): rows a with le[a] != 0
+// (absent symbols' rows are never read), entries b in each half's [0, ceil(R /
+// 4) * 4): code (ce[a] << le[b]) | ce[b], length le[a] + le[b] (a half's 32
+// lengths in one byte vector). ce / le / le8 (le as bytes) hold 32 H values,
+// zero for absent symbols and past R; 4 codes a vector.
+template <uint32_t H>
 EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, const uint8_t* le8, uint32_t R,
                                     uint64_t* pcode, uint8_t* plen) {
+  constexpr uint32_t S = 32 * H;  // row stride
   const uint32_t nv = (R + 3) / 4;
-  const __m256i lb8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le8));
-  for (uint32_t a = 0; a < R; ++a) {
-    if (!le[a]) continue;
-    const __m256i ca = _mm256_set1_epi64x((long long)ce[a]);
-    for (uint32_t v = 0; v < nv; ++v) {
-      const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le + 4 * v));
-      const __m256i cb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ce + 4 * v));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pcode + a * kPairMaxR + 4 * v),
-                          _mm256_or_si256(_mm256_sllv_epi64(ca, lb), cb));
+  for (uint32_t ha = 0; ha < H; ++ha) {
+    for (uint32_t a = 32 * ha; a < 32 * ha + R; ++a) {
+      if (!le[a]) continue;
+      const __m256i ca = _mm256_set1_epi64x((long long)ce[a]);
+      for (uint32_t hb = 0; hb < H; ++hb) {
+        for (uint32_t v = 0; v < nv; ++v) {
+          const uint32_t b = 32 * hb + 4 * v;
+          const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le + b));
+          const __m256i cb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ce + b));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pcode + a * S + b),
+                              _mm256_or_si256(_mm256_sllv_epi64(ca, lb), cb));
+        }
+        const __m256i lb8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le8 + 32 * hb));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(plen + a * S + 32 * hb),
+                            _mm256_add_epi8(lb8, _mm256_set1_epi8((char)le8[a])));
+      }
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(plen + a * kPairMaxR),
-                        _mm256_add_epi8(lb8, _mm256_set1_epi8((char)le8[a])));
   }
 }
 #endif
@@ -670,8 +691,8 @@ struct EncScratch {
   uint16_t pidx[kBlock / 2];         // pair writer: pair indices of the block (pe)
   uint16_t pbin[kBlock / 2];         // pair histogram bins of the block (ps)
   uint16_t pcnt[64 * 64];            // pair histogram; zero between blocks
-  uint64_t pcode[kPairMaxR * kPairMaxR];  // pair writer: [a * kPairMaxR + b] code of e_a then e_b
-  uint8_t plen[kPairMaxR * kPairMaxR];    // pair writer: their total lengths (bits)
+  uint64_t pcode[64 * 64];           // pair writer: codes of symbol pairs (pair_table_fast)
+  uint8_t plen[64 * 64];             // pair writer: their total lengths (bits)
   // Prefetch targets for the histogram pass (see encode_row_t): the input of a
   // later block and the output bytes a later block will write (kPfBytes each).
   const uint8_t* pf_in;
@@ -935,7 +956,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   uint32_t bits_total;
   // The pair writer runs exactly when the histogram was by pairs and the block
   // is HUFF-E; the single-code writers read u per element.
-  const bool pair_writer = pair_hist && kind == kKindE;
+  const bool pair_writer = pair_hist;  // HUFF-E or HUFF-J
   if (!pair_writer && !have_sym)
     for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
 #if EZ_X86
@@ -943,16 +964,34 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // Pair writer (kPairMaxR): the same bits as the single-code writer below, two
     // elements a push. Table rows of absent exponents are never read; entries
     // with an absent second exponent are never read either (length 0 there).
+    // Kind J: slots us = sg << 5 | e' are the J symbols 2 (emin + e') + sg, the
+    // table indexed by the histogram's bins (s.pbin); kind E: slots e', indexed
+    // by s.pidx. Both from the histogram pass.
     const uint32_t R = pair_r;
-    uint64_t ce[kPairMaxR], le[kPairMaxR];
-    uint8_t le8[kPairMaxR];
-    for (uint32_t b = 0; b < kPairMaxR; ++b) {
-      const uint32_t l = b < R ? s.len[kKindE][emin + b] : 0;
-      le[b] = l;
-      le8[b] = (uint8_t)l;
-      ce[b] = l ? s.ccode[emin + b] : 0;
+    uint64_t ce[64], le[64];
+    uint8_t le8[64];
+    const uint16_t* pair_at;
+    if (kind == kKindE) {
+      for (uint32_t b = 0; b < 32; ++b) {
+        const uint32_t l = b < R ? s.len[kKindE][emin + b] : 0;
+        le[b] = l;
+        le8[b] = (uint8_t)l;
+        ce[b] = l ? s.ccode[emin + b] : 0;
+      }
+      pair_table_fast<1>(ce, le, le8, R, s.pcode, s.plen);
+      pair_at = s.pidx;
+    } else {
+      for (uint32_t b = 0; b < 64; ++b) {
+        const uint32_t sg = b >> 5, e = emin + (b & 31);
+        const uint32_t a = 2 * e + sg;  // the J symbol of slot b (< sym_end: its length is this block's)
+        const uint32_t l = (b & 31) < R && a < sym_end[kKindJ] ? s.len[kKindJ][a] : 0;
+        le[b] = l;
+        le8[b] = (uint8_t)l;
+        ce[b] = l ? s.ccode[sg * AE + e] : 0;  // ccode is indexed by u = s << E | e
+      }
+      pair_table_fast<2>(ce, le, le8, R, s.pcode, s.plen);
+      pair_at = s.pbin;
     }
-    pair_table_fast(ce, le, le8, R, s.pcode, s.plen);  // s.pidx: from the histogram pass
     // Two writers as below (streams 0..3 and 4..7), 2 pairs (<= 44 bits + < 8
     // pending <= 64) a flush: a stream's 512 elements are 128 groups of 4.
     uint64_t acc_a = 0, acc_b = 0;
@@ -976,7 +1015,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   } while (0)
     uint32_t before_a = 0, before_b = 0;
     constexpr uint32_t kHalfPairs = kStreams / 2 * kStreamLen / 2;  // stream st + 4's first pair
-    const uint16_t* pa = s.pidx;
+    const uint16_t* pa = pair_at;
     for (uint32_t st = 0; st < kStreams / 2; ++st) {
       // Four groups of each writer an iteration (the loop's own 3 instructions
       // were ~10% of it at one group).
