@@ -7,8 +7,10 @@
 // Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
 // refill in a 2048-entry table whose entries hold up to 2 symbols: about 1.9
 // symbols a lookup on Gaussian data), so the latency of one stream's lookup
-// chain hides behind the others. Rows of >= kParallelMinElems elements are
-// split across threads by whole blocks.
+// chain hides behind the others. The encoder (AVX2 path) histograms and codes
+// pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
+// instructions an element on Gaussian bf16). Rows of >= kParallelMinElems
+// elements are split across threads by whole blocks.
 #include "entropy_cpu.h"
 
 #include <algorithm>
@@ -494,14 +496,17 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
   return k;
 }
 
-// The pair writer (encode_block_impl, kind E HUFF of a full block, AVX2 path)
-// codes two elements per table lookup: a table over pairs of exponents in
-// [emin, emin + R) holds the concatenated code (<= 22 bits) and its length, so a
-// code push (a symbol load, a length load, a shift, an OR, an add: 5
-// instructions) serves 2 elements, and 2 pairs (<= 44 bits) go per flush instead
-// of 5 single codes. R <= kPairMaxR keeps the table at 1024 entries (9 KiB),
-// built from the block's canonical codes in ~R * R / 4 vector steps. Gaussian
-// bf16 blocks span ~16-20 exponents, fp16 at most 32.
+// The pair path (encode_block_impl, AVX2, full blocks whose exponents span R <=
+// kPairMaxR values [emin, emin + R)). Histogram: one counter increment per 2
+// elements over bins (sign, exponent) x (sign, exponent) (64 x 64 u16, 8 KiB),
+// the per-symbol counts from its row and column sums. Writer (HUFF-E and
+// HUFF-J): a table over symbol pairs holds the concatenated code (<= 22 bits) and
+// its length, so a code push (an index load, a length load, a shift, an OR, an
+// add: 5 instructions) serves 2 elements, and 2 pairs (<= 44 bits) go per flush
+// instead of 5 single codes. Kind E's table has 32 x 32 entries, kind J's 64 x
+// 64 (rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build).
+// Gaussian bf16 blocks span ~16-20 exponents, fp16 blocks at most 32. The bytes
+// are those of the single-code path (benchmarks/entropy_same.sh).
 constexpr uint32_t kPairMaxR = 32;
 #if EZ_X86
 #define EZ_PAIR_OK true
@@ -688,7 +693,7 @@ struct EncScratch {
   uint8_t clen[kMaxAlphabet];        // [u] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
   uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
-  uint16_t pidx[kBlock / 2];         // pair writer: pair indices of the block (pe)
+  uint16_t pidx[kBlock / 2];         // pair writer: kind E table indices of the block (pe)
   uint16_t pbin[kBlock / 2];         // pair histogram bins of the block (ps)
   uint16_t pcnt[64 * 64];            // pair histogram; zero between blocks
   uint64_t pcode[64 * 64];           // pair writer: codes of symbol pairs (pair_table_fast)
@@ -961,9 +966,9 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
 #if EZ_X86
   if (pair_writer) {
-    // Pair writer (kPairMaxR): the same bits as the single-code writer below, two
-    // elements a push. Table rows of absent exponents are never read; entries
-    // with an absent second exponent are never read either (length 0 there).
+    // Pair writer (kPairMaxR): the same bits as the single-code writers below,
+    // two elements a push. Table rows of absent symbols are never read; entries
+    // with an absent second symbol are never read either (length 0 there).
     // Kind J: slots us = sg << 5 | e' are the J symbols 2 (emin + e') + sg, the
     // table indexed by the histogram's bins (s.pbin); kind E: slots e', indexed
     // by s.pidx. Both from the histogram pass.
