@@ -503,8 +503,9 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
 // HUFF-J): a table over symbol pairs holds the concatenated code (<= 22 bits) and
 // its length, so a code push (an index load, a length load, a shift, an OR, an
 // add: 5 instructions) serves 2 elements, and 2 pairs (<= 44 bits) go per flush
-// instead of 5 single codes. Kind E's table has 32 x 32 entries, kind J's 64 x
-// 64 (rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build).
+// instead of 5 single codes. Kind E's table has 32 x 32 entries in rows of 64
+// (indexed by the bin without its sign bits), kind J's 64 x 64 (indexed by the
+// bin); rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build.
 // Gaussian bf16 blocks span ~16-20 exponents, fp16 blocks at most 32. The bytes
 // are those of the single-code path (benchmarks/entropy_same.sh).
 constexpr uint32_t kPairMaxR = 32;
@@ -518,8 +519,9 @@ constexpr uint32_t kPairMaxR = 32;
 // Pair indices of a full block, 32 elements a step. With us = s << 5 | (e -
 // emin) (sign and exponent offset, 6 bits; e = the exponent field, bits M .. M +
 // E - 1 of the word), pair i (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 |
-// us_2i+1 (12 bits: the pair histogram's bin) and pe[i] = (e_2i - emin) *
-// kPairMaxR + (e_2i+1 - emin) (the pair writer's table index). vpmaddwd
+// us_2i+1 (12 bits: the pair histogram's bin) and pe[i] = ps[i] without the sign
+// bits 11 and 5 = (e_2i - emin) * 64 + (e_2i+1 - emin) (the kind E pair writer's
+// table index). vpmaddwd
 // multiplies the even element's us by 64 and adds the odd one's in each 32-bit
 // lane.
 template <uint32_t M>
@@ -529,7 +531,7 @@ EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* 
   const __m256i vmin = _mm256_set1_epi16((short)(emin << M));
   const __m256i sw = _mm256_set1_epi16(0x2001);
   const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
-  const __m256i m3e0 = _mm256_set1_epi16(0x3E0), m1f = _mm256_set1_epi16(0x1F);
+  const __m256i nosign = _mm256_set1_epi16(0x7DF);
   for (uint32_t j = 0; j < kBlock; j += 32) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
@@ -548,8 +550,7 @@ EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* 
     const __m256i p = _mm256_permute4x64_epi64(
         _mm256_packus_epi32(_mm256_madd_epi16(ua, mul), _mm256_madd_epi16(ub, mul)), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps + j / 2), p);
-    // e0' << 6 | e1' (sign bits 11 and 5 dropped) -> e0' << 5 | e1'
-    const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 1), m3e0), _mm256_and_si256(p, m1f));
+    const __m256i q = _mm256_and_si256(p, nosign);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j / 2), q);
   }
 }
@@ -613,9 +614,10 @@ EZ_TARGET_FAST void pair_hist_counts_fast(uint16_t* h, uint32_t emin, uint32_t R
     for (uint32_t e = 0; e < R; ++e) half[sg][emin + e] = (uint16_t)(rows[sg * 32 + e] + cols[sg * 32 + e]);
 }
 
-// The pair table over H halves of 32 symbol slots (kind E: H = 1, slot e' =
-// exponent e' + emin, index a * 32 + b; kind J: H = 2, slot us = s << 5 | e',
-// index us_a * 64 + us_b = the pair histogram's bin): rows a with le[a] != 0
+// The pair table over H halves of 32 symbol slots, rows of 64 entries (kind E: H =
+// 1, slot e' = exponent e' + emin, index a * 64 + b = the bin without its sign
+// bits; kind J: H = 2, slot us = s << 5 | e', index us_a * 64 + us_b = the pair
+// histogram's bin): rows a with le[a] != 0
 // (absent symbols' rows are never read), entries b in each half's [0, ceil(R /
 // 4) * 4): code (ce[a] << le[b]) | ce[b], length le[a] + le[b] (a half's 32
 // lengths in one byte vector). ce / le / le8 (le as bytes) hold 32 H values,
@@ -623,7 +625,7 @@ EZ_TARGET_FAST void pair_hist_counts_fast(uint16_t* h, uint32_t emin, uint32_t R
 template <uint32_t H>
 EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, const uint8_t* le8, uint32_t R,
                                     uint64_t* pcode, uint8_t* plen) {
-  constexpr uint32_t S = 32 * H;  // row stride
+  constexpr uint32_t S = 64;  // row stride
   const uint32_t nv = (R + 3) / 4;
   for (uint32_t ha = 0; ha < H; ++ha) {
     for (uint32_t a = 32 * ha; a < 32 * ha + R; ++a) {
