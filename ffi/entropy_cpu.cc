@@ -7,8 +7,10 @@
 // Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
 // refill in a 2048-entry table whose entries hold up to 2 symbols: about 1.9
 // symbols a lookup on Gaussian data), so the latency of one stream's lookup
-// chain hides behind the others. Rows of >= kParallelMinElems elements are
-// split across threads by whole blocks.
+// chain hides behind the others. The encoder (AVX2 path) histograms and codes
+// pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
+// instructions an element on Gaussian bf16). Rows of >= kParallelMinElems
+// elements are split across threads by whole blocks.
 #include "entropy_cpu.h"
 
 #include <algorithm>
@@ -177,6 +179,62 @@ EZ_TARGET_FAST uint32_t write_raw_bf16e_fast(const uint16_t* x, uint32_t len, ui
   }
   return j;
 }
+
+// fp16 byte plane (both kinds: raw & 0xFF = m[7:0], the word's low byte), 32
+// elements a step. Returns the elements done (a multiple of 32).
+EZ_TARGET_FAST uint32_t write_raw_low8_fast(const uint16_t* x, uint32_t len, uint8_t* out) {
+  const __m256i mff = _mm256_set1_epi16(0xFF);
+  uint32_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)), mff);
+    const __m256i b = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16)), mff);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), p);
+  }
+  return j;
+}
+
+// Packed planes by AVX2, 4 groups of 8 elements a step: fp16 kind E (s m9 m8, w =
+// 3) and kind J (m9 m8, w = 2) from the words' high bytes (s << 7 | e << 2 | m9
+// m8, no saturation in packus); bf16 kind J (m, w = 7) from the low bytes masked
+// to m (v & 0x7F). Then PEXT with the mask of the raw bits of each byte (0x83 /
+// 0x03 / 0x7F: for fp16 E bits in order m8, m9, s = the packed value's bits
+// 0..2). The 4 groups' w bytes are stored as 8-byte words at g w, each next one
+// overwriting the previous one's zero bytes: the caller keeps the last store
+// inside the plane (g w + 3 w + 8 <= its end). Returns the groups done.
+template <DtypeCode D, uint32_t K>
+EZ_TARGET_FAST uint32_t write_packed_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
+  constexpr bool hi = D == kF16;  // fp16: high bytes; bf16 (kind J only): low bytes
+  constexpr uint32_t w = !hi ? 7 : K == kKindE ? 3 : 2;
+  constexpr uint64_t mask = 0x0101010101010101ull * (!hi ? 0x7F : K == kKindE ? 0x83 : 0x03);
+  static_assert(hi || K == kKindJ, "bf16 kind E has no packed plane");
+  const __m256i m7f = _mm256_set1_epi16(0x7F);
+  uint32_t g = 0;
+  for (; (g + 3) * w + 8 <= groups * w; g += 4) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g + 16));
+    if constexpr (hi) {
+      a = _mm256_srli_epi16(a, 8);
+      b = _mm256_srli_epi16(b, 8);
+    } else {
+      a = _mm256_and_si256(a, m7f);
+      b = _mm256_and_si256(b, m7f);
+    }
+    // packus interleaves the 128-bit lanes (a0-7 b0-7 a8-15 b8-15): restore order
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+    const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+    uint8_t* const o = out + g * w;
+    const uint64_t r0 = _pext_u64((uint64_t)_mm_cvtsi128_si64(lo), mask);
+    const uint64_t r1 = _pext_u64((uint64_t)_mm_extract_epi64(lo, 1), mask);
+    const uint64_t r2 = _pext_u64((uint64_t)_mm_cvtsi128_si64(hi), mask);
+    const uint64_t r3 = _pext_u64((uint64_t)_mm_extract_epi64(hi, 1), mask);
+    std::memcpy(o, &r0, 8);
+    std::memcpy(o + w, &r1, 8);
+    std::memcpy(o + 2 * w, &r2, 8);
+    std::memcpy(o + 3 * w, &r3, 8);
+  }
+  return g;
+}
 #endif
 
 // Stores the low W (0..8) bytes of v at p, little-endian, from the register (a
@@ -207,6 +265,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
     uint32_t j = 0;
 #if EZ_X86
     if constexpr (Fast && K == kKindE && D == kBF16) j = write_raw_bf16e_fast(x, len, out);
+    if constexpr (Fast && D == kF16) j = write_raw_low8_fast(x, len, out);
 #endif
     for (; j < len; ++j) out[j] = (uint8_t)t.raw(K, x[j]);
     out += len;
@@ -216,6 +275,7 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
     uint32_t g = 0;
 #if EZ_X86
     if constexpr (Fast) {
+      if constexpr (D == kF16 || K == kKindJ) g = write_packed_fast<D, K>(x, len / 8, out);
       // 8 elements at a time: their packed values as 8 bytes (SSE2), PEXT gathers
       // the low w bits of each byte into the group's w bytes. Whole groups only.
       constexpr uint64_t spread = 0x0101010101010101ull * ((1ull << w) - 1);
@@ -366,9 +426,11 @@ struct PMFast {
   uint32_t d[kMaxAlphabet + 1];
 };
 
-EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t* len, PMFast& s) {
+// Symbols below a0 have count 0 (their counts and lengths are not read or written:
+// a bf16 block's exponents start ~100 symbols up).
+EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32_t A, uint8_t* len, PMFast& s) {
   uint32_t k = 0;
-  for (uint32_t a = 0; a < A; ++a) {
+  for (uint32_t a = a0; a < A; ++a) {
     len[a] = 0;
     const uint32_t c = counts[a];
     if (c) {
@@ -434,6 +496,189 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t A, uint8_t
   return k;
 }
 
+// The pair path (encode_block_impl, AVX2, full blocks whose exponents span R <=
+// kPairMaxR values [emin, emin + R)). Histogram: one counter increment per 2
+// elements over bins (sign, exponent) x (sign, exponent) (64 x 64 u16, 8 KiB),
+// the per-symbol counts from its row and column sums. Writer (HUFF-E and
+// HUFF-J): a table over symbol pairs holds the concatenated code (<= 22 bits) and
+// its length, so a code push (an index load, a length load, a shift, an OR, an
+// add: 5 instructions) serves 2 elements, and 2 pairs (<= 44 bits) go per flush
+// instead of 5 single codes. Kind E's table has 32 x 32 entries in rows of 64
+// (indexed by the bin without its sign bits), kind J's 64 x 64 (indexed by the
+// bin); rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build.
+// Gaussian bf16 blocks span ~16-20 exponents, fp16 blocks at most 32. The bytes
+// are those of the single-code path (benchmarks/entropy_same.sh).
+constexpr uint32_t kPairMaxR = 32;
+#if EZ_X86
+#define EZ_PAIR_OK true
+#else
+#define EZ_PAIR_OK false  // the pair passes are AVX2 code
+#endif
+
+#if EZ_X86
+// Pair indices of a full block, 32 elements a step. With us = s << 5 | (e -
+// emin) (sign and exponent offset, 6 bits; e = the exponent field, bits M .. M +
+// E - 1 of the word), pair i (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 |
+// us_2i+1 (12 bits: the pair histogram's bin) and pe[i] = ps[i] without the sign
+// bits 11 and 5 = (e_2i - emin) * 64 + (e_2i+1 - emin) (the kind E pair writer's
+// table index). vpmaddwd
+// multiplies the even element's us by 64 and adds the odd one's in each 32-bit
+// lane.
+template <uint32_t M>
+EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* ps, uint16_t* pe) {
+  static_assert(M == 7 || M == 10, "bf16 or fp16");
+  // |v| >= emin << M for every element: the subtraction stays out of the sign bit
+  const __m256i vmin = _mm256_set1_epi16((short)(emin << M));
+  const __m256i sw = _mm256_set1_epi16(0x2001);
+  const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
+  const __m256i nosign = _mm256_set1_epi16(0x7DF);
+  for (uint32_t j = 0; j < kBlock; j += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
+    __m256i ua, ub;
+    if constexpr (M == 10) {
+      // fp16 (E = 5): (v - emin << 10) >> 10 is s << 5 | e' already
+      ua = _mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M);
+      ub = _mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M);
+    } else {
+      // bf16 (E = 8): (v - emin << 7) >> 7 = s << 8 | e' (bytes e', s), then
+      // vpmaddubsw with bytes (1, 32) gives e' + 32 s
+      ua = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M), sw);
+      ub = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M), sw);
+    }
+    // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
+    const __m256i p = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_madd_epi16(ua, mul), _mm256_madd_epi16(ub, mul)), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps + j / 2), p);
+    const __m256i q = _mm256_and_si256(p, nosign);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pe + j / 2), q);
+  }
+}
+
+// The largest and smallest |v| (v & 0x7FFF) of a full block, 64 elements a step.
+EZ_TARGET_FAST void minmax_abs_fast(const uint16_t* x, uint16_t* mx, uint16_t* mn) {
+  const __m256i m = _mm256_set1_epi16(0x7FFF);
+  __m256i hi0 = _mm256_setzero_si256(), hi1 = hi0, lo0 = _mm256_set1_epi16(-1), lo1 = lo0;
+  for (uint32_t j = 0; j < kBlock; j += 64) {
+    const __m256i* p = reinterpret_cast<const __m256i*>(x + j);
+    const __m256i a = _mm256_and_si256(_mm256_loadu_si256(p), m);
+    const __m256i b = _mm256_and_si256(_mm256_loadu_si256(p + 1), m);
+    const __m256i c = _mm256_and_si256(_mm256_loadu_si256(p + 2), m);
+    const __m256i d = _mm256_and_si256(_mm256_loadu_si256(p + 3), m);
+    hi0 = _mm256_max_epu16(hi0, _mm256_max_epu16(a, b));
+    hi1 = _mm256_max_epu16(hi1, _mm256_max_epu16(c, d));
+    lo0 = _mm256_min_epu16(lo0, _mm256_min_epu16(a, b));
+    lo1 = _mm256_min_epu16(lo1, _mm256_min_epu16(c, d));
+  }
+  alignas(32) uint16_t h[16], l[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(h), _mm256_max_epu16(hi0, hi1));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), _mm256_min_epu16(lo0, lo1));
+  uint16_t vh = 0, vl = 0xFFFF;
+  for (int i = 0; i < 16; ++i) {
+    vh = h[i] > vh ? h[i] : vh;
+    vl = l[i] < vl ? l[i] : vl;
+  }
+  *mx = vh;
+  *mn = vl;
+}
+
+// The counts by sign and exponent from the pair histogram h[us0 << 6 | us1]:
+// count(us) = row sum (us as the even element) + column sum (as the odd one),
+// for us = sg << 5 | e', e' < R (other bins are zero); half[sg][emin + e'] gets
+// it. The rows read are cleared for the next block.
+EZ_TARGET_FAST void pair_hist_counts_fast(uint16_t* h, uint32_t emin, uint32_t R, uint16_t (*half)[kMaxAlphabet / 2 + 16]) {
+  __m256i col[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  alignas(32) uint16_t rows[64] = {};
+  const __m256i ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+  for (uint32_t sg = 0; sg < 2; ++sg) {
+    for (uint32_t e = 0; e < R; ++e) {
+      uint16_t* const r = h + (sg * 32 + e) * 64;
+      __m256i sum = zero;
+      for (uint32_t k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16 * k));
+        col[k] = _mm256_add_epi16(col[k], v);
+        sum = _mm256_add_epi16(sum, v);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(r + 16 * k), zero);
+      }
+      // a row sums to <= 2048 (pairs in a block): 16-bit lanes do not overflow
+      __m256i s32 = _mm256_madd_epi16(sum, ones);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      rows[sg * 32 + e] = (uint16_t)_mm_cvtsi128_si32(s4);
+    }
+  }
+  alignas(32) uint16_t cols[64];
+  for (uint32_t k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(cols + 16 * k), col[k]);
+  for (uint32_t sg = 0; sg < 2; ++sg)
+    for (uint32_t e = 0; e < R; ++e) half[sg][emin + e] = (uint16_t)(rows[sg * 32 + e] + cols[sg * 32 + e]);
+}
+
+// The pair table over H halves of 32 symbol slots, rows of 64 entries (kind E: H =
+// 1, slot e' = exponent e' + emin, index a * 64 + b = the bin without its sign
+// bits; kind J: H = 2, slot us = s << 5 | e', index us_a * 64 + us_b = the pair
+// histogram's bin): rows a with le[a] != 0
+// (absent symbols' rows are never read), entries b in each half's [0, ceil(R /
+// 4) * 4): code (ce[a] << le[b]) | ce[b], length le[a] + le[b] (a half's 32
+// lengths in one byte vector). ce / le / le8 (le as bytes) hold 32 H values,
+// zero for absent symbols and past R; 4 codes a vector.
+template <uint32_t H>
+EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, const uint8_t* le8, uint32_t R,
+                                    uint64_t* pcode, uint8_t* plen) {
+  constexpr uint32_t S = 64;  // row stride
+  const uint32_t nv = (R + 3) / 4;
+  for (uint32_t ha = 0; ha < H; ++ha) {
+    for (uint32_t a = 32 * ha; a < 32 * ha + R; ++a) {
+      if (!le[a]) continue;
+      const __m256i ca = _mm256_set1_epi64x((long long)ce[a]);
+      for (uint32_t hb = 0; hb < H; ++hb) {
+        for (uint32_t v = 0; v < nv; ++v) {
+          const uint32_t b = 32 * hb + 4 * v;
+          const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le + b));
+          const __m256i cb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ce + b));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pcode + a * S + b),
+                              _mm256_or_si256(_mm256_sllv_epi64(ca, lb), cb));
+        }
+        const __m256i lb8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le8 + 32 * hb));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(plen + a * S + 32 * hb),
+                            _mm256_add_epi8(lb8, _mm256_set1_epi8((char)le8[a])));
+      }
+    }
+  }
+}
+#endif
+
+// write_lengths (entropy_format.h) for lengths that are zero below a0 (len[0, a0)
+// is not read): the leading run of absent symbols starts at a0 without a scan.
+EZ_INLINE uint32_t write_lengths_from(const uint8_t* len, uint32_t a0, uint32_t sym_end, uint8_t* out) {
+  uint32_t nn = 0;
+  auto put = [&](uint32_t v) {
+    if (nn & 1) out[nn >> 1] |= (uint8_t)(v << 4);
+    else out[nn >> 1] = (uint8_t)v;
+    ++nn;
+  };
+  uint32_t a = 0, r0 = a0;  // r0: absent symbols known before a
+  while (a < sym_end) {
+    if (!r0 && len[a]) {
+      put(len[a++]);
+      continue;
+    }
+    uint32_t r = r0;
+    r0 = 0;
+    while (a + r < sym_end && len[a + r] == 0) ++r;
+    a += r;
+    while (r >= 3) {
+      const uint32_t c = r < 258 ? r : 258;
+      put(15);
+      put((c - 3) & 15);
+      put((c - 3) >> 4);
+      r -= c;
+    }
+    while (r--) put(0);
+  }
+  return (nn + 1) / 2;
+}
+
 struct EncScratch {
   PMFast pm;
   // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
@@ -450,6 +695,11 @@ struct EncScratch {
   uint8_t clen[kMaxAlphabet];        // [u] code length
   uint8_t bits[kMaxAreaBytes + 64];  // bit streams before they are copied into place
   uint8_t bits2[kMaxAreaBytes / 2 + 64];  // streams 4..7 of a full block (second writer)
+  uint16_t pidx[kBlock / 2];         // pair writer: kind E table indices of the block (pe)
+  uint16_t pbin[kBlock / 2];         // pair histogram bins of the block (ps)
+  uint16_t pcnt[64 * 64];            // pair histogram; zero between blocks
+  uint64_t pcode[64 * 64];           // pair writer: codes of symbol pairs (pair_table_fast)
+  uint8_t plen[64 * 64];             // pair writer: their total lengths (bits)
   // Prefetch targets for the histogram pass (see encode_row_t): the input of a
   // later block and the output bytes a later block will write (kPfBytes each).
   const uint8_t* pf_in;
@@ -506,21 +756,64 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
                                      bool* raw) {
   constexpr Traits t = traits<D>();
   constexpr uint32_t AE = 1u << t.ebits;
-  // u = v >> M first (a vectorizable pass, with the largest |v|: its exponent
-  // bounds the symbols), then counts in 4 lanes (a run of equal symbols would
-  // otherwise serialize on one counter's store-to-load latency).
-  uint16_t mxa = 0;  // u16 keeps the max in 16-bit lanes (vpmaxuw)
-  for (uint32_t j = 0; j < len; ++j) {
-    const uint16_t v = x[j];
-    s.sym[j] = (uint16_t)(v >> t.mbits);
-    const uint16_t a = v & 0x7FFF;
-    mxa = a > mxa ? a : mxa;
+  // The largest and smallest |v| first (a vectorizable pass): their exponents
+  // bound the symbols present.
+  uint16_t mxa = 0, mna = 0xFFFF;  // u16 keeps the max / min in 16-bit lanes (vpmaxuw)
+  bool have_sym = false;  // s.sym holds the block's u values
+#if EZ_X86
+  if (Fast && len == kBlock) {
+    minmax_abs_fast(x, &mxa, &mna);
+  } else
+#endif
+  {
+    // Without the pair histogram (portable path, short blocks) every single-code
+    // path needs u = v >> M: computed in the same pass.
+    for (uint32_t j = 0; j < len; ++j) {
+      const uint16_t v = x[j];
+      s.sym[j] = (uint16_t)(v >> t.mbits);
+      const uint16_t a = v & 0x7FFF;
+      mxa = a > mxa ? a : mxa;
+      mna = a < mna ? a : mna;
+    }
+    have_sym = true;
   }
-  uint32_t j = 0;
+  // Exponents below emin (the smallest |v|'s) have no elements: the counts,
+  // lengths and codes of symbols below a0[kind] (emin, 2 emin) are neither
+  // written nor read in this block.
+  const uint32_t emax = mxa >> t.mbits, emin = mna >> t.mbits;
+  const uint32_t eend = emax + 1;
+  const uint32_t a0[2] = {emin, 2 * emin};  // [kind] first symbol that may be present
+  const uint32_t pair_r = eend - emin;      // exponents [emin, emax]
   // One input line and one output line are prefetched per 32 elements: 8 KiB
-  // each per full block, spread over the pass instead of a burst (a burst of
-  // 128 prefetches stalls on the fill buffers like the demand misses it replaces).
+  // each per full block, spread over the histogram instead of a burst (a burst
+  // of 128 prefetches stalls on the fill buffers like the demand misses it
+  // replaces).
   static_assert(kPfBytes == kBlock * 2, "one line of each per 32 elements");
+  const bool pair_hist = EZ_PAIR_OK && Fast && len == kBlock && pair_r <= kPairMaxR;
+#if EZ_X86
+  if (pair_hist) {
+    // Pair histogram: one counter increment (2 instructions) per 2 elements
+    // over (sign, exponent) pairs, the per-symbol counts from its row and column
+    // sums; the pair indices serve the pair writer too.
+    pair_index_fast<t.mbits>(x, emin, s.pbin, s.pidx);
+    for (uint32_t i = 0; i < kBlock / 2; i += 32) {  // 32 pairs = 64 elements
+      __builtin_prefetch(s.pf_in + 4 * i, 0, 2);
+      __builtin_prefetch(s.pf_out + 4 * i, 1, 2);
+      __builtin_prefetch(s.pf_in + 4 * i + 64, 0, 2);
+      __builtin_prefetch(s.pf_out + 4 * i + 64, 1, 2);
+#pragma GCC unroll 32
+      for (uint32_t q = i; q < i + 32; ++q) s.pcnt[s.pbin[q]]++;
+    }
+    pair_hist_counts_fast(s.pcnt, emin, pair_r, s.half);
+  } else
+#endif
+  {
+  // u = v >> M, then counts in 4 lanes (a run of equal symbols would otherwise
+  // serialize on one counter's store-to-load latency).
+  if (!have_sym)
+    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
+  have_sym = true;
+  uint32_t j = 0;
   for (; j + 32 <= len; j += 32) {
     __builtin_prefetch(s.pf_in + 2 * j, 0, 2);
     __builtin_prefetch(s.pf_out + 2 * j, 1, 2);
@@ -537,20 +830,20 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     }
   }
   for (; j < len; ++j) s.cnt[0][s.sym[j]]++;
-  // Sum the lanes (and clear them for the next block) for exponents <= the
-  // largest one (counts above it are zero), each sign half contiguous (vector
-  // loops), then interleave them into J order (symbol 2 e + s) and kind E's.
-  const uint32_t emax = mxa >> t.mbits;
-  const uint32_t eend = emax + 1;
+  // Sum the lanes (and clear them for the next block) for exponents in [emin,
+  // emax] (the lanes are zero elsewhere), each sign half contiguous (vector
+  // loops).
   for (uint32_t sg = 0; sg < 2; ++sg) {
     uint16_t* const h = s.half[sg];
-    for (uint32_t e = 0; e < eend; ++e) {
+    for (uint32_t e = emin; e < eend; ++e) {
       const uint32_t u = sg * AE + e;
       h[e] = (uint16_t)(s.cnt[0][u] + s.cnt[1][u] + s.cnt[2][u] + s.cnt[3][u]);
       s.cnt[0][u] = s.cnt[1][u] = s.cnt[2][u] = s.cnt[3][u] = 0;
     }
   }
-  for (uint32_t e = 0; e < eend; ++e) {
+  }
+  // Interleave the sign halves into J order (symbol 2 e + s) and kind E's.
+  for (uint32_t e = emin; e < eend; ++e) {
     const uint32_t p = s.half[0][e], m = s.half[1][e];
     s.c[kKindJ][2 * e] = p;
     s.c[kKindJ][2 * e + 1] = m;
@@ -571,17 +864,17 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
   // for J halves the code-length work on symmetric data).
   uint32_t imb = 0;
-  for (uint32_t e = 0; e < sym_end[kKindE]; ++e) {
+  for (uint32_t e = emin; e < sym_end[kKindE]; ++e) {
     const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
     imb += (uint32_t)(d < 0 ? -d : d);
   }
   uint32_t k[2];
-  k[kKindE] = code_lengths_fast(s.c[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
+  k[kKindE] = code_lengths_fast(s.c[kKindE], a0[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
   if (16 * imb >= len) {
-    k[kKindJ] = code_lengths_fast(s.c[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
+    k[kKindJ] = code_lengths_fast(s.c[kKindJ], a0[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
   } else {
     k[kKindJ] = 0;
-    for (uint32_t a = 0; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
+    for (uint32_t a = a0[kKindJ]; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
     if (k[kKindJ] >= 2) k[kKindJ] = 0;  // not a HUFF-J candidate (and not CONST-J)
   }
   uint32_t size[4] = {~0u, ~0u, ~0u, ~0u};
@@ -590,8 +883,8 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   for (uint32_t kind = 0; kind < 2; ++kind) {
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
-    for (uint32_t a = 0; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
-    nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind]);
+    for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
+    nib[kind] = write_lengths_from(s.len[kind], a0[kind], sym_end[kind], s.nibs[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
     size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
@@ -629,7 +922,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // Lengths counted in 4 lanes: most symbols below sym_end are absent (length
     // 0), and one counter's store-to-load chain cost ~4% of the encoder's time.
     uint32_t nl4[4][kMaxLen + 1] = {}, nl[kMaxLen + 1], next[kMaxLen + 1];
-    uint32_t a4 = 0;
+    uint32_t a4 = a0[kind];
     for (; a4 + 4 <= sym_end[kind]; a4 += 4) {
       nl4[0][ln[a4]]++;
       nl4[1][ln[a4 + 1]]++;
@@ -643,7 +936,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       next[l] = c;
       c = (c + nl[l]) << 1;
     }
-    for (uint32_t a = 0; a < sym_end[kind]; ++a) {
+    for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) {
       const uint32_t l = ln[a];
       if (!l) continue;
       const uint32_t code = next[l]++;
@@ -668,6 +961,100 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     w.nacc += l;
   };
   uint32_t bits_total;
+  // The pair writer runs exactly when the histogram was by pairs and the block
+  // is HUFF-E; the single-code writers read u per element.
+  const bool pair_writer = pair_hist;  // HUFF-E or HUFF-J
+  if (!pair_writer && !have_sym)
+    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
+#if EZ_X86
+  if (pair_writer) {
+    // Pair writer (kPairMaxR): the same bits as the single-code writers below,
+    // two elements a push. Table rows of absent symbols are never read; entries
+    // with an absent second symbol are never read either (length 0 there).
+    // Kind J: slots us = sg << 5 | e' are the J symbols 2 (emin + e') + sg, the
+    // table indexed by the histogram's bins (s.pbin); kind E: slots e', indexed
+    // by s.pidx. Both from the histogram pass.
+    const uint32_t R = pair_r;
+    uint64_t ce[64], le[64];
+    uint8_t le8[64];
+    const uint16_t* pair_at;
+    if (kind == kKindE) {
+      for (uint32_t b = 0; b < 32; ++b) {
+        const uint32_t l = b < R ? s.len[kKindE][emin + b] : 0;
+        le[b] = l;
+        le8[b] = (uint8_t)l;
+        ce[b] = l ? s.ccode[emin + b] : 0;
+      }
+      pair_table_fast<1>(ce, le, le8, R, s.pcode, s.plen);
+      pair_at = s.pidx;
+    } else {
+      for (uint32_t b = 0; b < 64; ++b) {
+        const uint32_t sg = b >> 5, e = emin + (b & 31);
+        const uint32_t a = 2 * e + sg;  // the J symbol of slot b (< sym_end: its length is this block's)
+        const uint32_t l = (b & 31) < R && a < sym_end[kKindJ] ? s.len[kKindJ][a] : 0;
+        le[b] = l;
+        le8[b] = (uint8_t)l;
+        ce[b] = l ? s.ccode[sg * AE + e] : 0;  // ccode is indexed by u = s << E | e
+      }
+      pair_table_fast<2>(ce, le, le8, R, s.pcode, s.plen);
+      pair_at = s.pbin;
+    }
+    // Two writers as below (streams 0..3 and 4..7), 2 pairs (<= 44 bits + < 8
+    // pending <= 64) a flush: a stream's 512 elements are 128 groups of 4.
+    uint64_t acc_a = 0, acc_b = 0;
+    uint32_t P_a = 0, P_b = 0;
+#define EZ_PUSH2(acc, P, pi)              \
+  do {                                    \
+    const uint32_t l_ = s.plen[pi];       \
+    acc = (acc << l_) | s.pcode[pi];      \
+    P += l_;                              \
+  } while (0)
+    // ANDN (BMI1; inline asm: GCC keeps ~7 in a register and still copies P0
+    // before an AND, as P0 is needed for the byte offset too) clears P0's low 3
+    // bits into a new register: 5 instructions a flush instead of 6. Only the
+    // AVX2/BMI2 path gets here (pair_writer).
+    uint32_t seven = 7;
+#define EZ_FLUSH(acc, P0, P, buf)                                                  \
+  do {                                                                             \
+    uint32_t b_;                                                                   \
+    asm("andn %[p0], %[m], %[b]" : [b] "=r"(b_) : [m] "r"(seven), [p0] "r"(P0)); \
+    store_be64((buf) + ((P0) >> 3), (acc) << ((b_ - (P)) & 63));                   \
+  } while (0)
+    uint32_t before_a = 0, before_b = 0;
+    constexpr uint32_t kHalfPairs = kStreams / 2 * kStreamLen / 2;  // stream st + 4's first pair
+    const uint16_t* pa = pair_at;
+    for (uint32_t st = 0; st < kStreams / 2; ++st) {
+      // Four groups of each writer an iteration (the loop's own 3 instructions
+      // were ~10% of it at one group).
+#define EZ_GROUPS(q)                                  \
+  do {                                                \
+    const uint32_t p0a = P_a, p0b = P_b;              \
+    EZ_PUSH2(acc_a, P_a, pa[q]);                      \
+    EZ_PUSH2(acc_a, P_a, pa[(q) + 1]);                \
+    EZ_FLUSH(acc_a, p0a, P_a, s.bits);                \
+    EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + (q)]);       \
+    EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + (q) + 1]);   \
+    EZ_FLUSH(acc_b, p0b, P_b, s.bits2);               \
+  } while (0)
+      for (uint32_t g = 0; g < kStreamLen / 16; ++g, pa += 8) {
+        EZ_GROUPS(0);
+        EZ_GROUPS(2);
+        EZ_GROUPS(4);
+        EZ_GROUPS(6);
+      }
+#undef EZ_GROUPS
+      st16(out + kBlockHead + 2 * st, P_a - before_a);
+      st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - before_b);
+      before_a = P_a;
+      before_b = P_b;
+    }
+#undef EZ_PUSH2
+#undef EZ_FLUSH
+    std::memset(s.bits2 + (P_b >> 3) + 8, 0, 16);
+    append_bits(s.bits, before_a, s.bits2, before_b);
+    bits_total = before_a + before_b;
+  } else
+#endif
   if (len == kBlock) {
     // Two writers, streams 0..3 into s.bits and 4..7 into s.bits2, advanced in
     // turn: each accumulator's shift-OR chain (2 cycles a code) overlaps the

@@ -219,6 +219,43 @@ def test_reference_identical_bytes(dtype):
     assert_bits_equal(yc, x)
 
 
+def _span_row(dtype, emin: int, span: int, neg: float, blocks: int, seed: int) -> np.ndarray:
+  """Full blocks whose exponents take exactly the span values [emin, emin + span):
+  skewed towards emin (so HUFF wins), both ends present in every block; each sign
+  negative with probability neg; random mantissas."""
+  rng = np.random.default_rng(seed)
+  mb = 7 if dtype == BF16 else 10
+  n = blocks * 4096
+  off = np.minimum(rng.geometric(0.25, n) - 1, span - 1)
+  off[::4096] = 0
+  off[1::4096] = span - 1
+  w = ((emin + off) << mb) | rng.integers(0, 1 << mb, n)
+  w |= (rng.random(n) < neg).astype(np.int64) << 15
+  return w.astype(np.uint16).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pair_path_boundaries_match_reference(dtype):
+  """The encoder's pair path (blocks whose exponents span <= 32 values: pair histogram
+  and pair writer, kinds E and J) and the single-code path just past it write the
+  reference's bytes; the mode bytes show which kind each case exercises."""
+  d = 128 + 128  # data_off of a 2-block row: header + align128(2 nb) directory bytes
+  cases = [(100, 32), (100, 33), (110, 8)] if dtype == BF16 else [(0, 32), (3, 20), (10, 8)]
+  for k, (emin, span) in enumerate(cases):
+    for neg, mode in ((0.5, 2), (0.03, 2 | 1 << 2)):  # symmetric: HUFF-E; skewed: HUFF-J
+      x = _span_row(dtype, emin, span, neg, 2, seed=300 + k)
+      out, status, raws, used = native_encode(x)
+      row, rraws = ref.encode_row(words(x), CODE[dtype])
+      assert status == 0 and raws == rraws == 0 and len(row) == used, (emin, span, neg)
+      assert out[d] == mode, (emin, span, neg, out[d])
+      if bytes(out[:used]) != row:
+        i = int(np.flatnonzero(np.frombuffer(row, np.uint8) != out[:used])[0])
+        raise AssertionError(f"span {span} neg {neg}: first differing byte at {i}: {out[i]:#x} != {row[i]:#x}")
+      y, st = native_decode(out, x.size, dtype)
+      assert st == 0
+      assert_bits_equal(y, x)
+
+
 # ---- prefix decoding and malformed rows -------------------------------------------------------------
 
 
