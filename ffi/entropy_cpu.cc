@@ -785,9 +785,10 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   const uint32_t a0[2] = {emin, 2 * emin};  // [kind] first symbol that may be present
   const uint32_t pair_r = eend - emin;      // exponents [emin, emax]
   // One input line and one output line are prefetched per 32 elements: 8 KiB
-  // each per full block, spread over the histogram instead of a burst (a burst
-  // of 128 prefetches stalls on the fill buffers like the demand misses it
-  // replaces).
+  // each per full block, spread over a long loop instead of a burst (a burst of
+  // 128 prefetches stalls on the fill buffers like the demand misses it
+  // replaces): the single-code path's histogram, the pair path's writer (its
+  // histogram is half as long: the bursts cost ~10% at 64 MiB).
   static_assert(kPfBytes == kBlock * 2, "one line of each per 32 elements");
   const bool pair_hist = EZ_PAIR_OK && Fast && len == kBlock && pair_r <= kPairMaxR;
 #if EZ_X86
@@ -797,10 +798,6 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // sums; the pair indices serve the pair writer too.
     pair_index_fast<t.mbits>(x, emin, s.pbin, s.pidx);
     for (uint32_t i = 0; i < kBlock / 2; i += 32) {  // 32 pairs = 64 elements
-      __builtin_prefetch(s.pf_in + 4 * i, 0, 2);
-      __builtin_prefetch(s.pf_out + 4 * i, 1, 2);
-      __builtin_prefetch(s.pf_in + 4 * i + 64, 0, 2);
-      __builtin_prefetch(s.pf_out + 4 * i + 64, 1, 2);
 #pragma GCC unroll 32
       for (uint32_t q = i; q < i + 32; ++q) s.pcnt[s.pbin[q]]++;
     }
@@ -895,6 +892,15 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       best_const = c < 2;
     }
 
+  if (pair_hist && (best_kind < 0 || best_const)) {
+    // The pair writer spreads the block's prefetches over its loop; RAW and CONST
+    // blocks of the pair path issue them here (rare: a single exponent, or data
+    // that does not compress).
+    for (uint32_t o = 0; o < kPfBytes; o += 64) {
+      __builtin_prefetch(s.pf_in + o, 0, 2);
+      __builtin_prefetch(s.pf_out + o, 1, 2);
+    }
+  }
   if (best_kind < 0) {  // RAW: the words verbatim
     *raw = true;
     std::memset(out, 0, kBlockHead);
@@ -1023,6 +1029,12 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     uint32_t before_a = 0, before_b = 0;
     constexpr uint32_t kHalfPairs = kStreams / 2 * kStreamLen / 2;  // stream st + 4's first pair
     const uint16_t* pa = pair_at;
+    // The block's prefetches (EncScratch::pf_in / pf_out: one line of each per
+    // iteration, 128 = 8 KiB each) are spread over this loop, the block's longest:
+    // in the pair histogram (half the old histogram's length) they came in bursts.
+    const uint8_t* pf_in = s.pf_in;
+    uint8_t* pf_out = s.pf_out;
+    static_assert(kStreams / 2 * (kStreamLen / 16) * 64 == kPfBytes, "one line of each an iteration");
     for (uint32_t st = 0; st < kStreams / 2; ++st) {
       // Four groups of each writer an iteration (the loop's own 3 instructions
       // were ~10% of it at one group).
@@ -1037,6 +1049,10 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     EZ_FLUSH(acc_b, p0b, P_b, s.bits2);               \
   } while (0)
       for (uint32_t g = 0; g < kStreamLen / 16; ++g, pa += 8) {
+        __builtin_prefetch(pf_in, 0, 2);
+        __builtin_prefetch(pf_out, 1, 2);
+        pf_in += 64;
+        pf_out += 64;
         EZ_GROUPS(0);
         EZ_GROUPS(2);
         EZ_GROUPS(4);
