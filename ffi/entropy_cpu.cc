@@ -648,37 +648,6 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
 }
 #endif
 
-// write_lengths (entropy_format.h) for lengths that are zero below a0 (len[0, a0)
-// is not read): the leading run of absent symbols starts at a0 without a scan.
-EZ_INLINE uint32_t write_lengths_from(const uint8_t* len, uint32_t a0, uint32_t sym_end, uint8_t* out) {
-  uint32_t nn = 0;
-  auto put = [&](uint32_t v) {
-    if (nn & 1) out[nn >> 1] |= (uint8_t)(v << 4);
-    else out[nn >> 1] = (uint8_t)v;
-    ++nn;
-  };
-  uint32_t a = 0, r0 = a0;  // r0: absent symbols known before a
-  while (a < sym_end) {
-    if (!r0 && len[a]) {
-      put(len[a++]);
-      continue;
-    }
-    uint32_t r = r0;
-    r0 = 0;
-    while (a + r < sym_end && len[a + r] == 0) ++r;
-    a += r;
-    while (r >= 3) {
-      const uint32_t c = r < 258 ? r : 258;
-      put(15);
-      put((c - 3) & 15);
-      put((c - 3) >> 4);
-      r -= c;
-    }
-    while (r--) put(0);
-  }
-  return (nn + 1) / 2;
-}
-
 struct EncScratch {
   PMFast pm;
   // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
@@ -747,6 +716,28 @@ EZ_INLINE void append_bits(uint8_t* dst, uint32_t at, const uint8_t* src, uint32
     store_be64(d + i, carry | (w >> sh));
     carry = w << (64 - sh);
   }
+}
+
+// Two bit writers (streams 0..3 into one buffer, 4..7 into another) have ended
+// stream st and st + kStreams / 2 at bit positions P_a and P_b: their bit lengths
+// go into the block header, and the next streams start there.
+EZ_INLINE void end_stream_pair(uint8_t* out, uint32_t st, uint32_t P_a, uint32_t P_b, uint32_t* before_a,
+                               uint32_t* before_b) {
+  st16(out + kBlockHead + 2 * st, P_a - *before_a);
+  st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - *before_b);
+  *before_a = P_a;
+  *before_b = P_b;
+}
+
+// Joins the two writers' areas: bits_b's bits_b_n bits (its writer ended at bit P_b)
+// after bits_a's bits_a_n. Returns the total bits. The writers' last flush stored 8
+// bytes from its start byte (zeros after the pending bits); 16 more zero bytes from
+// P_b / 8 + 8 cover append_bits' word reads.
+EZ_INLINE uint32_t join_writers(uint8_t* bits_a, uint32_t bits_a_n, uint8_t* bits_b, uint32_t P_b,
+                                uint32_t bits_b_n) {
+  std::memset(bits_b + (P_b >> 3) + 8, 0, 16);
+  append_bits(bits_a, bits_a_n, bits_b, bits_b_n);
+  return bits_a_n + bits_b_n;
 }
 
 // Encodes one block into out (at most max_block_bytes(len) bytes, exactly the
@@ -881,7 +872,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
     for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
-    nib[kind] = write_lengths_from(s.len[kind], a0[kind], sym_end[kind], s.nibs[kind]);
+    nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind], a0[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
     size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
@@ -1059,16 +1050,11 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
         EZ_GROUPS(6);
       }
 #undef EZ_GROUPS
-      st16(out + kBlockHead + 2 * st, P_a - before_a);
-      st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - before_b);
-      before_a = P_a;
-      before_b = P_b;
+      end_stream_pair(out, st, P_a, P_b, &before_a, &before_b);
     }
 #undef EZ_PUSH2
 #undef EZ_FLUSH
-    std::memset(s.bits2 + (P_b >> 3) + 8, 0, 16);
-    append_bits(s.bits, before_a, s.bits2, before_b);
-    bits_total = before_a + before_b;
+    bits_total = join_writers(s.bits, before_a, s.bits2, P_b, before_b);
   } else
 #endif
   if (len == kBlock) {
@@ -1121,19 +1107,11 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       }
       EZ_FLUSH(acc_a, p0a, P_a, s.bits);
       EZ_FLUSH(acc_b, p0b, P_b, s.bits2);
-      st16(out + kBlockHead + 2 * st, P_a - before_a);
-      st16(out + kBlockHead + 2 * (st + kStreams / 2), P_b - before_b);
-      before_a = P_a;
-      before_b = P_b;
+      end_stream_pair(out, st, P_a, P_b, &before_a, &before_b);
     }
 #undef EZ_PUSH
 #undef EZ_FLUSH
-    // The last flush stored 8 bytes from its start byte: zeros after the pending
-    // bits. Zero 16 more from the byte after the end (as before: P_b / 8 + 8) for
-    // append_bits' word reads.
-    std::memset(s.bits2 + (P_b >> 3) + 8, 0, 16);
-    append_bits(s.bits, before_a, s.bits2, before_b);
-    bits_total = before_a + before_b;
+    bits_total = join_writers(s.bits, before_a, s.bits2, P_b, before_b);
   } else {
     BitWriter w;
     w.init(s.bits);

@@ -309,7 +309,9 @@ EZ_HD bool canonical_codes(const uint8_t* len, uint32_t A, uint16_t* code) {
 // high nibble.
 
 // Writes the nibble stream; returns its byte count. out may be null (size only).
-EZ_HD uint32_t write_lengths(const uint8_t* len, uint32_t sym_end, uint8_t* out) {
+// len[0, a0) must be zero and is not read: the leading run of absent symbols then
+// starts at a0 without a scan (the CPU encoder knows where a block's symbols start).
+EZ_HD uint32_t write_lengths(const uint8_t* len, uint32_t sym_end, uint8_t* out, uint32_t a0 = 0) {
   uint32_t nn = 0;
   auto put = [&](uint32_t v) {
     if (out) {
@@ -318,13 +320,14 @@ EZ_HD uint32_t write_lengths(const uint8_t* len, uint32_t sym_end, uint8_t* out)
     }
     ++nn;
   };
-  uint32_t a = 0;
+  uint32_t a = 0, r0 = a0 < sym_end ? a0 : sym_end;  // r0: absent symbols known before a
   while (a < sym_end) {
-    if (len[a]) {
+    if (!r0 && len[a]) {
       put(len[a++]);
       continue;
     }
-    uint32_t r = 0;
+    uint32_t r = r0;
+    r0 = 0;
     while (a + r < sym_end && len[a + r] == 0) ++r;
     a += r;
     while (r >= 3) {
