@@ -89,13 +89,10 @@ def init_jax(default_devices: int = 8, malloc: str = "default") -> bool:
   import jax
   if malloc == "tuned":
     import zipccl_jax
+    from zipccl_jax._src import compat  # where the library asks JAX the same question
     # Under a running backend (e.g. pytest) the one-arena limit would come too late
     # (tune_host_allocator warns): only the mmap threshold then.
-    try:
-      from jax._src import xla_bridge  # no public spelling of this question
-      late = xla_bridge.backends_are_initialized()
-    except (ImportError, AttributeError):
-      late = False
+    late = bool(compat.backends_started())
     zipccl_jax.tune_host_allocator(arenas=None if late else 1)
   elif malloc != "default":
     raise ValueError(f"init_jax: malloc must be 'tuned' or 'default', got {malloc!r}")
