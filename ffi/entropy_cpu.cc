@@ -648,6 +648,20 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
 }
 #endif
 
+// True when no element of x[0, len) is a subnormal ((v & 0x7FFF) in [1, 2^M)): the
+// smallest (|v| - 1) mod 2^16 (zeros wrap to 0xFFFF) is >= 2^M - 1. A min
+// reduction that the compiler vectorizes (AVX2 in the fast build); called only for
+// blocks whose smallest |v| is 0.
+template <uint32_t M>
+EZ_INLINE bool no_subnormal(const uint16_t* x, uint32_t len) {
+  uint16_t mn = 0xFFFF;
+  for (uint32_t j = 0; j < len; ++j) {
+    const uint16_t a = (uint16_t)((x[j] & 0x7FFF) - 1);
+    mn = a < mn ? a : mn;
+  }
+  return mn >= (1u << M) - 1;
+}
+
 struct EncScratch {
   PMFast pm;
   // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
@@ -655,6 +669,7 @@ struct EncScratch {
   // histogram and the code tables take u and the counts are permuted into
   // symbol order once per block (2 x 256 values), not per element.
   uint16_t sym[kBlock];              // u of every element of the block
+  uint16_t zx[kBlock];               // kind Z: the block's words with e != 0, in order
   uint16_t cnt[4][kMaxAlphabet];     // histogram lanes over u (<= 1024 per lane); zero between blocks
   uint16_t half[2][kMaxAlphabet / 2 + 16];  // [sign] lane sums by exponent
   uint32_t c[2][kMaxAlphabet];       // [kind] counts by symbol
@@ -840,8 +855,14 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   uint32_t sym_end[2];
   sym_end[kKindE] = eend;
   sym_end[kKindJ] = 2 * emax + 1 + (s.half[1][emax] != 0);  // 1 + the largest J symbol
+  // Kind Z (zero elision) needs an element with exponent 0 and no subnormal: the
+  // smallest |v| is then 0, and the smallest nonzero |v| is >= 2^M. Blocks whose
+  // smallest |v| is not 0 (no zero, or a subnormal smallest) skip the scan.
+  const bool zok = mna == 0 && no_subnormal<t.mbits>(x, len);
+  const uint32_t z = zok ? s.half[0][0] + s.half[1][0] : 0;  // elements with e = 0 (+-0)
 
-  // Candidate sizes in the tie order CONST-E, CONST-J, HUFF-E, HUFF-J, RAW.
+  // Candidate sizes in the tie order CONST-E, CONST-J, CONST-Z, HUFF-E, HUFF-J,
+  // HUFF-Z, RAW.
   uint32_t best = max_block_bytes(len);
   int best_kind = -1;  // -1 = RAW
   bool best_const = false;
@@ -850,7 +871,8 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // Kind J can only pay when the sign is predictable from the exponent: the sign
   // costs at least 1 - |1 - 2p| bits, so J saves at most sum_e |c+ - c-| bits. It
   // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
-  // for J halves the code-length work on symmetric data).
+  // for J halves the code-length work on symmetric data), or when kind Z applies
+  // and 16 z >= len (its raw planes drop z values of M bits).
   uint32_t imb = 0;
   for (uint32_t e = emin; e < sym_end[kKindE]; ++e) {
     const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
@@ -858,29 +880,33 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   }
   uint32_t k[2];
   k[kKindE] = code_lengths_fast(s.c[kKindE], a0[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
-  if (16 * imb >= len) {
+  if (16 * imb >= len || (zok && 16 * z >= len)) {
     k[kKindJ] = code_lengths_fast(s.c[kKindJ], a0[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
   } else {
     k[kKindJ] = 0;
     for (uint32_t a = a0[kKindJ]; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
     if (k[kKindJ] >= 2) k[kKindJ] = 0;  // not a HUFF-J candidate (and not CONST-J)
   }
-  uint32_t size[4] = {~0u, ~0u, ~0u, ~0u};
+  // size[coding_index * 3 + kind]: CONST-E, CONST-J, CONST-Z, HUFF-E, HUFF-J, HUFF-Z.
+  uint32_t size[6] = {~0u, ~0u, ~0u, ~0u, ~0u, ~0u};
   for (uint32_t kind = 0; kind < 2; ++kind)
     if (k[kind] == 1) size[kind] = kBlockHead + t.raw_bytes(kind, len);
+  if (zok && k[kKindJ] == 1) size[kKindZ] = kBlockHead;  // all +0 or all -0: no raw planes
   for (uint32_t kind = 0; kind < 2; ++kind) {
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
     for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
     nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind], a0[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
-    size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
+    size[3 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
-  for (int c = 0; c < 4; ++c)
+  // HUFF-Z: HUFF-J's code and streams, the raw planes of the len - z nonzero values.
+  if (zok && k[kKindJ] >= 2) size[3 + kKindZ] = kHuffHead + nib[kKindJ] + area[kKindJ] + t.raw_bytes(kKindJ, len - z);
+  for (int c = 0; c < 6; ++c)
     if (size[c] < best) {
       best = size[c];
-      best_kind = c & 1;
-      best_const = c < 2;
+      best_kind = c % 3;
+      best_const = c < 3;
     }
 
   if (pair_hist && (best_kind < 0 || best_const)) {
@@ -899,45 +925,46 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     return best;
   }
   *raw = false;
-  const uint32_t kind = (uint32_t)best_kind;
+  const uint32_t kind = (uint32_t)best_kind;  // the mode's kind (E, J or Z)
+  const uint32_t ck = Traits::sym_kind(kind);  // the symbols' kind (Z codes J symbols)
   if (best_const) {
     out[0] = (uint8_t)(kConst | (kind << 2));
     out[1] = 0;
-    st16(out + 2, one_sym[kind]);
-    write_raw_kind<D, Fast>(kind, x, len, out + kBlockHead);
+    st16(out + 2, one_sym[ck]);
+    if (kind != kKindZ) write_raw_kind<D, Fast>(kind, x, len, out + kBlockHead);
     return best;
   }
   out[0] = (uint8_t)(kHuff | (kind << 2));
   out[1] = 0;
-  st16(out + 2, sym_end[kind]);
+  st16(out + 2, sym_end[ck]);
   uint8_t* nib_out = out + kHuffHead;
-  std::memcpy(nib_out, s.nibs[kind], nib[kind]);
+  std::memcpy(nib_out, s.nibs[ck], nib[ck]);
   // Canonical codes (entropy_format.h canonical_codes: (length, symbol) order),
   // written straight into the J-symbol-indexed tables (kind E: both signs).
   {
-    const uint8_t* ln = s.len[kind];
+    const uint8_t* ln = s.len[ck];
     // Lengths counted in 4 lanes: most symbols below sym_end are absent (length
     // 0), and one counter's store-to-load chain cost ~4% of the encoder's time.
     uint32_t nl4[4][kMaxLen + 1] = {}, nl[kMaxLen + 1], next[kMaxLen + 1];
-    uint32_t a4 = a0[kind];
-    for (; a4 + 4 <= sym_end[kind]; a4 += 4) {
+    uint32_t a4 = a0[ck];
+    for (; a4 + 4 <= sym_end[ck]; a4 += 4) {
       nl4[0][ln[a4]]++;
       nl4[1][ln[a4 + 1]]++;
       nl4[2][ln[a4 + 2]]++;
       nl4[3][ln[a4 + 3]]++;
     }
-    for (; a4 < sym_end[kind]; ++a4) nl4[0][ln[a4]]++;
+    for (; a4 < sym_end[ck]; ++a4) nl4[0][ln[a4]]++;
     for (uint32_t l = 0; l <= kMaxLen; ++l) nl[l] = nl4[0][l] + nl4[1][l] + nl4[2][l] + nl4[3][l];
     uint32_t c = 0;
     for (uint32_t l = 1; l <= kMaxLen; ++l) {
       next[l] = c;
       c = (c + nl[l]) << 1;
     }
-    for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) {
+    for (uint32_t a = a0[ck]; a < sym_end[ck]; ++a) {
       const uint32_t l = ln[a];
       if (!l) continue;
       const uint32_t code = next[l]++;
-      if (kind == kKindE) {  // u = e and AE + e
+      if (ck == kKindE) {  // u = e and AE + e
         s.ccode[a] = s.ccode[AE + a] = code;
         s.clen[a] = s.clen[AE + a] = (uint8_t)l;
       } else {  // symbol a = e << 1 | s: u = s << E | e
@@ -975,7 +1002,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     uint64_t ce[64], le[64];
     uint8_t le8[64];
     const uint16_t* pair_at;
-    if (kind == kKindE) {
+    if (ck == kKindE) {
       for (uint32_t b = 0; b < 32; ++b) {
         const uint32_t l = b < R ? s.len[kKindE][emin + b] : 0;
         le[b] = l;
@@ -1134,9 +1161,21 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     bits_total = before;
   }
   (void)bits_total;
-  uint8_t* area_out = nib_out + nib[kind];
-  std::memcpy(area_out, s.bits, area[kind]);
-  write_raw_kind<D, Fast>(kind, x, len, area_out + area[kind]);
+  uint8_t* area_out = nib_out + nib[ck];
+  std::memcpy(area_out, s.bits, area[ck]);
+  if (kind == kKindZ) {
+    // Kind Z: the kind J planes of the words with e != 0 (|v| != 0 in a Z-valid
+    // block), compacted in element order.
+    uint32_t nz = 0;
+    for (uint32_t j = 0; j < len; ++j) {
+      const uint16_t v = x[j];
+      s.zx[nz] = v;
+      nz += (v & 0x7FFF) != 0;
+    }
+    write_raw_kind<D, Fast>(kKindJ, s.zx, nz, area_out + area[ck]);
+  } else {
+    write_raw_kind<D, Fast>(kind, x, len, area_out + area[ck]);
+  }
   return best;
 }
 
@@ -1200,6 +1239,7 @@ struct DecScratch {
   uint8_t olen[kMaxAlphabet + 1];
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
+  uint16_t zraw[kBlock + 1];  // kind Z: the block's raw values (elements with e != 0), in order
   // Prefetch targets for the decode rounds (see decode_row_t): a later block's
   // payload bytes and the output words of the next block.
   const uint8_t* pf_in;
@@ -1230,6 +1270,31 @@ EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
   }
 }
 
+// Kind Z's join: s.sv[0, len) holds the decoded symbols' value bits (and code
+// lengths in the low nibble, which the raw bits own); the nz elements with e != 0
+// take the nz raw values of the planes in[0, r) in order, the others (+-0) none.
+// r != raw_bytes(J, nz) is a stream error (the planes do not match the symbols);
+// nothing past in + r is read. The planes are unpacked into s.zraw[0, nz) (kind J's
+// join with no symbol bits), then spread by a running count.
+template <DtypeCode D, bool Fast>
+EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, DecScratch& s, uint16_t* y) {
+  constexpr Traits t = traits<D>();
+  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
+  uint32_t nz = 0;
+  for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;
+  if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
+  or_raw<D, kKindJ, Fast>(in, nz, s.sv, s.zraw, 0);  // s.zraw[k] = the k-th raw value
+  s.zraw[nz] = 0;  // read (and discarded) by an e = 0 element after the last nonzero one
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < len; ++j) {
+    const uint16_t v = s.sv[j];
+    const uint32_t nzj = (v & emask) != 0;
+    y[j] = (uint16_t)((v & (uint16_t)~kLenMask) | (nzj ? s.zraw[k] : 0));
+    k += nzj;
+  }
+  return kDecOk;
+}
+
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
 template <DtypeCode D, bool Fast>
@@ -1244,9 +1309,19 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     std::memcpy(y, blk + kBlockHead, 2 * (size_t)len);
     return kDecOk;
   }
-  if (kind > 1 || coding > kHuff) return kDecBadTable;
+  if (kind > kKindZ || coding > kHuff) return kDecBadTable;
+  const bool zk = kind == kKindZ;
   const uint32_t A = t.alphabet(kind);
-  const uint32_t rawb = t.raw_bytes(kind, len);
+  // Kind Z's raw-plane size r is what the block has left after its streams
+  // (checked below); E and J's is fixed by len.
+  const uint32_t rawb = zk ? 0 : t.raw_bytes(kind, len);
+  if (zk && coding == kConst) {  // CONST-Z: every element +0 (symbol 0) or -0 (1)
+    const uint32_t sym = ld16(blk + 2);
+    if (sym >= 2 || size != kBlockHead) return kDecBadTable;
+    const uint16_t v = (uint16_t)(sym << 15);
+    for (uint32_t j = 0; j < len; ++j) y[j] = v;
+    return kDecOk;
+  }
   if (coding == kConst) {
     const uint32_t sym = ld16(blk + 2);
     if (sym >= A || size != kBlockHead + rawb) return kDecBadTable;
@@ -1276,7 +1351,13 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   const uint32_t total = start[kStreams];
   const uint32_t ab = (total + 7) / 8;
   const uint32_t area_off = kHuffHead + (uint32_t)nib;
-  if (size != area_off + ab + rawb) return kDecBadTable;
+  if (zk) {
+    // HUFF-Z: r = size - area_off - ab in [0, raw_bytes(J, len)]; r must equal
+    // raw_bytes(J, nz), checked once the symbols are decoded (zero_join).
+    if (size < area_off + ab || size - (area_off + ab) > t.raw_bytes(kKindJ, len)) return kDecBadTable;
+  } else if (size != area_off + ab + rawb) {
+    return kDecBadTable;
+  }
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
@@ -1424,6 +1505,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
+  if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s, y);
   or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }
