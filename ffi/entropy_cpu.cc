@@ -409,6 +409,103 @@ EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const
 }
 
 // ---------------------------------------------------------------------------------
+// Kind Z: compaction of the words with e != 0 (encoder) and expansion of the raw
+// values to their elements (decoder), 8 u16 lanes at a time by byte shuffles.
+
+// For an 8-bit lane mask m (bit i = lane i kept): kCompress[m] moves the kept lanes
+// to lanes 0 .. popcount(m) - 1 in order; kExpand[m] moves lanes 0 .. popcount(m) -
+// 1 to the kept lanes in order and zeroes the others (shuffle byte 0x80).
+struct ZShuffles {
+  alignas(16) uint8_t compress[256][16];
+  alignas(16) uint8_t expand[256][16];
+  constexpr ZShuffles() : compress(), expand() {
+    for (uint32_t m = 0; m < 256; ++m) {
+      uint32_t k = 0;
+      for (uint32_t i = 0; i < 8; ++i) {
+        compress[m][2 * i] = compress[m][2 * i + 1] = 0x80;
+        expand[m][2 * i] = expand[m][2 * i + 1] = 0x80;
+      }
+      for (uint32_t i = 0; i < 8; ++i) {
+        if (!(m >> i & 1)) continue;
+        compress[m][2 * k] = (uint8_t)(2 * i);
+        compress[m][2 * k + 1] = (uint8_t)(2 * i + 1);
+        expand[m][2 * i] = (uint8_t)(2 * k);
+        expand[m][2 * i + 1] = (uint8_t)(2 * k + 1);
+        ++k;
+      }
+    }
+  }
+};
+constexpr ZShuffles kZShuffles{};
+
+#if EZ_X86
+// Kind Z's compaction: the words x[j] with (x[j] & 0x7FFF) != 0 (e != 0 in a
+// Z-valid block), in order, to out[0, nz); returns nz. Writes up to 8 words past
+// out + nz (16-byte stores).
+EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, uint16_t* out) {
+  const __m128i mag = _mm_set1_epi16(0x7FFF), zero = _mm_setzero_si128();
+  uint32_t k = 0, j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
+    const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, mag), zero);
+    const uint32_t m = ~(uint32_t)_mm_movemask_epi8(_mm_packs_epi16(isz, isz)) & 0xFF;
+    const __m128i sh = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(v, sh));
+    k += (uint32_t)_mm_popcnt_u32(m);
+  }
+  for (; j < len; ++j) {
+    out[k] = x[j];
+    k += (x[j] & 0x7FFF) != 0;
+  }
+  return k;
+}
+
+// Kind Z's expansion: y[j] = (sv[j] & keep) | (the next raw value if sv[j] has
+// exponent bits, else 0), raw values raw[0, ..) in order. Reads up to 8 words past
+// the last raw value used (16-byte loads; their lanes are shuffled out).
+EZ_TARGET_FAST void expand_nonzero_fast(const uint16_t* sv, uint32_t len, const uint16_t* raw, uint16_t emask,
+                                        uint16_t keep, uint16_t* y) {
+  const __m128i em = _mm_set1_epi16((short)emask), kp = _mm_set1_epi16((short)keep), zero = _mm_setzero_si128();
+  uint32_t k = 0, j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + j));
+    const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, em), zero);
+    const uint32_t m = ~(uint32_t)_mm_movemask_epi8(_mm_packs_epi16(isz, isz)) & 0xFF;
+    const __m128i sh = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m]));
+    const __m128i r = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), sh);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), _mm_or_si128(_mm_and_si128(v, kp), r));
+    k += (uint32_t)_mm_popcnt_u32(m);
+  }
+  for (; j < len; ++j) {
+    const uint16_t v = sv[j];
+    const uint16_t nzj = (uint16_t)-(uint16_t)((v & emask) != 0);  // 0xFFFF or 0
+    y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
+    k += nzj & 1;
+  }
+}
+#endif
+
+// Portable forms (branch-free: the zeros of ReLU data fall at random).
+inline uint32_t compact_nonzero(const uint16_t* x, uint32_t len, uint16_t* out) {
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < len; ++j) {
+    out[k] = x[j];
+    k += (x[j] & 0x7FFF) != 0;
+  }
+  return k;
+}
+inline void expand_nonzero(const uint16_t* sv, uint32_t len, const uint16_t* raw, uint16_t emask, uint16_t keep,
+                           uint16_t* y) {
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < len; ++j) {
+    const uint16_t v = sv[j];
+    const uint16_t nzj = (uint16_t)-(uint16_t)((v & emask) != 0);
+    y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
+    k += nzj & 1;
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Block encoder.
 
 // code_lengths (entropy_format.h, the normative package-merge) computed the same
@@ -669,7 +766,7 @@ struct EncScratch {
   // histogram and the code tables take u and the counts are permuted into
   // symbol order once per block (2 x 256 values), not per element.
   uint16_t sym[kBlock];              // u of every element of the block
-  uint16_t zx[kBlock];               // kind Z: the block's words with e != 0, in order
+  uint16_t zx[kBlock + 8];           // kind Z: the block's words with e != 0, in order (+ store slack)
   uint16_t cnt[4][kMaxAlphabet];     // histogram lanes over u (<= 1024 per lane); zero between blocks
   uint16_t half[2][kMaxAlphabet / 2 + 16];  // [sign] lane sums by exponent
   uint32_t c[2][kMaxAlphabet];       // [kind] counts by symbol
@@ -1166,12 +1263,12 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   if (kind == kKindZ) {
     // Kind Z: the kind J planes of the words with e != 0 (|v| != 0 in a Z-valid
     // block), compacted in element order.
-    uint32_t nz = 0;
-    for (uint32_t j = 0; j < len; ++j) {
-      const uint16_t v = x[j];
-      s.zx[nz] = v;
-      nz += (v & 0x7FFF) != 0;
-    }
+    uint32_t nz;
+#if EZ_X86
+    if (Fast) nz = compact_nonzero_fast(x, len, s.zx);
+    else
+#endif
+      nz = compact_nonzero(x, len, s.zx);
     write_raw_kind<D, Fast>(kKindJ, s.zx, nz, area_out + area[ck]);
   } else {
     write_raw_kind<D, Fast>(kind, x, len, area_out + area[ck]);
@@ -1239,7 +1336,7 @@ struct DecScratch {
   uint8_t olen[kMaxAlphabet + 1];
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
-  uint16_t zraw[kBlock + 1];  // kind Z: the block's raw values (elements with e != 0), in order
+  uint16_t zraw[kBlock + 8];  // kind Z: the block's raw values (elements with e != 0), in order
   // Prefetch targets for the decode rounds (see decode_row_t): a later block's
   // payload bytes and the output words of the next block.
   const uint8_t* pf_in;
@@ -1281,17 +1378,18 @@ EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, DecScra
   constexpr Traits t = traits<D>();
   constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
   uint32_t nz = 0;
-  for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;
+  for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;  // (vectorized)
   if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
   or_raw<D, kKindJ, Fast>(in, nz, s.sv, s.zraw, 0);  // s.zraw[k] = the k-th raw value
-  s.zraw[nz] = 0;  // read (and discarded) by an e = 0 element after the last nonzero one
-  uint32_t k = 0;
-  for (uint32_t j = 0; j < len; ++j) {
-    const uint16_t v = s.sv[j];
-    const uint32_t nzj = (v & emask) != 0;
-    y[j] = (uint16_t)((v & (uint16_t)~kLenMask) | (nzj ? s.zraw[k] : 0));
-    k += nzj;
+  // Words past nz are read (masked off): defined values for them.
+  std::memset(s.zraw + nz, 0, 2 * 8);
+#if EZ_X86
+  if (Fast) {
+    expand_nonzero_fast(s.sv, len, s.zraw, emask, (uint16_t)~kLenMask, y);
+    return kDecOk;
   }
+#endif
+  expand_nonzero(s.sv, len, s.zraw, emask, (uint16_t)~kLenMask, y);
   return kDecOk;
 }
 
