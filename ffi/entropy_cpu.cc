@@ -444,7 +444,22 @@ constexpr ZShuffles kZShuffles{};
 // (a 16-byte store at k <= j ends by j + 8 <= len), garbage past nz.
 EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, uint16_t* out) {
   const __m128i mag = _mm_set1_epi16(0x7FFF), zero = _mm_setzero_si128();
+  const __m256i mag2 = _mm256_set1_epi16(0x7FFF), zero2 = _mm256_setzero_si256();
   uint32_t k = 0, j = 0;
+  // 16 lanes a step: one mask for both halves (PEXT keeps one of movemask's two
+  // bits per 16-bit lane), then two 8-lane shuffles.
+  for (; j + 16 <= len; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, mag2), zero2);
+    const uint32_t m = _pext_u32(~(uint32_t)_mm256_movemask_epi8(isz), 0x55555555u);
+    const uint32_t m0 = m & 0xFF, m1 = m >> 8;
+    const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m0]));
+    const __m128i s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(_mm256_castsi256_si128(v), s0));
+    k += (uint32_t)_mm_popcnt_u32(m0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(_mm256_extracti128_si256(v, 1), s1));
+    k += (uint32_t)_mm_popcnt_u32(m1);
+  }
   for (; j + 8 <= len; j += 8) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
     const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, mag), zero);
@@ -466,7 +481,24 @@ EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, ui
 EZ_TARGET_FAST void expand_nonzero_fast(const uint16_t* sv, uint32_t len, const uint16_t* raw, uint16_t emask,
                                         uint16_t keep, uint16_t* y) {
   const __m128i em = _mm_set1_epi16((short)emask), kp = _mm_set1_epi16((short)keep), zero = _mm_setzero_si128();
+  const __m256i em2 = _mm256_set1_epi16((short)emask), kp2 = _mm256_set1_epi16((short)keep);
+  const __m256i zero2 = _mm256_setzero_si256();
   uint32_t k = 0, j = 0;
+  // 16 lanes a step (as in compact_nonzero_fast).
+  for (; j + 16 <= len; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, em2), zero2);
+    const uint32_t m = _pext_u32(~(uint32_t)_mm256_movemask_epi8(isz), 0x55555555u);
+    const uint32_t m0 = m & 0xFF, m1 = m >> 8;
+    const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m0]));
+    const __m128i s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m1]));
+    const __m128i r0 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), s0);
+    k += (uint32_t)_mm_popcnt_u32(m0);
+    const __m128i r1 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), s1);
+    k += (uint32_t)_mm_popcnt_u32(m1);
+    const __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, kp2), r));
+  }
   for (; j + 8 <= len; j += 8) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + j));
     const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, em), zero);
@@ -482,6 +514,23 @@ EZ_TARGET_FAST void expand_nonzero_fast(const uint16_t* sv, uint32_t len, const 
     y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
     k += nzj & 1;
   }
+}
+
+// The number of sv[0, len) with exponent bits (sv & emask != 0), 32 a step.
+EZ_TARGET_FAST uint32_t count_nonzero_fast(const uint16_t* sv, uint32_t len, uint16_t emask) {
+  const __m256i em = _mm256_set1_epi16((short)emask), zero = _mm256_setzero_si256();
+  uint32_t zeros = 0, j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j + 16));
+    // packs keeps each lane's 0 / -1 as a byte (in another order: a count only)
+    const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(_mm256_and_si256(a, em), zero),
+                                         _mm256_cmpeq_epi16(_mm256_and_si256(b, em), zero));
+    zeros += (uint32_t)_mm_popcnt_u32((uint32_t)_mm256_movemask_epi8(z));
+  }
+  uint32_t nz = j - zeros;
+  for (; j < len; ++j) nz += (sv[j] & emask) != 0;
+  return nz;
 }
 #endif
 
@@ -1378,7 +1427,11 @@ EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, DecScra
   constexpr Traits t = traits<D>();
   constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
   uint32_t nz = 0;
-  for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;  // (vectorized)
+#if EZ_X86
+  if (Fast) nz = count_nonzero_fast(s.sv, len, emask);
+  else
+#endif
+    for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;
   if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
   or_raw<D, kKindJ, Fast>(in, nz, s.sv, s.zraw, 0);  // s.zraw[k] = the k-th raw value
   // Words past nz are read (masked off): defined values for them.
