@@ -554,6 +554,38 @@ inline void expand_nonzero(const uint16_t* sv, uint32_t len, const uint16_t* raw
   }
 }
 
+// Kind Z's join: sv[0, len) holds the decoded symbols' value bits (and code
+// lengths in the low nibble, which the raw bits own); the nz elements with e != 0
+// take the nz raw values of the planes in[0, r) in order, the others (+-0) none.
+// r != raw_bytes(J, nz) is a stream error (the planes do not match the symbols);
+// nothing past in + r is read. The planes are unpacked into zraw[0, nz) (kind J's
+// join with no symbol bits; zraw has room for nz + 8 words), then spread by a
+// running count.
+template <DtypeCode D, bool Fast>
+EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, const uint16_t* sv, uint16_t* zraw,
+                            uint16_t* y) {
+  constexpr Traits t = traits<D>();
+  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
+  uint32_t nz = 0;
+#if EZ_X86
+  if (Fast) nz = count_nonzero_fast(sv, len, emask);
+  else
+#endif
+    for (uint32_t j = 0; j < len; ++j) nz += (sv[j] & emask) != 0;
+  if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
+  or_raw<D, kKindJ, Fast>(in, nz, sv, zraw, 0);  // zraw[k] = the k-th raw value
+  // Words past nz are read (masked off): defined values for them.
+  std::memset(zraw + nz, 0, 2 * 8);
+#if EZ_X86
+  if (Fast) {
+    expand_nonzero_fast(sv, len, zraw, emask, (uint16_t)~kLenMask, y);
+    return kDecOk;
+  }
+#endif
+  expand_nonzero(sv, len, zraw, emask, (uint16_t)~kLenMask, y);
+  return kDecOk;
+}
+
 // ---------------------------------------------------------------------------------
 // Block encoder.
 
@@ -1416,36 +1448,6 @@ EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
   }
 }
 
-// Kind Z's join: s.sv[0, len) holds the decoded symbols' value bits (and code
-// lengths in the low nibble, which the raw bits own); the nz elements with e != 0
-// take the nz raw values of the planes in[0, r) in order, the others (+-0) none.
-// r != raw_bytes(J, nz) is a stream error (the planes do not match the symbols);
-// nothing past in + r is read. The planes are unpacked into s.zraw[0, nz) (kind J's
-// join with no symbol bits), then spread by a running count.
-template <DtypeCode D, bool Fast>
-EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, DecScratch& s, uint16_t* y) {
-  constexpr Traits t = traits<D>();
-  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
-  uint32_t nz = 0;
-#if EZ_X86
-  if (Fast) nz = count_nonzero_fast(s.sv, len, emask);
-  else
-#endif
-    for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;
-  if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
-  or_raw<D, kKindJ, Fast>(in, nz, s.sv, s.zraw, 0);  // s.zraw[k] = the k-th raw value
-  // Words past nz are read (masked off): defined values for them.
-  std::memset(s.zraw + nz, 0, 2 * 8);
-#if EZ_X86
-  if (Fast) {
-    expand_nonzero_fast(s.sv, len, s.zraw, emask, (uint16_t)~kLenMask, y);
-    return kDecOk;
-  }
-#endif
-  expand_nonzero(s.sv, len, s.zraw, emask, (uint16_t)~kLenMask, y);
-  return kDecOk;
-}
-
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
 template <DtypeCode D, bool Fast>
@@ -1656,7 +1658,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
-  if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s, y);
+  if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s.sv, s.zraw, y);
   or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }
