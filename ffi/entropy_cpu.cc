@@ -9,7 +9,9 @@
 // symbols a lookup on Gaussian data), so the latency of one stream's lookup
 // chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
-// instructions an element on Gaussian bf16). Rows of >= kParallelMinElems
+// instructions an element on Gaussian bf16). Kind Z (zero elision, format
+// version 3) compacts the raw words of nonzero elements and expands the decoded
+// raw values by 8-lane byte shuffles (kZShuffles). Rows of >= kParallelMinElems
 // elements are split across threads by whole blocks.
 #include "entropy_cpu.h"
 
