@@ -440,8 +440,8 @@ constexpr ZShuffles kZShuffles{};
 
 #if EZ_X86
 // Kind Z's compaction: the words x[j] with (x[j] & 0x7FFF) != 0 (e != 0 in a
-// Z-valid block), in order, to out[0, nz); returns nz. Writes up to 8 words past
-// out + nz (16-byte stores).
+// Z-valid block), in order, to out[0, nz); returns nz. Writes out[0, len) only
+// (a 16-byte store at k <= j ends by j + 8 <= len), garbage past nz.
 EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, uint16_t* out) {
   const __m128i mag = _mm_set1_epi16(0x7FFF), zero = _mm_setzero_si128();
   uint32_t k = 0, j = 0;
@@ -766,7 +766,6 @@ struct EncScratch {
   // histogram and the code tables take u and the counts are permuted into
   // symbol order once per block (2 x 256 values), not per element.
   uint16_t sym[kBlock];              // u of every element of the block
-  uint16_t zx[kBlock + 8];           // kind Z: the block's words with e != 0, in order (+ store slack)
   uint16_t cnt[4][kMaxAlphabet];     // histogram lanes over u (<= 1024 per lane); zero between blocks
   uint16_t half[2][kMaxAlphabet / 2 + 16];  // [sign] lane sums by exponent
   uint32_t c[2][kMaxAlphabet];       // [kind] counts by symbol
@@ -1262,14 +1261,15 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   std::memcpy(area_out, s.bits, area[ck]);
   if (kind == kKindZ) {
     // Kind Z: the kind J planes of the words with e != 0 (|v| != 0 in a Z-valid
-    // block), compacted in element order.
+    // block), compacted in element order into s.sym (the bit writers are done with
+    // it; a separate array would grow the zero-initialized scratch).
     uint32_t nz;
 #if EZ_X86
-    if (Fast) nz = compact_nonzero_fast(x, len, s.zx);
+    if (Fast) nz = compact_nonzero_fast(x, len, s.sym);
     else
 #endif
-      nz = compact_nonzero(x, len, s.zx);
-    write_raw_kind<D, Fast>(kKindJ, s.zx, nz, area_out + area[ck]);
+      nz = compact_nonzero(x, len, s.sym);
+    write_raw_kind<D, Fast>(kKindJ, s.sym, nz, area_out + area[ck]);
   } else {
     write_raw_kind<D, Fast>(kind, x, len, area_out + area[ck]);
   }

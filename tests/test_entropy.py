@@ -687,7 +687,9 @@ def test_portable_path_identical(tmp_path):
   import sys
   cases = [("gauss", 70001, BF16), ("specials", 3 * 4096 + 511, BF16), ("gelu", 2 * 4096 + 5, BF16),
            ("softmax", 12345, F16), ("specials", 4097, F16), ("constant", 5000, BF16),
-           ("random_bits", 4096 + 1, F16), ("laplace", 9, BF16), ("mixscale", 8 * 4096, F16)]
+           ("random_bits", 4096 + 1, F16), ("laplace", 9, BF16), ("mixscale", 8 * 4096, F16),
+           ("relu", 3 * 4096 + 13, BF16), ("zero_mix", 2 * 4096 + 3, F16), ("relu_sub", 4 * 4096, BF16),
+           ("negzeros", 4097, F16)]
   names = []
   for k, (dist, n, dtype) in enumerate(cases):
     x = make(dist, n, dtype, seed=40 + k)
