@@ -1050,18 +1050,13 @@ __device__ __forceinline__ void build_code(DecSmem& s, uint32_t g, uint32_t lane
 // consecutive plane bytes and write consecutive outputs. 4 segments' plane bytes are
 // loaded before the first store (byte loads may alias the stores, so the compiler
 // would otherwise wait for each segment's loads in turn: 8 round trips, now 2).
-// Kind Z blocks join their value bits alone here (the raw positions depend on the
-// symbols of every earlier stream, which are decoded later: expand_z adds the raw
-// values); the return value is then this lane's count of elements with symbol >= 2.
 template <DtypeCode D>
-__device__ __forceinline__ uint32_t join_segment(const DecSmem& s, uint32_t g, uint32_t r, uint32_t lane) {
+__device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint32_t r, uint32_t lane) {
   constexpr Traits t = traits_c<D>();
   const DecBlk& k = s.bk[g];
   const uint32_t len = k.len, kind = k.kind, coding = k.coding;
-  const bool zk = kind == kKindZ;
-  const bool bp = !zk && t.byte_plane(kind);
-  const uint32_t pw = zk ? 0 : t.packed_width(kind), pmask = (1u << pw) - 1;
-  uint32_t nz = 0;
+  const bool bp = t.byte_plane(kind);
+  const uint32_t pw = t.packed_width(kind), pmask = (1u << pw) - 1;
   const uint8_t* rp = k.blk + (coding == kConst ? kBlockHead : k.area_off + k.ab);
   const uint8_t* pp = rp + (bp ? len : 0);
   const uint32_t psz = (len + 7) / 8 * pw;
@@ -1099,14 +1094,42 @@ __device__ __forceinline__ uint32_t join_segment(const DecSmem& s, uint32_t g, u
   #pragma unroll
       for (uint32_t h = 0; h < 2; ++h)  // Traits::raw_bits for both kinds (kind J's raw has < mbits + 1 bits)
         out[h] = ((sv >> (16 * h)) & 0xFFFFu) | ((raw[si][h] >> t.mbits) << 15) | (raw[si][h] & ((1u << t.mbits) - 1));
-      if (zk)  // symbol >= 2 <=> exponent != 0 <=> value bits other than the sign
-        nz += (e0 < len && (out[0] & 0x7FFFu) != 0) + (e0 + 1 < len && (out[1] & 0x7FFFu) != 0);
       if (w32 && e0 + 1 < len) {
         *reinterpret_cast<uint32_t*>(y + e0) = out[0] | (out[1] << 16);
       } else {
         if (e0 < len) y[e0] = (uint16_t)out[0];
         if (e0 + 1 < len) y[e0 + 1] = (uint16_t)out[1];
       }
+    }
+  }
+}
+
+// join_segment for kind Z (CONST-Z, HUFF-Z): the value bits alone (the raw positions
+// depend on the symbols of every earlier stream, which are decoded later: expand_z
+// adds the raw values), with the same element-to-lane mapping. Returns this lane's
+// count of elements with symbol >= 2 (exponent != 0: value bits other than the sign).
+// Kinds E and J keep join_segment as it was.
+template <DtypeCode D>
+__device__ __forceinline__ uint32_t join_values(const DecSmem& s, uint32_t g, uint32_t r, uint32_t lane) {
+  constexpr Traits t = traits_c<D>();
+  const DecBlk& k = s.bk[g];
+  const uint32_t len = k.len;
+  const uint32_t cval = k.coding == kConst ? t.sym_bits(kKindZ, ld16(k.blk + 2)) * 0x10001u : 0u;
+  uint16_t* y = k.y;
+  const bool w32 = (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  uint32_t nz = 0;
+#pragma unroll 4
+  for (uint32_t sidx = 0; sidx < kStreams; ++sidx) {
+    const uint32_t e0 = sidx * kStreamLen + r * kSeg + 2 * lane;
+    const uint32_t sv =
+        k.coding == kConst ? cval : reinterpret_cast<const uint32_t*>(s.stage[g * kStreams + sidx])[lane];
+    const uint32_t o0 = sv & 0xFFFFu, o1 = sv >> 16;
+    nz += (e0 < len && (o0 & 0x7FFFu) != 0) + (e0 + 1 < len && (o1 & 0x7FFFu) != 0);
+    if (w32 && e0 + 1 < len) {
+      *reinterpret_cast<uint32_t*>(y + e0) = sv;
+    } else {
+      if (e0 < len) y[e0] = (uint16_t)o0;
+      if (e0 + 1 < len) y[e0 + 1] = (uint16_t)o1;
     }
   }
   return nz;
@@ -1338,11 +1361,12 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
     }
     __syncthreads();  // (R) the round's symbols are staged
     for (uint32_t gg = 0; gg < kDecG; ++gg)
-      if (s.bk[gg].st == kDecOk && s.bk[gg].coding != kRaw) {
-        const uint32_t nz = join_segment<D>(s, gg, r, lane);
-        if (s.bk[gg].kind == kKindZ && s.bk[gg].coding == kHuff) {  // the same for every lane
-          const uint32_t sum = __reduce_add_sync(kFull, nz);
-          if (lane == 0) s.bk[gg].nz += sum;
+      if (s.bk[gg].st == kDecOk && s.bk[gg].coding != kRaw) {  // the same for every lane
+        if (s.bk[gg].kind != kKindZ) {
+          join_segment<D>(s, gg, r, lane);
+        } else {
+          const uint32_t sum = __reduce_add_sync(kFull, join_values<D>(s, gg, r, lane));
+          if (lane == 0) s.bk[gg].nz += sum;  // (CONST-Z counts too; only HUFF-Z reads it)
         }
       }
     __syncthreads();  // the staging rows are free again
