@@ -9,7 +9,9 @@
 // symbols a lookup on Gaussian data), so the latency of one stream's lookup
 // chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
-// instructions an element on Gaussian bf16). Rows of >= kParallelMinElems
+// instructions an element on Gaussian bf16). Kind Z (zero elision, format
+// version 3) compacts the raw words of nonzero elements and expands the decoded
+// raw values by 8-lane byte shuffles (kZShuffles). Rows of >= kParallelMinElems
 // elements are split across threads by whole blocks.
 #include "entropy_cpu.h"
 
@@ -444,7 +446,22 @@ constexpr ZShuffles kZShuffles{};
 // (a 16-byte store at k <= j ends by j + 8 <= len), garbage past nz.
 EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, uint16_t* out) {
   const __m128i mag = _mm_set1_epi16(0x7FFF), zero = _mm_setzero_si128();
+  const __m256i mag2 = _mm256_set1_epi16(0x7FFF), zero2 = _mm256_setzero_si256();
   uint32_t k = 0, j = 0;
+  // 16 lanes a step: one mask for both halves (PEXT keeps one of movemask's two
+  // bits per 16-bit lane), then two 8-lane shuffles.
+  for (; j + 16 <= len; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, mag2), zero2);
+    const uint32_t m = _pext_u32(~(uint32_t)_mm256_movemask_epi8(isz), 0x55555555u);
+    const uint32_t m0 = m & 0xFF, m1 = m >> 8;
+    const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m0]));
+    const __m128i s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(_mm256_castsi256_si128(v), s0));
+    k += (uint32_t)_mm_popcnt_u32(m0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(_mm256_extracti128_si256(v, 1), s1));
+    k += (uint32_t)_mm_popcnt_u32(m1);
+  }
   for (; j + 8 <= len; j += 8) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
     const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, mag), zero);
@@ -466,7 +483,24 @@ EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, ui
 EZ_TARGET_FAST void expand_nonzero_fast(const uint16_t* sv, uint32_t len, const uint16_t* raw, uint16_t emask,
                                         uint16_t keep, uint16_t* y) {
   const __m128i em = _mm_set1_epi16((short)emask), kp = _mm_set1_epi16((short)keep), zero = _mm_setzero_si128();
+  const __m256i em2 = _mm256_set1_epi16((short)emask), kp2 = _mm256_set1_epi16((short)keep);
+  const __m256i zero2 = _mm256_setzero_si256();
   uint32_t k = 0, j = 0;
+  // 16 lanes a step (as in compact_nonzero_fast).
+  for (; j + 16 <= len; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, em2), zero2);
+    const uint32_t m = _pext_u32(~(uint32_t)_mm256_movemask_epi8(isz), 0x55555555u);
+    const uint32_t m0 = m & 0xFF, m1 = m >> 8;
+    const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m0]));
+    const __m128i s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m1]));
+    const __m128i r0 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), s0);
+    k += (uint32_t)_mm_popcnt_u32(m0);
+    const __m128i r1 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), s1);
+    k += (uint32_t)_mm_popcnt_u32(m1);
+    const __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, kp2), r));
+  }
   for (; j + 8 <= len; j += 8) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + j));
     const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, em), zero);
@@ -482,6 +516,23 @@ EZ_TARGET_FAST void expand_nonzero_fast(const uint16_t* sv, uint32_t len, const 
     y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
     k += nzj & 1;
   }
+}
+
+// The number of sv[0, len) with exponent bits (sv & emask != 0), 32 a step.
+EZ_TARGET_FAST uint32_t count_nonzero_fast(const uint16_t* sv, uint32_t len, uint16_t emask) {
+  const __m256i em = _mm256_set1_epi16((short)emask), zero = _mm256_setzero_si256();
+  uint32_t zeros = 0, j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j + 16));
+    // packs keeps each lane's 0 / -1 as a byte (in another order: a count only)
+    const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(_mm256_and_si256(a, em), zero),
+                                         _mm256_cmpeq_epi16(_mm256_and_si256(b, em), zero));
+    zeros += (uint32_t)_mm_popcnt_u32((uint32_t)_mm256_movemask_epi8(z));
+  }
+  uint32_t nz = j - zeros;
+  for (; j < len; ++j) nz += (sv[j] & emask) != 0;
+  return nz;
 }
 #endif
 
@@ -503,6 +554,38 @@ inline void expand_nonzero(const uint16_t* sv, uint32_t len, const uint16_t* raw
     y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
     k += nzj & 1;
   }
+}
+
+// Kind Z's join: sv[0, len) holds the decoded symbols' value bits (and code
+// lengths in the low nibble, which the raw bits own); the nz elements with e != 0
+// take the nz raw values of the planes in[0, r) in order, the others (+-0) none.
+// r != raw_bytes(J, nz) is a stream error (the planes do not match the symbols);
+// nothing past in + r is read. The planes are unpacked into zraw[0, nz) (kind J's
+// join with no symbol bits; zraw has room for nz + 8 words), then spread by a
+// running count.
+template <DtypeCode D, bool Fast>
+EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, const uint16_t* sv, uint16_t* zraw,
+                            uint16_t* y) {
+  constexpr Traits t = traits<D>();
+  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
+  uint32_t nz = 0;
+#if EZ_X86
+  if (Fast) nz = count_nonzero_fast(sv, len, emask);
+  else
+#endif
+    for (uint32_t j = 0; j < len; ++j) nz += (sv[j] & emask) != 0;
+  if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
+  or_raw<D, kKindJ, Fast>(in, nz, sv, zraw, 0);  // zraw[k] = the k-th raw value
+  // Words past nz are read (masked off): defined values for them.
+  std::memset(zraw + nz, 0, 2 * 8);
+#if EZ_X86
+  if (Fast) {
+    expand_nonzero_fast(sv, len, zraw, emask, (uint16_t)~kLenMask, y);
+    return kDecOk;
+  }
+#endif
+  expand_nonzero(sv, len, zraw, emask, (uint16_t)~kLenMask, y);
+  return kDecOk;
 }
 
 // ---------------------------------------------------------------------------------
@@ -746,17 +829,22 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
 #endif
 
 // True when no element of x[0, len) is a subnormal ((v & 0x7FFF) in [1, 2^M)): the
-// smallest (|v| - 1) mod 2^16 (zeros wrap to 0xFFFF) is >= 2^M - 1. A min
-// reduction that the compiler vectorizes (AVX2 in the fast build); called only for
-// blocks whose smallest |v| is 0.
+// smallest (|v| - 1) mod 2^16 (zeros wrap to 0xFFFF) is >= 2^M - 1. Min reductions
+// that the compiler vectorizes (AVX2 in the fast build), 512 elements each, so that
+// a block with subnormals (small fp16 activations: a few a block) stops early;
+// called only for blocks whose smallest |v| is 0.
 template <uint32_t M>
 EZ_INLINE bool no_subnormal(const uint16_t* x, uint32_t len) {
-  uint16_t mn = 0xFFFF;
-  for (uint32_t j = 0; j < len; ++j) {
-    const uint16_t a = (uint16_t)((x[j] & 0x7FFF) - 1);
-    mn = a < mn ? a : mn;
+  for (uint32_t j0 = 0; j0 < len; j0 += 512) {
+    const uint32_t j1 = j0 + 512 < len ? j0 + 512 : len;
+    uint16_t mn = 0xFFFF;
+    for (uint32_t j = j0; j < j1; ++j) {
+      const uint16_t a = (uint16_t)((x[j] & 0x7FFF) - 1);
+      mn = a < mn ? a : mn;
+    }
+    if (mn < (1u << M) - 1) return false;
   }
-  return mn >= (1u << M) - 1;
+  return true;
 }
 
 struct EncScratch {
@@ -1367,32 +1455,6 @@ EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
   }
 }
 
-// Kind Z's join: s.sv[0, len) holds the decoded symbols' value bits (and code
-// lengths in the low nibble, which the raw bits own); the nz elements with e != 0
-// take the nz raw values of the planes in[0, r) in order, the others (+-0) none.
-// r != raw_bytes(J, nz) is a stream error (the planes do not match the symbols);
-// nothing past in + r is read. The planes are unpacked into s.zraw[0, nz) (kind J's
-// join with no symbol bits), then spread by a running count.
-template <DtypeCode D, bool Fast>
-EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, DecScratch& s, uint16_t* y) {
-  constexpr Traits t = traits<D>();
-  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
-  uint32_t nz = 0;
-  for (uint32_t j = 0; j < len; ++j) nz += (s.sv[j] & emask) != 0;  // (vectorized)
-  if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
-  or_raw<D, kKindJ, Fast>(in, nz, s.sv, s.zraw, 0);  // s.zraw[k] = the k-th raw value
-  // Words past nz are read (masked off): defined values for them.
-  std::memset(s.zraw + nz, 0, 2 * 8);
-#if EZ_X86
-  if (Fast) {
-    expand_nonzero_fast(s.sv, len, s.zraw, emask, (uint16_t)~kLenMask, y);
-    return kDecOk;
-  }
-#endif
-  expand_nonzero(s.sv, len, s.zraw, emask, (uint16_t)~kLenMask, y);
-  return kDecOk;
-}
-
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
 template <DtypeCode D, bool Fast>
@@ -1603,7 +1665,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     }
     if (q != start[st + 1]) return kDecBadStream;
   }
-  if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s, y);
+  if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s.sv, s.zraw, y);
   or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }
