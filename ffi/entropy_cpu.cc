@@ -813,11 +813,21 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
                                     uint64_t* pcode, uint8_t* plen) {
   constexpr uint32_t S = 64;  // row stride
   const uint32_t nv = (R + 3) / 4;
+  // A half without present symbols (kind J of one-signed data: ReLU, softmax) is
+  // never a pair's second symbol: its entries are not written (half the table).
+  bool half_present[H];
+  for (uint32_t h = 0; h < H; ++h) {
+    uint64_t any = 0;
+    for (uint32_t b = 32 * h; b < 32 * h + R; ++b) any |= le[b];
+    half_present[h] = any != 0;
+  }
   for (uint32_t ha = 0; ha < H; ++ha) {
+    if (!half_present[ha]) continue;
     for (uint32_t a = 32 * ha; a < 32 * ha + R; ++a) {
       if (!le[a]) continue;
       const __m256i ca = _mm256_set1_epi64x((long long)ce[a]);
       for (uint32_t hb = 0; hb < H; ++hb) {
+        if (!half_present[hb]) continue;
         for (uint32_t v = 0; v < nv; ++v) {
           const uint32_t b = 32 * hb + 4 * v;
           const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le + b));
