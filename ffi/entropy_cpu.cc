@@ -10,8 +10,9 @@
 // chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
 // instructions an element on Gaussian bf16). fp16 symbols carry the top mantissa
-// bit (format version 4). Kind Z (zero elision, format version 3) compacts the raw words of nonzero elements and expands the decoded
-// raw values by 8-lane byte shuffles (kZShuffles). Rows of >= kParallelMinElems
+// bit (format version 4). Kind Z (zero elision, format version 3) compacts the
+// raw words of nonzero elements and expands the decoded raw values by 8-lane
+// byte shuffles (kZShuffles). Rows of >= kParallelMinElems
 // elements are split across threads by whole blocks.
 #include "entropy_cpu.h"
 
@@ -201,8 +202,9 @@ EZ_TARGET_FAST uint32_t write_raw_low8_fast(const uint16_t* x, uint32_t len, uin
 // m8, no saturation in packus); bf16 kind J (m, w = 7) from the low bytes masked
 // to m (v & 0x7F). Then PEXT with the mask of the raw bits of each byte (0x81 /
 // 0x01 / 0x7F: for fp16 E bits in order m8, s = the packed value's bits 0..1;
-// m9 is the coded exponent's, format version 4). The 4 groups' w bytes are stored as 8-byte words at g w, each next one
-// overwriting the previous one's zero bytes: the caller keeps the last store
+// m9 is the coded exponent's, format version 4). The 4 groups' w bytes are
+// stored as 8-byte words at g w, each next one overwriting the previous one's
+// zero bytes: the caller keeps the last store
 // inside the plane (g w + 3 w + 8 <= its end). Returns the groups done.
 template <DtypeCode D, uint32_t K>
 EZ_TARGET_FAST uint32_t write_packed_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
