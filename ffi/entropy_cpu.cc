@@ -12,8 +12,8 @@
 // instructions an element on Gaussian bf16). fp16 symbols carry the top mantissa
 // bit (format version 4). Kind Z (zero elision, format version 3) compacts the
 // raw words of nonzero elements and expands the decoded raw values by 8-lane
-// byte shuffles (kZShuffles). Rows of >= kParallelMinElems
-// elements are split across threads by whole blocks.
+// byte shuffles (kZShuffles). Rows of >= kParallelMinElems elements are split
+// across threads by whole blocks.
 #include "entropy_cpu.h"
 
 #include <algorithm>
@@ -204,8 +204,8 @@ EZ_TARGET_FAST uint32_t write_raw_low8_fast(const uint16_t* x, uint32_t len, uin
 // 0x01 / 0x7F: for fp16 E bits in order m8, s = the packed value's bits 0..1;
 // m9 is the coded exponent's, format version 4). The 4 groups' w bytes are
 // stored as 8-byte words at g w, each next one overwriting the previous one's
-// zero bytes: the caller keeps the last store
-// inside the plane (g w + 3 w + 8 <= its end). Returns the groups done.
+// zero bytes: the caller keeps the last store inside the plane (g w + 3 w + 8 <=
+// its end). Returns the groups done.
 template <DtypeCode D, uint32_t K>
 EZ_TARGET_FAST uint32_t write_packed_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
   constexpr bool hi = D == kF16;  // fp16: high bytes; bf16 (kind J only): low bytes
@@ -690,8 +690,8 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
 // (indexed by the bin without its sign bits), kind J's 64 x 64 (indexed by the
 // bin); rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build.
 // Gaussian bf16 blocks span ~16-20 exponents; fp16 blocks (coded exponents: the
-// exponent and the top mantissa bit) ~24 of their 64. The bytes
-// are those of the single-code path (benchmarks/entropy_same.sh).
+// exponent and the top mantissa bit) ~24 of their 64. The bytes are those of
+// the single-code path (benchmarks/entropy_same.sh).
 constexpr uint32_t kPairMaxR = 32;
 #if EZ_X86
 #define EZ_PAIR_OK true
@@ -702,17 +702,17 @@ constexpr uint32_t kPairMaxR = 32;
 #if EZ_X86
 // Pair indices of a full block, 32 elements a step. With us = s << 5 | (e -
 // emin) (sign and coded-exponent offset, 6 bits; e = the coded exponent c, bits
-// L .. L + E + q - 1 of the word, L = M - q), pair i (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 |
-// us_2i+1 (12 bits: the pair histogram's bin) and pe[i] = ps[i] without the sign
-// bits 11 and 5 = (e_2i - emin) * 64 + (e_2i+1 - emin) (the kind E pair writer's
-// table index). vpmaddwd
+// L .. L + E + q - 1 of the word, L = M - q: entropy_format.h Traits), pair i
+// (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 | us_2i+1 (12 bits: the pair
+// histogram's bin) and pe[i] = ps[i] without the sign bits 11 and 5 = (e_2i -
+// emin) * 64 + (e_2i+1 - emin) (the kind E pair writer's table index). vpmaddwd
 // multiplies the even element's us by 64 and adds the odd one's in each 32-bit
 // lane.
-template <uint32_t M>
+template <uint32_t L>
 EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* ps, uint16_t* pe) {
-  static_assert(M == 7 || M == 9, "bf16 (L = 7) or fp16 (L = 9)");
+  static_assert(L == 7 || L == 9, "bf16 (L = 7) or fp16 (L = 9)");
   // |v| >= emin << L for every element: the subtraction stays out of the sign bit
-  const __m256i vmin = _mm256_set1_epi16((short)(emin << M));
+  const __m256i vmin = _mm256_set1_epi16((short)(emin << L));
   const __m256i sbit = _mm256_set1_epi16(0x4000);
   const __m256i sw = _mm256_set1_epi16(0x2001);
   const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
@@ -721,18 +721,18 @@ EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* 
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
     __m256i ua, ub;
-    if constexpr (M == 9) {
+    if constexpr (L == 9) {
       // fp16 (E + q = 6): d = v - emin << 9 holds s at bit 15, e' < 32 at bits
       // 9..13 (bit 14 zero): d - (d >> 1 & 0x4000) moves s to bit 14, then >> 9
       // gives s << 5 | e'
       const __m256i da = _mm256_sub_epi16(a, vmin), db = _mm256_sub_epi16(b, vmin);
-      ua = _mm256_srli_epi16(_mm256_sub_epi16(da, _mm256_and_si256(_mm256_srli_epi16(da, 1), sbit)), M);
-      ub = _mm256_srli_epi16(_mm256_sub_epi16(db, _mm256_and_si256(_mm256_srli_epi16(db, 1), sbit)), M);
+      ua = _mm256_srli_epi16(_mm256_sub_epi16(da, _mm256_and_si256(_mm256_srli_epi16(da, 1), sbit)), L);
+      ub = _mm256_srli_epi16(_mm256_sub_epi16(db, _mm256_and_si256(_mm256_srli_epi16(db, 1), sbit)), L);
     } else {
       // bf16 (E = 8): (v - emin << 7) >> 7 = s << 8 | e' (bytes e', s), then
       // vpmaddubsw with bytes (1, 32) gives e' + 32 s
-      ua = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M), sw);
-      ub = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M), sw);
+      ua = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(a, vmin), L), sw);
+      ub = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(b, vmin), L), sw);
     }
     // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
     const __m256i p = _mm256_permute4x64_epi64(
