@@ -233,11 +233,12 @@ def test_reference_identical_bytes(dtype):
 
 
 def _span_row(dtype, emin: int, span: int, neg: float, blocks: int, seed: int) -> np.ndarray:
-  """Full blocks whose exponents take exactly the span values [emin, emin + span):
-  skewed towards emin (so HUFF wins), both ends present in every block; each sign
-  negative with probability neg; random mantissas."""
+  """Full blocks whose coded exponents (format v4: bf16 e, fp16 e << 1 | m9) take
+  exactly the span values [emin, emin + span): skewed towards emin (so HUFF wins),
+  both ends present in every block; each sign negative with probability neg;
+  random low mantissas."""
   rng = np.random.default_rng(seed)
-  mb = 7 if dtype == BF16 else 10
+  mb = 7 if dtype == BF16 else 9  # L = M - q, the low mantissa bits
   n = blocks * 4096
   off = np.minimum(rng.geometric(0.25, n) - 1, span - 1)
   off[::4096] = 0
@@ -253,7 +254,7 @@ def test_pair_path_boundaries_match_reference(dtype):
   and pair writer, kinds E and J) and the single-code path just past it write the
   reference's bytes; the mode bytes show which kind each case exercises."""
   d = 128 + 128  # data_off of a 2-block row: header + align128(2 nb) directory bytes
-  cases = [(100, 32), (100, 33), (110, 8)] if dtype == BF16 else [(0, 32), (3, 20), (10, 8)]
+  cases = [(100, 32), (100, 33), (110, 8)] if dtype == BF16 else [(0, 32), (20, 33), (10, 8), (31, 32)]
   for k, (emin, span) in enumerate(cases):
     for neg, mode in ((0.5, 2), (0.03, 2 | 1 << 2)):  # symmetric: HUFF-E; skewed: HUFF-J
       x = _span_row(dtype, emin, span, neg, 2, seed=300 + k)
@@ -444,7 +445,7 @@ def test_kind_z_corrupted_blocks(dtype):
   (m0, _, s0), (m1, _, s1) = _block_modes(out, n)
   assert m1 == 10
   nz = int(((words(x)[4096:] & 0x7FFF) != 0).sum())
-  mb = 7 if dtype == BF16 else 10
+  mb = 7 if dtype == BF16 else 9  # kind J raw width M - q (format v4: fp16 q = 1)
   raw_j = lambda k: (k if mb >= 8 else 0) + -(-k // 8) * (mb - 8 if mb >= 8 else mb)
   r = raw_j(nz)
   for delta, want in ((0, 0), (1, 7), (-1, 7), (raw_j(4096) - r, 7), (raw_j(4096) - r + 1, 6), (-r, 7),
