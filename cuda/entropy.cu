@@ -80,9 +80,11 @@ constexpr uint32_t kWsTab = 128;    // u64 per block: encoder look-back state; d
 // inclusive: the sum of the sizes of blocks 0..b of the row).
 constexpr uint64_t kFlagAgg = 1ull << 62, kFlagIncl = 2ull << 62, kValMask = (1ull << 62) - 1;
 
+// entropy_format.h's traits (format v4: bf16 q = 0, fp16 q = 1) as a constant
+// expression: alphabets, raw widths and the shared-memory layout follow from it.
 template <DtypeCode D>
 __host__ __device__ constexpr Traits traits_c() {
-  return D == kBF16 ? Traits{8, 7} : Traits{5, 10};
+  return traits_of(D);
 }
 
 // Checksum term of byte v at row offset pos (COMMON.md's word checksum, per byte).
@@ -163,7 +165,9 @@ struct EncCode {
 
 template <DtypeCode D>
 struct EncSmem {
-  static constexpr uint32_t AE = 1u << traits_c<D>().ebits, AJ = 2 * AE;
+  // Alphabets of kinds E and J (bf16 256 / 512, fp16 v4 64 / 128).
+  static constexpr uint32_t AE = traits_c<D>().alphabet(kKindE), AJ = traits_c<D>().alphabet(kKindJ);
+  static_assert(AJ == 2 * AE && AJ <= kMaxAlphabet, "J symbols are E symbols and a sign");
   alignas(16) uint16_t x[kBlock];
   uint32_t hist[AJ];  // counts of the J symbols
   uint32_t cE[AE];    // counts of the E symbols
@@ -461,7 +465,9 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
   // CONST-Z, HUFF-E, HUFF-J, HUFF-Z, RAW), its offset by a decoupled look-back (32
   // predecessors per round trip), the directory entry.
   if (warp == 0) {
-    uint32_t best = max_block_bytes(len), coding = kRaw, kind = 0;
+    // RAW comes last in the tie order (format v4): a candidate of RAW's size wins
+    // (fp16 one-element blocks: CONST-J is 4 + 1 + 1 = 6 bytes, as RAW).
+    uint32_t best = max_block_bytes(len) + 1, coding = kRaw, kind = 0;
     // Kind Z: Z-valid, and nz = len - z raw values (CONST-Z has none: its one J
     // symbol is 0 or 1). It shares kind J's k, code bits and nibbles.
     const uint32_t z = s.hist[0] + s.hist[1];
@@ -480,6 +486,7 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
         kind = kd;
       }
     }
+    if (coding == kRaw) best = max_block_bytes(len);
     uint64_t* st = reinterpret_cast<uint64_t*>(ws + kWsTab);
     uint64_t excl = 0;
     if (b == 0) {

@@ -68,9 +68,14 @@ def test_entropy_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
     # Decoder join of kinds E and J with the format v3 raw width (M, not M - q): fp16 kind E
     # rows (v4: raw = s << 9 | m[8:0]) lose their sign bit.
     ("pmask = (1u << pw) - 1, rw = t.raw_width(kKindJ);", "pmask = (1u << pw) - 1, rw = t.mbits;"),
-], ids=["streams_barrier", "kind_z_compaction_barrier", "kind_z_raw_size_check", "fp16_join_raw_width"])
+    # Encoder mode choice with RAW first in ties (format v3's order; v4 puts RAW last): fp16
+    # one-element blocks then stay RAW where the CPU writes CONST-J of the same 6 bytes.
+    ("uint32_t best = max_block_bytes(len) + 1, coding = kRaw", "uint32_t best = max_block_bytes(len), coding = kRaw"),
+], ids=["streams_barrier", "kind_z_compaction_barrier", "kind_z_raw_size_check", "fp16_join_raw_width",
+        "raw_last_in_ties"])
 def test_simt_emulator_catches_broken_entropy_kernels(tmp_path, old, new):
-  """A barrier of the encoder or a check of the decoder removed: the emulator must fail."""
+  """A barrier of the encoder or a check of the decoder removed, or a format v4 rule reverted
+  to v3's: the emulator must fail."""
   cuda = tmp_path / "cuda"
   shutil.copytree(ROOT / "cuda", cuda)
   src = (cuda / "entropy.cu").read_text()
