@@ -316,7 +316,8 @@ def test_v4_fp16_block_widths_in_cpp():
   x = ((0x1E << 10) | (1 << 9) | low | 0x8000).view(F16)
   assert _block_modes(_both_encode(x), n) == [(1 | 1 << 2, 0x3D << 1 | 1, 4 + n + n // 8)]
   # one element: CONST-J (6 bytes) ties with RAW (6 bytes) and wins (RAW comes last)
-  assert _block_modes(_both_encode(np.array([1.5], F16)), 1) == [(1 | 1 << 2, 0xF << 2 | 1 << 1, 6)]  # 1.5: e 15, m9 1, +
+  # (1.5 = 0x3E00: e 15, m9 1, sign +: J symbol (15 << 1 | 1) << 1 | 0)
+  assert _block_modes(_both_encode(np.array([1.5], F16)), 1) == [(1 | 1 << 2, 0xF << 2 | 1 << 1, 6)]
 
 
 def _fp16_specials(n: int, seed: int) -> np.ndarray:

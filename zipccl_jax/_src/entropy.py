@@ -113,10 +113,10 @@ def min_nbytes(dtype, n: int) -> int:
 # slot ladder starts there instead of at min_nbytes (all blocks CONST-Z, which real
 # tensors never are), so its rungs sit where rows land. Measured
 # (benchmarks/results/entropy_ratio_*.md): bf16 1.46-1.54 on weights, gradients,
-# GELU and softmax; fp16 1.17-1.24. Half-zero ReLU outputs reach 2.72 (bf16) /
-# 2.05 (fp16) since format version 3 (kind Z) but keep this floor (activations
-# are one data kind among many in a step). A row that compresses better still
-# moves on the first rung: at this ratio, not worse.
+# GELU and softmax; fp16 1.15-1.25 (format version 4). Half-zero ReLU outputs
+# reach 2.72 (bf16) / 2.05 (fp16) since format version 3 (kind Z) but keep this
+# floor (activations are one data kind among many in a step). A row that
+# compresses better still moves on the first rung: at this ratio, not worse.
 _LADDER_BEST = {"bfloat16": (8, 5), "float16": (13, 10)}   # 1.6, 1.3
 
 
