@@ -76,10 +76,11 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
   assert all(c["ok"] and c["count"] > 90 for c in en["corrupt"])
   en_hist = {int(k) for c in en["corrupt"] for k in c["cpu_status_hist"]}
   assert {0, 1, 2, 3, 4, 5, 6, 8} <= en_hist, en_hist
-  # --quick: 64 MiB (shrunk) bf16 Gaussian, bf16 GELU-like (HUFF-J blocks), bf16 ReLU (HUFF-Z)
-  # and fp16 Gaussian.
+  # --quick: 64 MiB (shrunk) bf16 Gaussian, bf16 GELU-like (HUFF-J blocks), bf16 ReLU (HUFF-Z),
+  # fp16 Gaussian and fp16 ReLU.
   assert [(r["dtype"], r["data"], r["op"]) for r in en["rows"]] == [
-      (d, k, op) for d, k in (("bfloat16", "gauss"), ("bfloat16", "gelu"), ("bfloat16", "relu"), ("float16", "gauss"))
+      (d, k, op) for d, k in (("bfloat16", "gauss"), ("bfloat16", "gelu"), ("bfloat16", "relu"),
+                              ("float16", "gauss"), ("float16", "relu"))
       for op in ("encode", "decode")]
   assert all(r["bit_identical"] for r in en["rows"])
   assert "## Entropy codec" in md
