@@ -5,7 +5,7 @@
 // file is the reference a CUDA port must reproduce byte for byte.
 //
 // Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
-// refill in a 2048-entry table whose entries hold up to 2 symbols: about 1.9
+// refill in a 2048-entry table whose entries hold up to 3 symbols: about 2.9
 // symbols a lookup on Gaussian data), so the latency of one stream's lookup
 // chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
@@ -66,7 +66,7 @@ constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is fa
 constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
 constexpr uint32_t kSymsPerRefill = 5;  // lookups per refill: 5 * 11 = 55 <= 57 valid bits
-constexpr uint32_t kLenMask = 15;       // a decode entry's length field (DecScratch::pair)
+constexpr uint32_t kLenMask = 15;       // a decode entry's length fields (DecScratch::tab)
 constexpr uint32_t kPfBytes = 8192;     // bytes prefetched per block, input and output each
 static_assert(kMaxLen <= kLenMask, "entry layout");
 
@@ -1186,18 +1186,29 @@ EZ_INLINE int32_t read_lengths_bucketed(const uint8_t* p, uint32_t avail, uint32
 
 struct DecScratch {
   LenBuckets lb;
-  // Pair table, indexed by the next 11 bits of a stream:
-  //   bits [0, 4)   bits the entry consumes (l1, or l1 + l2 when it holds 2 symbols)
-  //   bits [4, 16)  symbol 1's value bits (sign/exponent fields: bf16 bits >= 7, fp16 >= 10)
-  //   bits [16, 20) l1 (the first symbol's own length, for a stream's last symbol)
-  //   bits [20, 32) symbol 2's value bits (zero when the entry holds one symbol)
-  //   bits [32, 64) output advance in bytes (2 or 4)
-  // The low 32 bits are stored as two 16-bit output words; the join masks the
-  // length nibbles off (they sit in bits the raw planes own). A 64-bit shift by
-  // the entry shifts by its length (x86 counts are taken mod 64; bits 4, 5 are 0).
-  uint64_t pair[kTableSize];
-  uint64_t oadd[kMaxAlphabet];  // pair-table build: canonical order (see there)
+  // Decode table, indexed by the next 11 bits of a stream; an entry holds the 1 to
+  // 3 symbols whose codes fit in those bits (their concatenation), as 4 16-bit
+  // words (stored as they are into sv; a symbol's value bits are its sign/exponent
+  // fields, bf16 bits >= 7, fp16 >= 10, so the low nibble of each word is free):
+  //   word 0  symbol 1's value bits | the bits the entry consumes (l1 [+ l2 [+ l3]])
+  //   word 1  symbol 2's value bits | l1                (value 0 with 1 symbol)
+  //   word 2  symbol 3's value bits | l1 + l2 (2+ symbols, else 0)
+  //   word 3  output advance in bytes: 2 x the symbols (2, 4 or 6)
+  // The join masks the low nibbles off (bits the raw planes own); word 3 and the
+  // words past the entry's symbols land on output slots that the stream's next
+  // entry (or the tail) overwrites. A 64-bit shift by the entry shifts by its
+  // length (x86 counts are taken mod 64; bits 4, 5 are 0). Gaussian bf16/fp16:
+  // ~2.9 symbols a lookup (1.99 with at most 2).
+  uint64_t tab[kTableSize];
+  // Table build (decode_block_impl), per symbol in canonical order: its length
+  // (then a sentinel > 11) and its parts of an entry as symbol 1, 2 and 3
+  // (entries are sums of these: no field carries into the next).
   uint8_t olen[kMaxAlphabet + 1];
+  uint64_t c1[kMaxAlphabet], c2[kMaxAlphabet], c3[kMaxAlphabet];
+  // third[2^m + i], m = 3..9, i < 2^m: c3 of the symbol whose code prefixes the
+  // m-bit value i, or 0 when none fits (the entries of an (s1, s2) region are
+  // c1[s1] + c2[s2] + third[2^m + i], m = 11 - l1 - l2).
+  uint64_t third[1u << (kMaxLen - 1)];
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
   // Prefetch targets for the decode rounds (see decode_row_t): a later block's
@@ -1206,9 +1217,7 @@ struct DecScratch {
   uint8_t* pf_out;
 };
 
-inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-
-// Fills dst[0, cnt) with v, cnt a power of two (runs of 1 and 2 are common). GCC
+// Fills dst[0, cnt) with v, cnt a power of two or a multiple of 8. GCC
 // vector types: 32-byte stores where the caller is compiled for AVX2.
 typedef uint64_t u64x4 __attribute__((vector_size(32)));
 EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
@@ -1227,6 +1236,38 @@ EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
   for (uint32_t i = 0; i < cnt; i += 8) {
     std::memcpy(dst + i, &v4, sizeof v4);
     std::memcpy(dst + i + 4, &v4, sizeof v4);
+  }
+}
+
+// dst[i] = b + src[i] for i < cnt, cnt 8 or a multiple of 16 (16 entries an
+// iteration: four 32-byte adds and stores where the caller is compiled for AVX2).
+EZ_INLINE void add_fill64(uint64_t* dst, const uint64_t* src, uint32_t cnt, uint64_t b) {
+  const u64x4 b4 = {b, b, b, b};
+  uint32_t i = 0;
+  if (cnt & 8) {
+    u64x4 v0, v1;
+    std::memcpy(&v0, src, sizeof v0);
+    std::memcpy(&v1, src + 4, sizeof v1);
+    v0 += b4;
+    v1 += b4;
+    std::memcpy(dst, &v0, sizeof v0);
+    std::memcpy(dst + 4, &v1, sizeof v1);
+    i = 8;
+  }
+  for (; i < cnt; i += 16) {
+    u64x4 v0, v1, v2, v3;
+    std::memcpy(&v0, src + i, sizeof v0);
+    std::memcpy(&v1, src + i + 4, sizeof v1);
+    std::memcpy(&v2, src + i + 8, sizeof v2);
+    std::memcpy(&v3, src + i + 12, sizeof v3);
+    v0 += b4;
+    v1 += b4;
+    v2 += b4;
+    v3 += b4;
+    std::memcpy(dst + i, &v0, sizeof v0);
+    std::memcpy(dst + i + 4, &v1, sizeof v1);
+    std::memcpy(dst + i + 8, &v2, sizeof v2);
+    std::memcpy(dst + i + 12, &v3, sizeof v3);
   }
 }
 
@@ -1280,32 +1321,66 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
-  // Pair table: symbol s1 (canonical order) owns the 2^(11 - l1) indexes after
-  // its code; inside them the remaining 11 - l1 bits start with the code of each
-  // s2 with l2 <= 11 - l1, in canonical order (2^(11 - l1 - l2) indexes each),
-  // and the indexes after those (longer codes) hold s1 alone.
+  // Decode table: symbol s1 (canonical order) owns the 2^m1 indexes after its
+  // code (m1 = 11 - l1); inside them the remaining bits start with the code of
+  // each s2 with l1 + l2 <= kPairBits, in canonical order (2^m2 indexes each, m2
+  // = m1 - l2 >= 3), and the indexes after those (longer codes) hold s1 alone.
+  // An (s1, s2) region is c1 + c2 + the third-symbol table of its m2 bits. Rarer
+  // pairs (l1 + l2 > kPairBits: < 3% of lookups on Gaussian data, 2.85 instead
+  // of 2.92 symbols a lookup) would cost more to build than they save: they keep
+  // 1 symbol, so every region is a multiple of 8 entries (vector stores). The
+  // s1 of one length have regions that differ only by c1: the first is built,
+  // the others are it plus the difference (~0.6 instructions an element a
+  // block on Gaussian bf16, for 2048 entries).
   {
-    // Canonical order flattened: each symbol's length and its entry bits as the
-    // second symbol (value bits << 16 + its length + one more output word).
+    constexpr uint32_t kPairBits = 8;
     uint32_t k = 0;
     for (uint32_t l = 1; l <= kMaxLen; ++l)
       for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
+        const uint64_t v = t.sym_bits(kind, lb.sym[l][i]);
         s.olen[k] = (uint8_t)l;
-        s.oadd[k] = ((uint64_t)t.sym_bits(kind, lb.sym[l][i]) << 16) + l + (2ull << 32);
+        s.c1[k] = v | l | (l << 16) | ((uint64_t)l << 32) | (2ull << 48);
+        s.c2[k] = l | (v << 16) | ((uint64_t)l << 32) | (2ull << 48);
+        s.c3[k] = l | (v << 32) | (2ull << 48);
       }
-    uint64_t* dst = s.pair;
-    for (uint32_t i = 0; i < k; ++i) {
-      const uint32_t l1 = s.olen[i], m = kMaxLen - l1;
-      // s.oadd[i] - l1 - 2^33 = value bits << 16; as symbol 1: value bits | l1 | l1 << 16.
-      const uint64_t v = (s.oadd[i] >> 16) & 0xFFFF;
-      const uint64_t b1 = v | l1 | (l1 << 16) | (2ull << 32);
-      uint64_t* const end = dst + (1u << m);
-      for (uint32_t i2 = 0; i2 < k && s.olen[i2] <= m; ++i2) {
-        const uint32_t cnt = 1u << (m - s.olen[i2]);
-        fill64(dst, cnt, b1 + s.oadd[i2]);
-        dst += cnt;
+    s.olen[k] = kMaxLen + 1;  // stops the "length <= m" scans
+    const uint32_t lmin = s.olen[0];
+    // The third-symbol tables that regions use: m2 = 11 - l1 - l2 in
+    // [11 - kPairBits, 11 - 2 lmin].
+    for (uint32_t m = kMaxLen - kPairBits; m + 2 * lmin <= kMaxLen; ++m) {
+      uint64_t* d = s.third + (1u << m);
+      uint64_t* const end = d + (1u << m);
+      for (uint32_t i = 0; s.olen[i] <= m; ++i) {
+        const uint32_t cnt = 1u << (m - s.olen[i]);
+        fill64(d, cnt, s.c3[i]);
+        d += cnt;
       }
-      for (; dst < end; ++dst) *dst = b1;
+      for (; d < end; ++d) *d = 0;
+    }
+    uint64_t* dst = s.tab;
+    const uint64_t* built = nullptr;  // the region of the first s1 of length prev_l
+    uint32_t prev_l = 0;
+    uint64_t prev_c1 = 0;
+    for (uint32_t i1 = 0; i1 < k; ++i1) {
+      const uint32_t l1 = s.olen[i1], m1 = kMaxLen - l1;
+      const uint64_t c1 = s.c1[i1];
+      uint64_t* const end = dst + (1u << m1);
+      if (l1 + lmin > kPairBits) {
+        fill64(dst, 1u << m1, c1);
+      } else if (l1 == prev_l) {
+        add_fill64(dst, built, 1u << m1, c1 - prev_c1);
+      } else {
+        built = dst;
+        prev_l = l1;
+        prev_c1 = c1;
+        for (uint32_t i2 = 0; s.olen[i2] + l1 <= kPairBits; ++i2) {
+          const uint32_t cnt = 1u << (m1 - s.olen[i2]);
+          add_fill64(dst, s.third + cnt, cnt, c1 + s.c2[i2]);
+          dst += cnt;
+        }
+        if (dst < end) fill64(dst, (uint32_t)(end - dst), c1);
+      }
+      dst = end;
     }
   }
   // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
@@ -1319,16 +1394,16 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     std::memset(s.area + ab, 0, kOverrun);
     p = s.area;
   }
-  const uint64_t* tab = s.pair;
+  const uint64_t* tab = s.tab;
   // The shift counts (and the mask) live in registers so that BMI2 code shifts
   // with one non-destructive shrx instead of mov + shr (the entry is still needed
   // after `e >> 32`, q after `q >> 3`): 6 instead of 7 instructions a lookup, one
   // fewer a refill (bf16 decode 7.15 -> 6.99 instructions an element).
-  uint32_t top = 64 - kMaxLen, c3 = 3, c32 = 32, not7 = ~7u;
+  uint32_t top = 64 - kMaxLen, c3 = 3, c48 = 48, not7 = ~7u;
   if (Fast) {
     opaque(top);
     opaque(c3);
-    opaque(c32);
+    opaque(c48);
     opaque(not7);
   }
   auto refill = [p, c3, not7](uint32_t q) -> uint64_t {
@@ -1346,26 +1421,30 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   uint8_t* pf_out = s.pf_out;
   if (len == kBlock) {
     // Rounds of 5 lookups per stream after one refill (5 * 11 = 55 bits <= 57
-    // valid). A round writes <= 10 symbols a stream, so R rounds are safe while
-    // every stream has >= 10 R symbols left. The refill sets bit 0 as a marker
-    // (the window's bit 63 - q % 8 >= 56, never read): after the shifts its
-    // position is the bits consumed.
+    // valid). A lookup emits <= 3 symbols and stores 4 words, so R rounds stay
+    // inside a stream's output (and decode no more than its symbols) while every
+    // stream has >= 15 R + 1 symbols left. The refill sets bit 0 as a marker (the
+    // window's bit 63 - q % 8 >= 56, never read): after the shifts its position
+    // is the bits consumed.
+    constexpr uint32_t kRoundSyms = 3 * kSymsPerRefill;
     for (;;) {
       uint32_t left = kStreamLen;
       for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
-      uint32_t rounds = left / (2 * kSymsPerRefill);
+      uint32_t rounds = left ? (left - 1) / kRoundSyms : 0;
       if (!rounds) break;
       for (; rounds; --rounds) {
-        // 3 + 2 lines a round, ~54 rounds a block on Gaussian data: ~10 KiB of
-        // the output (the next block's 8 KiB; 2 lines a round were ~6% slower at
-        // 64 MiB, 4 no better) and ~7 KiB of a later block's payload (~5.4 KiB).
+        // 4 + 3 lines a round, ~35 rounds a block on Gaussian data: ~9 KiB of
+        // the output (the next block's 8 KiB) and ~6.7 KiB of a later block's
+        // payload (~5.4 KiB).
         __builtin_prefetch(pf_out, 1, 2);
         __builtin_prefetch(pf_out + 64, 1, 2);
         __builtin_prefetch(pf_out + 128, 1, 2);
+        __builtin_prefetch(pf_out + 192, 1, 2);
         __builtin_prefetch(pf_in, 0, 2);
         __builtin_prefetch(pf_in + 64, 0, 2);
-        pf_out += 192;
-        pf_in += 128;
+        __builtin_prefetch(pf_in + 128, 0, 2);
+        pf_out += 256;
+        pf_in += 192;
 #pragma GCC unroll 8
         for (uint32_t st = 0; st < kStreams; ++st) {
           const uint32_t q = pos[st];
@@ -1373,22 +1452,21 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
           uint64_t buf = refill(q) | 1;
 #if EZ_X86
           if constexpr (Fast) {
-            // The same steps in 5 instructions a lookup: the output advance is
-            // added straight from the entry's high word (a second load of the same
-            // line) instead of shifting the entry (GCC also added a register copy
-            // of oo a lookup). A 32-bit add zero-extends oo for the addressing.
+            // 5 instructions a lookup: the output advance (word 3) is added
+            // straight from the entry's memory by a 16-bit add (oo < 2^14, so
+            // the register's upper bits stay 0 for the addressing).
             uint64_t oo64 = oo, idx, e;
             const uint64_t top64 = top;
 #pragma GCC unroll 5
             for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
               asm("shrx %[top], %[buf], %[idx]\n\t"
                   "movq (%[tab],%[idx],8), %[e]\n\t"
-                  "movl %k[e], (%[out],%[oo],1)\n\t"
+                  "movq %[e], (%[out],%[oo],1)\n\t"
                   "shlx %[e], %[buf], %[buf]\n\t"
-                  "addl 4(%[tab],%[idx],8), %k[oo]"
+                  "addw 6(%[tab],%[idx],8), %w[oo]"
                   : [buf] "+r"(buf), [oo] "+r"(oo64), [idx] "=&r"(idx), [e] "=&r"(e)
                   : [top] "r"(top64), [tab] "r"(tab), [out] "r"(out)
-                  : "memory");
+                  : "memory", "cc");
             }
             oo = (uint32_t)oo64;
           } else
@@ -1398,8 +1476,8 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
             for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
               const uint64_t e = tab[buf >> top];
               buf <<= (e & 63);
-              store32(out + oo, (uint32_t)e);
-              oo += (uint32_t)(e >> c32);
+              std::memcpy(out + oo, &e, 8);
+              oo += (uint32_t)(e >> c48);
             }
           }
           pos[st] = q + (uint32_t)__builtin_ctzll(buf);
@@ -1408,16 +1486,31 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
       }
     }
   }
+  // The rest of each stream (all of it in a short block): 5 lookups a refill
+  // while the stream has >= 16 symbols left (the rounds stop at the slowest
+  // stream), then one whole entry a refill while 4 output words remain, then one
+  // symbol a lookup (symbol 1's length is word 1's nibble).
   for (uint32_t st = 0; st < kStreams; ++st) {
     uint32_t q = pos[st], oo = o[st];
     const uint32_t oe = oend[st];
-    while (oe - oo >= 4) {
-      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
-      store32(out + oo, (uint32_t)e);
-      q += (uint32_t)e & kLenMask;
-      oo += (uint32_t)(e >> 32);
+    while (oe - oo >= 2 * (3 * kSymsPerRefill + 1)) {
+      uint64_t buf = refill(q) | 1;
+#pragma GCC unroll 5
+      for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+        const uint64_t e = tab[buf >> top];
+        buf <<= (e & 63);
+        std::memcpy(out + oo, &e, 8);
+        oo += (uint32_t)(e >> c48);
+      }
+      q += (uint32_t)__builtin_ctzll(buf);
     }
-    if (oo < oe) {
+    while (oe - oo >= 8) {
+      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
+      std::memcpy(out + oo, &e, 8);
+      q += (uint32_t)e & kLenMask;
+      oo += (uint32_t)(e >> 48);
+    }
+    for (; oo < oe; oo += 2) {
       const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
       std::memcpy(out + oo, &e, 2);
       q += (uint32_t)(e >> 16) & kLenMask;
