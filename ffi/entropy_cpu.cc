@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__linux__)
@@ -302,24 +303,6 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
-#if EZ_X86
-// bf16 kind E join, 16 elements a step (AVX2): raw byte r = s << 7 | m becomes the
-// word (r | r << 8) & 0x807F (s to bit 15, m to bits 0..6), OR-ed with the
-// symbols' bits. Returns the elements done (a multiple of 16).
-EZ_TARGET_FAST uint32_t or_raw_bf16e_fast(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
-                                          uint16_t keep) {
-  const __m256i k16 = _mm256_set1_epi16((short)keep), m = _mm256_set1_epi16((short)0x807F);
-  uint32_t j = 0;
-  for (; j + 16 <= len; j += 16) {
-    const __m256i r = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j)));
-    const __m256i raw = _mm256_and_si256(_mm256_or_si256(r, _mm256_slli_epi16(r, 8)), m);
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, k16), raw));
-  }
-  return j;
-}
-#endif
-
 // The W (1..8) bytes at p as a little-endian value, by one 8-byte load that ends
 // at p + W. The 8 - W bytes before p must be readable: in or_raw they are the
 // previous group, the byte plane, the block's head or, for the first block, the
@@ -333,6 +316,72 @@ EZ_INLINE uint64_t load_ending(const uint8_t* p) {
   else return load64(p + W - 8) >> (64 - 8 * W);
 }
 
+#if EZ_X86
+// The join of 32 elements a step (AVX2; returns the elements done, a multiple of
+// 32). Every kind's raw word is (high byte << 8 | low byte) (masked for bf16
+// kind E):
+//   bf16 E: low = high = the byte plane's s << 7 | m, masked by 0x807F (s to
+//           bit 15, m to bits 0..6);
+//   bf16 J: low = the packed 7-bit m, high = 0;
+//   fp16 E: low = the byte plane (m[7:0]), high = the packed (m8, m9, s) spread
+//           by PDEP to bits 0, 1, 7 (s to bit 15): no shifts after the join;
+//   fp16 J: low = the byte plane, high = the packed (m8, m9).
+// The 4 groups' PDEP results go to qwords in the order 0, 2, 1, 3, and the byte
+// plane is loaded permuted the same way (vpermq), so that the in-lane byte
+// unpacks give elements 0..15 (low) and 16..31 (high). Reads the byte plane at
+// in[j, j + 32) and each group's packed bytes by load_ending (bytes before it are
+// readable, see there). ~0.4 (bf16 E) to ~0.9 (fp16 E) instructions an element
+// instead of ~0.9 to ~2.2 for 16 or 8 elements a step.
+template <DtypeCode D, uint32_t K>
+EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
+                                      uint16_t keep) {
+  constexpr Traits t = traits<D>();
+  constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
+  constexpr bool bp = rw >= 8;
+  constexpr uint32_t w = bp ? rw - 8 : rw;
+  // PDEP spread: w bits into each byte (fp16 kind E: bits 0, 1, 7).
+  constexpr uint64_t spread = (D == kF16 && K == kKindE) ? 0x8383838383838383ull
+                                                        : 0x0101010101010101ull * ((1ull << w) - 1);
+  const uint8_t* packed = in + (bp ? len : 0);
+  const __m256i k16 = _mm256_set1_epi16((short)keep);
+  const __m256i m807f = _mm256_set1_epi16((short)0x807F);
+  uint32_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    __m256i lo = _mm256_setzero_si256(), hi = lo;
+    if constexpr (bp) {
+      lo = _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j)), 0xD8);
+    }
+    if constexpr (w > 0) {
+      const uint8_t* g = packed + (j / 8) * w;
+      uint64_t d0, d1, d2, d3;
+      asm("pdep %2, %1, %0" : "=r"(d0) : "r"(load_ending<w>(g)), "r"(spread));
+      asm("pdep %2, %1, %0" : "=r"(d1) : "r"(load_ending<w>(g + w)), "r"(spread));
+      asm("pdep %2, %1, %0" : "=r"(d2) : "r"(load_ending<w>(g + 2 * w)), "r"(spread));
+      asm("pdep %2, %1, %0" : "=r"(d3) : "r"(load_ending<w>(g + 3 * w)), "r"(spread));
+      const __m128i a = _mm_insert_epi64(_mm_cvtsi64_si128((long long)d0), (long long)d2, 1);
+      const __m128i c = _mm_insert_epi64(_mm_cvtsi64_si128((long long)d1), (long long)d3, 1);
+      hi = _mm256_inserti128_si256(_mm256_castsi128_si256(a), c, 1);
+      if constexpr (!bp) {  // bf16 J: the packed value is the low byte
+        lo = hi;
+        hi = _mm256_setzero_si256();
+      }
+    } else {
+      hi = lo;  // bf16 E
+    }
+    __m256i r0 = _mm256_unpacklo_epi8(lo, hi), r1 = _mm256_unpackhi_epi8(lo, hi);
+    if constexpr (w == 0) {
+      r0 = _mm256_and_si256(r0, m807f);
+      r1 = _mm256_and_si256(r1, m807f);
+    }
+    const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j + 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(s0, k16), r0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j + 16), _mm256_or_si256(_mm256_and_si256(s1, k16), r1));
+  }
+  return j;
+}
+#endif
+
 // y[j] = (sv[j] & keep) | the raw bits of element j, for j < len (sv may be y).
 // keep clears what a decoded symbol entry holds besides the symbol's value bits
 // (its code length, in bits that the raw bits own: see DecScratch::tab).
@@ -343,17 +392,17 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
-  if (!w) {
-    uint32_t j = 0;
+  uint32_t j32 = 0;  // elements joined 32 a step
 #if EZ_X86
-    if constexpr (Fast && K == kKindE && D == kBF16) j = or_raw_bf16e_fast(in, len, sv, y, keep);
+  if constexpr (Fast) j32 = or_raw_fast32<D, K>(in, len, sv, y, keep);
 #endif
-    for (; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
+  if (!w) {
+    for (uint32_t j = j32; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
   const uint32_t groups = (len + 7) / 8;
-  uint32_t g = 0;
+  uint32_t g = j32 / 8;
 #if EZ_X86
   if constexpr (Fast) {
     // 8 elements at a time: PDEP spreads the group's 8 w-bit values into 8 bytes,
@@ -1271,6 +1320,105 @@ EZ_INLINE void add_fill64(uint64_t* dst, const uint64_t* src, uint32_t cnt, uint
   }
 }
 
+// The hot loop's constants (decode_block_impl: shift counts in registers).
+struct DecodeRegs {
+  const uint8_t* p;    // the bit area
+  const uint64_t* tab; // DecScratch::tab
+  uint8_t* out;        // DecScratch::sv as bytes
+  uint32_t top, c3, c48, not7;  // 64 - 11, 3, 48, ~7
+};
+
+// 5 lookups from one refill at bit q (55 bits <= the 57 valid), output at byte
+// oo. The refill sets bit 0 as a marker (the window's bit 63 - q % 8 >= 56,
+// never read): after the shifts its position is the bits consumed. Returns the
+// new q. (Values, not references to the caller's locals: the asm's memory
+// clobber would reload anything reached through memory.)
+template <bool Fast>
+EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
+  uint64_t buf = __builtin_bswap64(load64(r.p + (q >> r.c3))) << (~r.not7 & q);
+  buf |= 1;
+  uint32_t oo = oo_ref;
+#if EZ_X86
+  if constexpr (Fast) {
+    // 5 instructions a lookup: the output advance (word 3) is added straight
+    // from the entry's memory by a 16-bit add (oo < 2^14, so the register's
+    // upper bits stay 0 for the addressing).
+    uint64_t oo64 = oo, idx, e;
+    const uint64_t top64 = r.top;
+#pragma GCC unroll 5
+    for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+      asm("shrx %[top], %[buf], %[idx]\n\t"
+          "movq (%[tab],%[idx],8), %[e]\n\t"
+          "movq %[e], (%[out],%[oo],1)\n\t"
+          "shlx %[e], %[buf], %[buf]\n\t"
+          "addw 6(%[tab],%[idx],8), %w[oo]"
+          : [buf] "+r"(buf), [oo] "+r"(oo64), [idx] "=&r"(idx), [e] "=&r"(e)
+          : [top] "r"(top64), [tab] "r"(r.tab), [out] "r"(r.out)
+          : "memory", "cc");
+    }
+    oo = (uint32_t)oo64;
+  } else
+#endif
+  {
+#pragma GCC unroll 5
+    for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+      const uint64_t e = r.tab[buf >> r.top];
+      buf <<= (e & 63);
+      std::memcpy(r.out + oo, &e, 8);
+      oo += (uint32_t)(e >> r.c48);
+    }
+  }
+  oo_ref = oo;
+  return q + (uint32_t)__builtin_ctzll(buf);
+}
+
+// Rounds over the 8 streams of G groups of 5 lookups each (decode_block_impl
+// runs G = 2, then G = 1 near the streams' ends). A lookup emits <= 3 symbols
+// and stores 4 words, so R rounds stay inside a stream's output (and decode no
+// more than its symbols) while every stream has >= 15 G R + 1 symbols left. Two
+// groups a round keep q and oo in registers between them (4 fewer loads and
+// stores a group).
+template <uint32_t G, bool Fast>
+EZ_INLINE void decode_rounds(const DecodeRegs r, uint32_t* pos, uint32_t* o, const uint32_t* oend,
+                             const uint8_t*& pf_in_ref, uint8_t*& pf_out_ref) {
+  constexpr uint32_t kRoundSyms = 3 * kSymsPerRefill * G;
+  const uint8_t* pf_in = pf_in_ref;
+  uint8_t* pf_out = pf_out_ref;
+  for (;;) {
+    uint32_t left = kStreamLen;
+    for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
+    uint32_t rounds = left ? (left - 1) / kRoundSyms : 0;
+    if (!rounds) break;
+    for (; rounds; --rounds) {
+      // 4 + 3 lines per 5 lookups a stream (~2.85 symbols a lookup on Gaussian
+      // data): ~9 KiB of the output a block (the next block's 8 KiB) and ~6.7
+      // KiB of a later block's payload (~5.4 KiB).
+#pragma GCC unroll 2
+      for (uint32_t g = 0; g < G; ++g) {
+        __builtin_prefetch(pf_out, 1, 2);
+        __builtin_prefetch(pf_out + 64, 1, 2);
+        __builtin_prefetch(pf_out + 128, 1, 2);
+        __builtin_prefetch(pf_out + 192, 1, 2);
+        __builtin_prefetch(pf_in, 0, 2);
+        __builtin_prefetch(pf_in + 64, 0, 2);
+        __builtin_prefetch(pf_in + 128, 0, 2);
+        pf_out += 256;
+        pf_in += 192;
+      }
+#pragma GCC unroll 8
+      for (uint32_t st = 0; st < kStreams; ++st) {
+        uint32_t q = pos[st], oo = o[st];
+#pragma GCC unroll 2
+        for (uint32_t g = 0; g < G; ++g) q = lookups5<Fast>(r, q, oo);
+        pos[st] = q;
+        o[st] = oo;
+      }
+    }
+  }
+  pf_in_ref = pf_in;
+  pf_out_ref = pf_out;
+}
+
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
 // >= size) into y[0, len). Returns a DecodeStatus (6 or 7 on a bad block).
 template <DtypeCode D, bool Fast>
@@ -1420,71 +1568,9 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   const uint8_t* pf_in = s.pf_in;
   uint8_t* pf_out = s.pf_out;
   if (len == kBlock) {
-    // Rounds of 5 lookups per stream after one refill (5 * 11 = 55 bits <= 57
-    // valid). A lookup emits <= 3 symbols and stores 4 words, so R rounds stay
-    // inside a stream's output (and decode no more than its symbols) while every
-    // stream has >= 15 R + 1 symbols left. The refill sets bit 0 as a marker (the
-    // window's bit 63 - q % 8 >= 56, never read): after the shifts its position
-    // is the bits consumed.
-    constexpr uint32_t kRoundSyms = 3 * kSymsPerRefill;
-    for (;;) {
-      uint32_t left = kStreamLen;
-      for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
-      uint32_t rounds = left ? (left - 1) / kRoundSyms : 0;
-      if (!rounds) break;
-      for (; rounds; --rounds) {
-        // 4 + 3 lines a round, ~35 rounds a block on Gaussian data: ~9 KiB of
-        // the output (the next block's 8 KiB) and ~6.7 KiB of a later block's
-        // payload (~5.4 KiB).
-        __builtin_prefetch(pf_out, 1, 2);
-        __builtin_prefetch(pf_out + 64, 1, 2);
-        __builtin_prefetch(pf_out + 128, 1, 2);
-        __builtin_prefetch(pf_out + 192, 1, 2);
-        __builtin_prefetch(pf_in, 0, 2);
-        __builtin_prefetch(pf_in + 64, 0, 2);
-        __builtin_prefetch(pf_in + 128, 0, 2);
-        pf_out += 256;
-        pf_in += 192;
-#pragma GCC unroll 8
-        for (uint32_t st = 0; st < kStreams; ++st) {
-          const uint32_t q = pos[st];
-          uint32_t oo = o[st];
-          uint64_t buf = refill(q) | 1;
-#if EZ_X86
-          if constexpr (Fast) {
-            // 5 instructions a lookup: the output advance (word 3) is added
-            // straight from the entry's memory by a 16-bit add (oo < 2^14, so
-            // the register's upper bits stay 0 for the addressing).
-            uint64_t oo64 = oo, idx, e;
-            const uint64_t top64 = top;
-#pragma GCC unroll 5
-            for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-              asm("shrx %[top], %[buf], %[idx]\n\t"
-                  "movq (%[tab],%[idx],8), %[e]\n\t"
-                  "movq %[e], (%[out],%[oo],1)\n\t"
-                  "shlx %[e], %[buf], %[buf]\n\t"
-                  "addw 6(%[tab],%[idx],8), %w[oo]"
-                  : [buf] "+r"(buf), [oo] "+r"(oo64), [idx] "=&r"(idx), [e] "=&r"(e)
-                  : [top] "r"(top64), [tab] "r"(tab), [out] "r"(out)
-                  : "memory", "cc");
-            }
-            oo = (uint32_t)oo64;
-          } else
-#endif
-          {
-#pragma GCC unroll 5
-            for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-              const uint64_t e = tab[buf >> top];
-              buf <<= (e & 63);
-              std::memcpy(out + oo, &e, 8);
-              oo += (uint32_t)(e >> c48);
-            }
-          }
-          pos[st] = q + (uint32_t)__builtin_ctzll(buf);
-          o[st] = oo;
-        }
-      }
-    }
+    DecodeRegs r{p, tab, out, top, c3, c48, not7};
+    decode_rounds<2, Fast>(r, pos, o, oend, pf_in, pf_out);
+    decode_rounds<1, Fast>(r, pos, o, oend, pf_in, pf_out);
   }
   // The rest of each stream (all of it in a short block): 5 lookups a refill
   // while the stream has >= 16 symbols left (the rounds stop at the slowest
@@ -1493,17 +1579,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   for (uint32_t st = 0; st < kStreams; ++st) {
     uint32_t q = pos[st], oo = o[st];
     const uint32_t oe = oend[st];
-    while (oe - oo >= 2 * (3 * kSymsPerRefill + 1)) {
-      uint64_t buf = refill(q) | 1;
-#pragma GCC unroll 5
-      for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-        const uint64_t e = tab[buf >> top];
-        buf <<= (e & 63);
-        std::memcpy(out + oo, &e, 8);
-        oo += (uint32_t)(e >> c48);
-      }
-      q += (uint32_t)__builtin_ctzll(buf);
-    }
+    while (oe - oo >= 2 * (3 * kSymsPerRefill + 1)) q = lookups5<Fast>(DecodeRegs{p, tab, out, top, c3, c48, not7}, q, oo);
     while (oe - oo >= 8) {
       const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
       std::memcpy(out + oo, &e, 8);
