@@ -18,7 +18,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #if defined(__linux__)
@@ -1372,16 +1371,16 @@ EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
   return q + (uint32_t)__builtin_ctzll(buf);
 }
 
-// Rounds over the 8 streams of G groups of 5 lookups each (decode_block_impl
-// runs G = 2, then G = 1 near the streams' ends). A lookup emits <= 3 symbols
-// and stores 4 words, so R rounds stay inside a stream's output (and decode no
-// more than its symbols) while every stream has >= 15 G R + 1 symbols left. Two
-// groups a round keep q and oo in registers between them (4 fewer loads and
-// stores a group).
-template <uint32_t G, bool Fast>
+// Rounds over the 8 streams of 5 lookups each. A lookup emits <= 3 symbols and
+// stores 4 words, so R rounds stay inside a stream's output (and decode no more
+// than its symbols) while every stream has >= 15 R + 1 symbols left. (Two
+// groups a stream a round, q and oo kept in registers between them, ran ~7%
+// slower at 64 MiB despite fewer instructions: one stream's longer dependency
+// chain.)
+template <bool Fast>
 EZ_INLINE void decode_rounds(const DecodeRegs r, uint32_t* pos, uint32_t* o, const uint32_t* oend,
                              const uint8_t*& pf_in_ref, uint8_t*& pf_out_ref) {
-  constexpr uint32_t kRoundSyms = 3 * kSymsPerRefill * G;
+  constexpr uint32_t kRoundSyms = 3 * kSymsPerRefill;
   const uint8_t* pf_in = pf_in_ref;
   uint8_t* pf_out = pf_out_ref;
   for (;;) {
@@ -1390,27 +1389,22 @@ EZ_INLINE void decode_rounds(const DecodeRegs r, uint32_t* pos, uint32_t* o, con
     uint32_t rounds = left ? (left - 1) / kRoundSyms : 0;
     if (!rounds) break;
     for (; rounds; --rounds) {
-      // 4 + 3 lines per 5 lookups a stream (~2.85 symbols a lookup on Gaussian
-      // data): ~9 KiB of the output a block (the next block's 8 KiB) and ~6.7
-      // KiB of a later block's payload (~5.4 KiB).
-#pragma GCC unroll 2
-      for (uint32_t g = 0; g < G; ++g) {
-        __builtin_prefetch(pf_out, 1, 2);
-        __builtin_prefetch(pf_out + 64, 1, 2);
-        __builtin_prefetch(pf_out + 128, 1, 2);
-        __builtin_prefetch(pf_out + 192, 1, 2);
-        __builtin_prefetch(pf_in, 0, 2);
-        __builtin_prefetch(pf_in + 64, 0, 2);
-        __builtin_prefetch(pf_in + 128, 0, 2);
-        pf_out += 256;
-        pf_in += 192;
-      }
+      // 4 + 3 lines a round (~2.85 symbols a lookup on Gaussian data: ~35
+      // rounds a block): ~9 KiB of the output a block (the next block's 8 KiB)
+      // and ~6.7 KiB of a later block's payload (~5.4 KiB).
+      __builtin_prefetch(pf_out, 1, 2);
+      __builtin_prefetch(pf_out + 64, 1, 2);
+      __builtin_prefetch(pf_out + 128, 1, 2);
+      __builtin_prefetch(pf_out + 192, 1, 2);
+      __builtin_prefetch(pf_in, 0, 2);
+      __builtin_prefetch(pf_in + 64, 0, 2);
+      __builtin_prefetch(pf_in + 128, 0, 2);
+      pf_out += 256;
+      pf_in += 192;
 #pragma GCC unroll 8
       for (uint32_t st = 0; st < kStreams; ++st) {
-        uint32_t q = pos[st], oo = o[st];
-#pragma GCC unroll 2
-        for (uint32_t g = 0; g < G; ++g) q = lookups5<Fast>(r, q, oo);
-        pos[st] = q;
+        uint32_t oo = o[st];
+        pos[st] = lookups5<Fast>(r, pos[st], oo);
         o[st] = oo;
       }
     }
@@ -1569,8 +1563,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   uint8_t* pf_out = s.pf_out;
   if (len == kBlock) {
     DecodeRegs r{p, tab, out, top, c3, c48, not7};
-    decode_rounds<2, Fast>(r, pos, o, oend, pf_in, pf_out);
-    decode_rounds<1, Fast>(r, pos, o, oend, pf_in, pf_out);
+    decode_rounds<Fast>(r, pos, o, oend, pf_in, pf_out);
   }
   // The rest of each stream (all of it in a short block): 5 lookups a refill
   // while the stream has >= 16 symbols left (the rounds stop at the slowest
