@@ -60,16 +60,20 @@ def _plan(cfg: _Cfg, collective: str, dtype, m: int, all_to_all: bool = False) -
                       all_to_all=all_to_all)
 
 
+def _ag_assemble(g, shape, a, tiled, n_peers):
+  """The gathered rows g[N, n] of a leaf of `shape` -> lax.all_gather's result."""
+  y = jnp.moveaxis(g.reshape((n_peers,) + shape), 0, a)
+  if tiled:
+    y = y.reshape(shape[:a] + (n_peers * shape[a],) + shape[a + 1:])
+  return y
+
+
 def _ag_impl(x, cfg: _Cfg):
-  shape = x.shape
   n = x.size
   plan = _plan(cfg, "all_gather", x.dtype, n)
   g, parts = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats,
                                    cfg.opts.check_decode)
-  y = jnp.moveaxis(g.reshape((cfg.n_peers,) + shape), 0, cfg.dim)
-  if cfg.tiled:
-    a = cfg.dim
-    y = y.reshape(shape[:a] + (cfg.n_peers * shape[a],) + shape[a + 1:])
+  y = _ag_assemble(g, x.shape, cfg.dim, cfg.tiled, cfg.n_peers)
   if cfg.to == "varying":
     y = compat.pvary(y, cfg.axes)
   return y, (stats_lib.make_stats("all_gather", cfg.opts.codec, parts) if cfg.stats else None)
@@ -118,11 +122,16 @@ def _a2a_impl(x, cfg: _Cfg):
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
   plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1], all_to_all=True)
   recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
-  c = cfg.dim2
-  y = jnp.moveaxis(recv.reshape((n_peers,) + chunk), 0, c)
-  if cfg.tiled:
-    y = y.reshape(chunk[:c] + (n_peers * chunk[c],) + chunk[c + 1:])
+  y = _a2a_assemble(recv, chunk, cfg.dim2, cfg.tiled, n_peers)
   return y, (stats_lib.make_stats("all_to_all", cfg.opts.codec, parts) if cfg.stats else None)
+
+
+def _a2a_assemble(recv, chunk, c, tiled, n_peers):
+  """The received rows recv[N, m] (row i from peer i) -> lax.all_to_all's result."""
+  y = jnp.moveaxis(recv.reshape((n_peers,) + chunk), 0, c)
+  if tiled:
+    y = y.reshape(chunk[:c] + (n_peers * chunk[c],) + chunk[c + 1:])
+  return y
 
 
 def _pp_impl(x, cfg: _Cfg):
@@ -166,7 +175,7 @@ def _with_vjp(impl, bwd):
   @f.defjvp
   def _jvp(cfg, primals, tangents):
     (x,), (t,) = primals, tangents
-    if compat.is_linearizing(t):
+    if compat.is_linearizing(jax.tree_util.tree_leaves(t)[0]):
       return jax.jvp(lambda u: vjp_fn(u, cfg), (x,), (t,))
     y, st = vjp_fn(x, cfg)
     ty, _ = vjp_fn(t, cfg._replace(stats=False))
@@ -216,13 +225,135 @@ _a2a = _with_vjp(_a2a_impl, _a2a_bwd)
 _pp = _with_vjp(_pp_impl, _pp_bwd)
 
 
-def _map_leaves(one, x, stats: bool):
+# Bucketed twins: x is a tuple of rows (of one dtype) packed along their last axis
+# into one row (set) for the collective and unpacked after it, in the unsigned
+# word domain (XLA:CPU may compute a bf16 concatenate in f32, which would
+# canonicalise NaN payloads). Packing is inside the custom VJP, so gradients flow
+# (a bitcast has none) and are themselves bucketed collectives. cfg is the neutral
+# one of each bucket: rows [M] (gather, psum, permute) or [N, M] (one per peer).
+
+
+def _pack(xs):
+  return transport.unbits(jnp.concatenate([transport.bits(v) for v in xs], axis=-1),
+                          xs[0].dtype)
+
+
+def _unpack(y, xs):
+  """Cuts y along its last axis into pieces as wide as the rows of xs."""
+  u, out, off = transport.bits(y), [], 0
+  for v in xs:
+    m = v.shape[-1]
+    out.append(transport.unbits(u[..., off:off + m], y.dtype))
+    off += m
+  return tuple(out)
+
+
+def _bucketed(impl):
+  return lambda xs, cfg: (_unpack(impl(_pack(xs), cfg)[0], xs), None)
+
+
+def _pvary_all(cts, cfg):
+  return tuple(compat.pvary(c, cfg.axes) for c in cts)
+
+
+def _bag_bwd(cfg: _Cfg, cts):
+  if cfg.to == "invarying":
+    me = lax.axis_index(cfg.axes)
+    return tuple(lax.dynamic_index_in_dim(c, me, 0, keepdims=False) for c in cts)
+  return _brs(_pvary_all(cts, cfg), cfg._replace(stats=False))[0]
+
+
+def _brs_bwd(cfg: _Cfg, cts):
+  return _bag(_pvary_all(cts, cfg), cfg._replace(stats=False, to="varying"))[0]
+
+
+def _bpsum_bwd(cfg: _Cfg, cts):
+  if compat.check_vma_enabled():
+    return _pvary_all(cts, cfg)
+  return _bpsum(cts, cfg._replace(stats=False))[0]
+
+
+def _ba2a_bwd(cfg: _Cfg, cts):
+  return _ba2a(_pvary_all(cts, cfg), cfg._replace(stats=False))[0]
+
+
+def _bpp_bwd(cfg: _Cfg, cts):
+  inv = tuple((d, s) for s, d in cfg.perm)
+  return _bpp(_pvary_all(cts, cfg), cfg._replace(perm=inv, stats=False))[0]
+
+
+_bag = _with_vjp(_bucketed(_ag_impl), _bag_bwd)
+_brs = _with_vjp(_bucketed(_rs_impl), _brs_bwd)
+_bpsum = _with_vjp(_bucketed(_psum_impl), _bpsum_bwd)
+_ba2a = _with_vjp(_bucketed(_a2a_impl), _ba2a_bwd)
+_bpp = _with_vjp(_bucketed(_pp_impl), _bpp_bwd)
+
+
+# ---- buckets: many small leaves, one transport ---------------------------------------------
+# A pytree of many small leaves (a model's gradients: biases, norms, small
+# matrices) would pay per leaf a row header, the ladder's slack, an agreement and
+# a collective's latency, and each leaf's transport compiles its own ladder.
+# Leaves of one dtype are packed into buckets of at most `bucket_bytes` (greedily,
+# in leaf order) and each bucket moves as one row (set) through the same
+# collective. Every collective here acts element by element on the rows (a
+# gather or permute copies each element, a reduction sums each element over the
+# peers in rank order), so a leaf's result is the same bits packed or alone;
+# only the bytes on the wire and the number of transports change.
+
+
+class _Item(NamedTuple):
+  """A bucketable leaf: its rows and how to turn the bucket's rows back into it."""
+  rows: jax.Array       # [m] (gather, psum, permute) or [N, m] (one row per peer)
+  post: object          # rows of the result, this leaf's slice -> the leaf's result
+
+
+def _bucket_groups(items, limit: int) -> list:
+  """Indices of the buckets: leaves of one dtype, in leaf order, greedily filled up
+  to `limit` raw bytes; a leaf of `limit` bytes or more travels alone."""
+  groups, open_ = [], {}
+  for i, it in items:
+    nbytes = it.rows.size * it.rows.dtype.itemsize
+    key = np.dtype(it.rows.dtype).name
+    if nbytes >= limit:
+      groups.append([i])
+      continue
+    cur = open_.get(key)
+    if cur is None or cur[1] + nbytes > limit:
+      cur = open_[key] = [[], 0]
+      groups.append(cur[0])
+    cur[0].append(i)
+    cur[1] += nbytes
+  return groups
+
+
+def _map_leaves(one, x, stats: bool, bucket=None):
+  """Runs the collective on every leaf of x: `one(leaf) -> (y, stats)`.
+
+  bucket: None, or (item, run, limit): item(leaf) -> _Item, or None for a leaf that
+  is not bucketed (plain lax, empty); run(rows) runs the bucketed collective on a
+  tuple of rows and returns the tuple of their results. With stats=True every
+  leaf keeps its own transport (its stats are its own), so nothing is bucketed.
+  """
   leaves, treedef = jax.tree_util.tree_flatten(x)
-  outs = [one(leaf) for leaf in leaves]
-  y = jax.tree_util.tree_unflatten(treedef, [o[0] for o in outs])
-  if not stats:
-    return y
-  return y, jax.tree_util.tree_unflatten(treedef, [o[1] for o in outs])
+  if bucket is None or stats or len(leaves) < 2:
+    outs = [one(leaf) for leaf in leaves]
+    y = jax.tree_util.tree_unflatten(treedef, [o[0] for o in outs])
+    if not stats:
+      return y
+    return y, jax.tree_util.tree_unflatten(treedef, [o[1] for o in outs])
+  item, run, limit = bucket
+  items = [(i, it) for i, it in ((i, item(leaf)) for i, leaf in enumerate(leaves))
+           if it is not None]
+  by_index = dict(items)
+  ys = [None] * len(leaves)
+  for group in _bucket_groups(items, limit):
+    if len(group) == 1:
+      continue
+    its = [by_index[i] for i in group]
+    for i, it, r in zip(group, its, run(tuple(it.rows for it in its))):
+      ys[i] = it.post(r)
+  ys = [one(leaf)[0] if y is None else y for leaf, y in zip(leaves, ys)]
+  return jax.tree_util.tree_unflatten(treedef, ys)
 
 
 def _lax_stats(name, x):
@@ -283,7 +414,13 @@ _OPTIONS_DOC = """
       transfer (docs/design.md, "Overlap"); same bits for every count. "auto":
       the calibrated cost model's count (`costmodel.best_chunks`), 1 without a
       calibration or where no overlap is known (XLA:CPU). None: the environment's
-      ZIPCCL_CHUNKS, else "auto". An int in [1, 16]; 1 is the unchunked program."""
+      ZIPCCL_CHUNKS, else "auto". An int in [1, 16]; 1 is the unchunked program.
+    bucket_bytes: leaves of a pytree smaller than this (raw bytes per device) are
+      packed, per dtype and in leaf order, into buckets of at most this size, and
+      each bucket moves as one transport (one row header, agreement and ladder
+      for many small leaves; the same bits as leaf by leaf). None: the default,
+      `BUCKET_BYTES` (4 MiB); 0: every leaf alone. With stats=True every leaf
+      travels alone, so that its stats are its own."""
 
 
 def _with_options_doc(f):
@@ -297,7 +434,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
                           stats: bool = False, check_decode: bool | None = None,
-                    chunks: int | str | None = None):
+                          chunks: int | str | None = None, bucket_bytes: int | None = None):
   """`jax.lax.all_gather` with compressed payloads; bit-identical result.
 
   Each device encodes its block once into one row; the participants agree on the
@@ -326,6 +463,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, tiled, check_decode,
                                       chunks)
+  limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def plain(leaf, a):
     y = (compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled) if to == "invarying"
@@ -344,7 +482,21 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     cfg = _Cfg(axes, n_peers, opts, stats, fn, dim=a, tiled=tiled, to=to)
     return _ag(compat.pvary(leaf, axes), cfg)
 
-  return _map_leaves(one, x, stats)
+  def item(leaf):
+    if _takes_lax(fn, leaf) or opts.codec is None:
+      return None
+    leaf = options.check_x(fn, leaf)
+    if leaf.size == 0 or (tiled and leaf.ndim == 0):
+      return None
+    a = options.check_dim(fn, "axis", axis, leaf.ndim + (0 if tiled else 1))
+    shape = leaf.shape
+    return _Item(compat.pvary(leaf, axes).reshape(-1),
+                 lambda g: _ag_assemble(g, shape, a, tiled, n_peers))
+
+  def run(rows):
+    return _bag(rows, _Cfg(axes, n_peers, opts, False, fn, to=to))[0]
+
+  return _map_leaves(one, x, stats, (item, run, limit))
 
 
 @_with_options_doc
@@ -353,7 +505,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
                             grad_escape_capacity: int | None = None,
                             policy: str = "auto", stats: bool = False,
                             check_decode: bool | None = None,
-                            chunks: int | str | None = None):
+                            chunks: int | str | None = None, bucket_bytes: int | None = None):
   """`jax.lax.psum_scatter` over compressed per-destination chunks.
 
   Each device encodes the N chunks of x along `scatter_dimension` as N rows in one
@@ -380,6 +532,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, tiled, check_decode,
                                       chunks)
+  limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def plain(leaf, d):
     y = lax.psum_scatter(leaf, axes, scatter_dimension=d, tiled=tiled)
@@ -395,7 +548,20 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
     cfg = _Cfg(axes, n_peers, opts, stats, fn, dim=d, tiled=tiled)
     return _rs(compat.pvary(leaf, axes), cfg)
 
-  return _map_leaves(one, x, stats)
+  def item(leaf):
+    if _takes_lax(fn, leaf) or opts.codec is None:
+      return None
+    leaf, d = options.check_split_x(fn, leaf, "scatter_dimension", scatter_dimension, n_peers,
+                                    tiled, axis_name)
+    if leaf.size == 0:
+      return None
+    rows, chunk = _rows_for_peers(compat.pvary(leaf, axes), d, tiled, n_peers)
+    return _Item(rows, lambda r: r.reshape(chunk))
+
+  def run(rows):    # [N, m] each: row j for peer j, as _rows_for_peers(x, 0, False) sees it
+    return _brs(rows, _Cfg(axes, n_peers, opts, False, fn))[0]
+
+  return _map_leaves(one, x, stats, (item, run, limit))
 
 
 @_with_options_doc
@@ -403,7 +569,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
                     escape_capacity: int | None = None,
                     grad_escape_capacity: int | None = None, policy: str = "auto",
                     stats: bool = False, check_decode: bool | None = None,
-                    chunks: int | str | None = None):
+                    chunks: int | str | None = None, bucket_bytes: int | None = None):
   """`jax.lax.psum` as compressed reduce-scatter + compressed all-gather.
 
   x is flattened and split into N equal rows (zero-padded); the reduce-scatter
@@ -429,6 +595,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, False, check_decode,
                                       chunks)
+  limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def one(leaf):
     plain = _takes_lax(fn, leaf)
@@ -439,7 +606,19 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
     cfg = _Cfg(axes, n_peers, opts, stats, fn)
     return _psum(compat.pvary(leaf, axes), cfg)
 
-  return _map_leaves(one, x, stats)
+  def item(leaf):
+    if _takes_lax(fn, leaf) or opts.codec is None:
+      return None
+    leaf = options.check_x(fn, leaf)
+    if leaf.size == 0:
+      return None
+    shape = leaf.shape
+    return _Item(compat.pvary(leaf, axes).reshape(-1), lambda r: r.reshape(shape))
+
+  def run(rows):
+    return _bpsum(rows, _Cfg(axes, n_peers, opts, False, fn))[0]
+
+  return _map_leaves(one, x, stats, (item, run, limit))
 
 
 @_with_options_doc
@@ -448,7 +627,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
                           stats: bool = False, check_decode: bool | None = None,
-                    chunks: int | str | None = None):
+                          chunks: int | str | None = None, bucket_bytes: int | None = None):
   """`jax.lax.all_to_all` with compressed per-destination chunks; bit-identical.
 
   Args:
@@ -470,6 +649,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
   opts, axes, n_peers = options.setup(fn, axis_name, codec, escape_capacity,
                                       grad_escape_capacity, policy, stats, tiled, check_decode,
                                       chunks)
+  limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def plain(leaf, s, c):
     y = lax.all_to_all(leaf, axes, s, c, tiled=tiled)
@@ -485,7 +665,20 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
     cfg = _Cfg(axes, n_peers, opts, stats, fn, dim=s, dim2=c, tiled=tiled)
     return _a2a(compat.pvary(leaf, axes), cfg)
 
-  return _map_leaves(one, x, stats)
+  def item(leaf):
+    if _takes_lax(fn, leaf) or opts.codec is None:
+      return None
+    leaf, s, c = options.check_split_x(fn, leaf, "split_axis", split_axis, n_peers, tiled,
+                                       axis_name, also=(("concat_axis", concat_axis),))
+    if leaf.size == 0:
+      return None
+    rows, chunk = _rows_for_peers(compat.pvary(leaf, axes), s, tiled, n_peers)
+    return _Item(rows, lambda r: _a2a_assemble(r, chunk, c, tiled, n_peers))
+
+  def run(rows):    # [N, m] each in and out: row i from peer i
+    return _ba2a(rows, _Cfg(axes, n_peers, opts, False, fn))[0]
+
+  return _map_leaves(one, x, stats, (item, run, limit))
 
 
 @_with_options_doc
@@ -493,7 +686,7 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
                         escape_capacity: int | None = None,
                         grad_escape_capacity: int | None = None, policy: str = "auto",
                         stats: bool = False, check_decode: bool | None = None,
-                    chunks: int | str | None = None):
+                        chunks: int | str | None = None, bucket_bytes: int | None = None):
   """`jax.lax.ppermute` with a compressed payload; bit-identical (zeros where
   no one sends, as lax).
 
@@ -516,6 +709,7 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
                                       grad_escape_capacity, policy, stats, False, check_decode,
                                       chunks)
   perm = options.check_perm(fn, perm, n_peers)
+  limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def one(leaf):
     plain = _takes_lax(fn, leaf)
@@ -526,4 +720,16 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
     cfg = _Cfg(axes, n_peers, opts, stats, fn, perm=perm)
     return _pp(compat.pvary(leaf, axes), cfg)
 
-  return _map_leaves(one, x, stats)
+  def item(leaf):
+    if _takes_lax(fn, leaf) or opts.codec is None:
+      return None
+    leaf = options.check_x(fn, leaf)
+    if leaf.size == 0:
+      return None
+    shape = leaf.shape
+    return _Item(compat.pvary(leaf, axes).reshape(-1), lambda r: r.reshape(shape))
+
+  def run(rows):
+    return _bpp(rows, _Cfg(axes, n_peers, opts, False, fn, perm=perm))[0]
+
+  return _map_leaves(one, x, stats, (item, run, limit))

@@ -56,6 +56,7 @@ LADDER_GROWTH = ((1, 50), (1, 20))   # (fine, coarse) growth per rung, exact fra
 FINE_RUNGS = 12
 MAX_RUNGS = 16
 ALL_TO_ALL_LADDER = (8, LADDER_GROWTH, 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
+COARSE_RESPACE = 3     # a too-long ladder first widens its coarse growth up to 3 x 1.5x
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 # Chunks: at most MAX_CHUNKS per row (each is a switch of the whole ladder: compile
 # time grows with C); chunk boundaries are multiples of CHUNK_ALIGN elements (both
@@ -77,10 +78,15 @@ def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
   Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
   listed). With all_to_all (the rows of an all-to-all transport) the ladder is
   ALL_TO_ALL_LADDER: 8 rungs 2% apart, then 5%, at most 12. A ladder longer than
-  its maximum is respaced with larger growths. Python ints: exact for any size.
+  its maximum is respaced: first the coarse growth is raised 1.5x at a time (at
+  most COARSE_RESPACE times: 5% -> 16.9%), keeping the fine rungs 2% apart where
+  rows land (a codec whose ladder starts low, as the entropy codec's floor does,
+  would otherwise lose its 2% spacing); then both growths. Python ints: exact
+  for any size.
   """
   fine, ((fn, fd), (cn, cd)), max_rungs = (ALL_TO_ALL_LADDER if all_to_all else
                                             (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS))
+  coarse_left = COARSE_RESPACE
   while True:
     rungs = []
     s = -(-min_nbytes // _ALIGN) * _ALIGN
@@ -90,7 +96,10 @@ def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
       s = max(s + _ALIGN, s * (den + num) // den // _ALIGN * _ALIGN)
     if len(rungs) <= max_rungs:
       return tuple(rungs)
-    fn, fd, cn, cd = 3 * fn, 2 * fd, 3 * cn, 2 * cd    # 1.5x the growths, until it fits
+    if coarse_left:                                    # 1.5x the coarse growth
+      cn, cd, coarse_left = 3 * cn, 2 * cd, coarse_left - 1
+    else:                                              # then 1.5x both, until it fits
+      fn, fd, cn, cd = 3 * fn, 2 * fd, 3 * cn, 2 * cd
 
 
 @functools.cache
