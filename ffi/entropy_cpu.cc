@@ -1257,6 +1257,10 @@ struct DecScratch {
   // m-bit value i, or 0 when none fits (the entries of an (s1, s2) region are
   // c1[s1] + c2[s2] + third[2^m + i], m = 11 - l1 - l2).
   uint64_t third[1u << (kMaxLen - 1)];
+  // The c1 list of the codes of <= 6 bits whose regions s.tab holds (see the
+  // table build); sig_n = ~0u: none yet.
+  uint64_t sig[64];
+  uint32_t sig_n;
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
   // Prefetch targets for the decode rounds (see decode_row_t): a later block's
@@ -1472,12 +1476,18 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // of 2.92 symbols a lookup) would cost more to build than they save: they keep
   // 1 symbol, so every region is a multiple of 8 entries (vector stores). The
   // s1 of one length have regions that differ only by c1: the first is built,
-  // the others are it plus the difference (~0.6 instructions an element a
-  // block on Gaussian bf16, for 2048 entries).
+  // the others are it plus the difference.
+  //
+  // Only codes of <= kShortBits bits take part in pairs and triples, so the
+  // regions of those codes (the table's first `pre` entries: ~97% of it on
+  // Gaussian data) depend only on their (length, value) list, kept in s.sig:
+  // when a block's list equals the previous block's (1/3 to 2/3 of Gaussian
+  // blocks), they are still in s.tab and only the longer codes' regions (single
+  // symbols) are written again.
   {
-    constexpr uint32_t kPairBits = 8;
-    uint32_t k = 0;
-    for (uint32_t l = 1; l <= kMaxLen; ++l)
+    constexpr uint32_t kPairBits = 8, kShortBits = 6;
+    uint32_t k = 0, pre = 0, P = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l) {
       for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
         const uint64_t v = t.sym_bits(kind, lb.sym[l][i]);
         s.olen[k] = (uint8_t)l;
@@ -1485,44 +1495,62 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
         s.c2[k] = l | (v << 16) | ((uint64_t)l << 32) | (2ull << 48);
         s.c3[k] = l | (v << 32) | (2ull << 48);
       }
-    s.olen[k] = kMaxLen + 1;  // stops the "length <= m" scans
-    const uint32_t lmin = s.olen[0];
-    // The third-symbol tables that regions use: m2 = 11 - l1 - l2 in
-    // [11 - kPairBits, 11 - 2 lmin].
-    for (uint32_t m = kMaxLen - kPairBits; m + 2 * lmin <= kMaxLen; ++m) {
-      uint64_t* d = s.third + (1u << m);
-      uint64_t* const end = d + (1u << m);
-      for (uint32_t i = 0; s.olen[i] <= m; ++i) {
-        const uint32_t cnt = 1u << (m - s.olen[i]);
-        fill64(d, cnt, s.c3[i]);
-        d += cnt;
+      if (l == kShortBits) {
+        P = k;
+        pre = 0;
+        for (uint32_t l2 = 1; l2 <= kShortBits; ++l2) pre += lb.n[l2] << (kMaxLen - l2);
       }
-      for (; d < end; ++d) *d = 0;
     }
-    uint64_t* dst = s.tab;
-    const uint64_t* built = nullptr;  // the region of the first s1 of length prev_l
-    uint32_t prev_l = 0;
-    uint64_t prev_c1 = 0;
-    for (uint32_t i1 = 0; i1 < k; ++i1) {
-      const uint32_t l1 = s.olen[i1], m1 = kMaxLen - l1;
-      const uint64_t c1 = s.c1[i1];
-      uint64_t* const end = dst + (1u << m1);
-      if (l1 + lmin > kPairBits) {
-        fill64(dst, 1u << m1, c1);
-      } else if (l1 == prev_l) {
-        add_fill64(dst, built, 1u << m1, c1 - prev_c1);
-      } else {
-        built = dst;
-        prev_l = l1;
-        prev_c1 = c1;
-        for (uint32_t i2 = 0; s.olen[i2] + l1 <= kPairBits; ++i2) {
-          const uint32_t cnt = 1u << (m1 - s.olen[i2]);
-          add_fill64(dst, s.third + cnt, cnt, c1 + s.c2[i2]);
-          dst += cnt;
+    s.olen[k] = kMaxLen + 1;  // stops the "length <= m" scans
+    if (!(P == s.sig_n && std::memcmp(s.sig, s.c1, sizeof(uint64_t) * P) == 0)) {
+      // s.olen[P] (> kShortBits, or the sentinel) stops the scans below at the
+      // short codes.
+      const uint32_t lmin = s.olen[0];
+      // The third-symbol tables that regions use: m2 = 11 - l1 - l2 in
+      // [11 - kPairBits, 11 - 2 lmin].
+      for (uint32_t m = kMaxLen - kPairBits; m + 2 * lmin <= kMaxLen; ++m) {
+        uint64_t* d = s.third + (1u << m);
+        uint64_t* const end = d + (1u << m);
+        for (uint32_t i = 0; s.olen[i] <= std::min(m, kShortBits); ++i) {
+          const uint32_t cnt = 1u << (m - s.olen[i]);
+          fill64(d, cnt, s.c3[i]);
+          d += cnt;
         }
-        if (dst < end) fill64(dst, (uint32_t)(end - dst), c1);
+        for (; d < end; ++d) *d = 0;
       }
-      dst = end;
+      uint64_t* dst = s.tab;
+      const uint64_t* built = nullptr;  // the region of the first s1 of length prev_l
+      uint32_t prev_l = 0;
+      uint64_t prev_c1 = 0;
+      for (uint32_t i1 = 0; i1 < P; ++i1) {
+        const uint32_t l1 = s.olen[i1], m1 = kMaxLen - l1;
+        const uint64_t c1 = s.c1[i1];
+        uint64_t* const end = dst + (1u << m1);
+        if (l1 + lmin > kPairBits) {
+          fill64(dst, 1u << m1, c1);
+        } else if (l1 == prev_l) {
+          add_fill64(dst, built, 1u << m1, c1 - prev_c1);
+        } else {
+          built = dst;
+          prev_l = l1;
+          prev_c1 = c1;
+          for (uint32_t i2 = 0; s.olen[i2] + l1 <= kPairBits && s.olen[i2] <= kShortBits; ++i2) {
+            const uint32_t cnt = 1u << (m1 - s.olen[i2]);
+            add_fill64(dst, s.third + cnt, cnt, c1 + s.c2[i2]);
+            dst += cnt;
+          }
+          if (dst < end) fill64(dst, (uint32_t)(end - dst), c1);
+        }
+        dst = end;
+      }
+      std::memcpy(s.sig, s.c1, sizeof(uint64_t) * P);
+      s.sig_n = P;
+    }
+    uint64_t* dst = s.tab + pre;
+    for (uint32_t i1 = P; i1 < k; ++i1) {
+      const uint32_t cnt = 1u << (kMaxLen - s.olen[i1]);
+      fill64(dst, cnt, s.c1[i1]);
+      dst += cnt;
     }
   }
   // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
@@ -1750,6 +1778,7 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
   std::vector<uint64_t> tcs(nt, 0), traws(nt, 0);
   par::parallel_for(nt, [&](int t) {
     std::unique_ptr<DecScratch> s(new DecScratch);
+    s->sig_n = ~0u;
     const uint64_t b0 = nb * (uint64_t)t / nt, b1 = nb * (uint64_t)(t + 1) / nt;
     uint64_t acc = 0, raws = 0;
     int32_t worst = kDecOk;
