@@ -1338,9 +1338,19 @@ struct DecodeRegs {
 // clobber would reload anything reached through memory.)
 template <bool Fast>
 EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
-  uint64_t buf = __builtin_bswap64(load64(r.p + (q >> r.c3))) << (~r.not7 & q);
-  buf |= 1;
+  uint64_t buf;
   uint32_t oo = oo_ref;
+#if EZ_X86
+  if constexpr (Fast) {
+    // The bit offset q % 8 by one ANDN (GCC otherwise copies q and ANDs).
+    uint32_t sh;
+    asm("andn %[q], %[not7], %[sh]" : [sh] "=r"(sh) : [q] "r"(q), [not7] "r"(r.not7));
+    buf = (__builtin_bswap64(load64(r.p + (q >> r.c3))) << sh) | 1;
+  } else
+#endif
+  {
+    buf = (__builtin_bswap64(load64(r.p + (q >> r.c3))) << (~r.not7 & q)) | 1;
+  }
 #if EZ_X86
   if constexpr (Fast) {
     // 5 instructions a lookup: the output advance (word 3) is added straight
@@ -1492,8 +1502,6 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
         const uint64_t v = t.sym_bits(kind, lb.sym[l][i]);
         s.olen[k] = (uint8_t)l;
         s.c1[k] = v | l | (l << 16) | ((uint64_t)l << 32) | (2ull << 48);
-        s.c2[k] = l | (v << 16) | ((uint64_t)l << 32) | (2ull << 48);
-        s.c3[k] = l | (v << 32) | (2ull << 48);
       }
       if (l == kShortBits) {
         P = k;
@@ -1505,6 +1513,11 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     if (!(P == s.sig_n && std::memcmp(s.sig, s.c1, sizeof(uint64_t) * P) == 0)) {
       // s.olen[P] (> kShortBits, or the sentinel) stops the scans below at the
       // short codes.
+      for (uint32_t i = 0; i < P; ++i) {
+        const uint64_t l = s.olen[i], v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 10 (fp16)
+        s.c2[i] = l | (v << 16) | (l << 32) | (2ull << 48);
+        s.c3[i] = l | (v << 32) | (2ull << 48);
+      }
       const uint32_t lmin = s.olen[0];
       // The third-symbol tables that regions use: m2 = 11 - l1 - l2 in
       // [11 - kPairBits, 11 - 2 lmin].
