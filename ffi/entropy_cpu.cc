@@ -1609,24 +1609,44 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // The rest of each stream (all of it in a short block): 5 lookups a refill
   // while the stream has >= 16 symbols left (the rounds stop at the slowest
   // stream), then one whole entry a refill while 4 output words remain, then one
-  // symbol a lookup (symbol 1's length is word 1's nibble).
-  for (uint32_t st = 0; st < kStreams; ++st) {
-    uint32_t q = pos[st], oo = o[st];
-    const uint32_t oe = oend[st];
-    while (oe - oo >= 2 * (3 * kSymsPerRefill + 1)) q = lookups5<Fast>(DecodeRegs{p, tab, out, top, c3, c48, not7}, q, oo);
-    while (oe - oo >= 8) {
-      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
-      std::memcpy(out + oo, &e, 8);
-      q += (uint32_t)e & kLenMask;
-      oo += (uint32_t)(e >> 48);
-    }
-    for (; oo < oe; oo += 2) {
-      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
-      std::memcpy(out + oo, &e, 2);
-      q += (uint32_t)(e >> 16) & kLenMask;
-    }
-    if (q != start[st + 1]) return kDecBadStream;
+  // symbol a lookup (symbol 1's length is word 1's nibble). Each phase takes the
+  // streams in turn, so that their lookup chains overlap (one stream after
+  // another, the tail was ~7% of the decode time on Gaussian bf16).
+  const DecodeRegs regs{p, tab, out, top, c3, c48, not7};
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (oend[st] - o[st] >= 2 * (3 * kSymsPerRefill + 1)) {
+        uint32_t oo = o[st];
+        pos[st] = lookups5<Fast>(regs, pos[st], oo);
+        o[st] = oo;
+        more = true;
+      }
   }
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (oend[st] - o[st] >= 8) {
+        const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
+        std::memcpy(out + o[st], &e, 8);
+        pos[st] += (uint32_t)e & kLenMask;
+        o[st] += (uint32_t)(e >> 48);
+        more = true;
+      }
+  }
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (o[st] < oend[st]) {
+        const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
+        std::memcpy(out + o[st], &e, 2);
+        pos[st] += (uint32_t)(e >> 16) & kLenMask;
+        o[st] += 2;
+        more = true;
+      }
+  }
+  for (uint32_t st = 0; st < kStreams; ++st)
+    if (pos[st] != start[st + 1]) return kDecBadStream;
   or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }
