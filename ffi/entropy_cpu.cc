@@ -345,13 +345,13 @@ EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uin
   const __m256i k16 = _mm256_set1_epi16((short)keep);
   const __m256i m807f = _mm256_set1_epi16((short)0x807F);
   uint32_t j = 0;
-  for (; j + 32 <= len; j += 32) {
+  const uint8_t* g = packed;  // the 4 groups' packed bytes
+  for (; j + 32 <= len; j += 32, g += 4 * w) {
     __m256i lo = _mm256_setzero_si256(), hi = lo;
     if constexpr (bp) {
       lo = _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j)), 0xD8);
     }
     if constexpr (w > 0) {
-      const uint8_t* g = packed + (j / 8) * w;
       uint64_t d0, d1, d2, d3;
       asm("pdep %2, %1, %0" : "=r"(d0) : "r"(load_ending<w>(g)), "r"(spread));
       asm("pdep %2, %1, %0" : "=r"(d1) : "r"(load_ending<w>(g + w)), "r"(spread));
