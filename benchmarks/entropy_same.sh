@@ -2,7 +2,8 @@
 # Byte identity of the entropy codec's CPU encoder: BASE_REV's ffi/entropy_cpu.cc
 # against this tree's on varied bf16 and fp16 rows (tests/test_entropy.py's
 # distributions: Gaussian, Laplace, heavy tails, GELU, softmax, mixed scales, ReLU,
-# zeros, constants, random bits, subnormals, specials, skewed streams) at several
+# zeros, constants, random bits, subnormals, specials, skewed streams, -ReLU (-0),
+# mixed-sign zeros, all -0, ReLU with subnormals: kind Z) at several
 # sizes, whole max_nbytes rows compared (benchmarks/entropy_same.cc).
 # Usage: benchmarks/entropy_same.sh BASE_REV [sizes = "1 4097 100003 1048576 4194305"]
 # (ZIPCCL_DISABLE_SIMD=1 checks the portable paths.) Needs g++, git and the .venv.

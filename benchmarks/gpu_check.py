@@ -238,6 +238,26 @@ def make(dist: str, n: int, dtype, seed: int):
     return rng.integers(0, 2**(8 * dtype.itemsize), n, dtype=np.uint64).astype(word).view(dtype)
   elif dist == "relu":
     x = np.maximum(rng.standard_normal(n), 0)
+  # Zeros for the entropy codec's kind Z (format v3: the raw bits of +-0 elided when a
+  # 4096-element block has no subnormal).
+  elif dist == "relu_pm":  # half +-0 with balanced signs
+    g = rng.standard_normal(n)
+    x = np.where(rng.random(n) < 0.5, np.where(rng.random(n) < 0.5, -0.0, 0.0), g)
+  elif dist == "negzeros":  # all -0: CONST-Z blocks
+    x = np.full(n, -0.0)
+  elif dist == "sparse":  # 95% +0
+    x = np.where(rng.random(n) < 0.95, 0.0, rng.standard_normal(n))
+  elif dist in ("zerosub", "blockmix"):
+    # zerosub: ReLU with a subnormal per ~1000 elements (no block Z-valid); blockmix: 4096-element
+    # blocks of +0, ReLU, Gaussian, -0 and ReLU with one subnormal, in turn.
+    i = np.arange(n)
+    g = rng.standard_normal(n)
+    c = (i // 4096) % 5 if dist == "blockmix" else np.full(n, 4)
+    x = np.select([c == 0, c == 1, c == 2, c == 3], [0.0, np.maximum(g, 0), g, -0.0], np.maximum(g, 0))
+    w = x.astype(dtype).view(word).copy()
+    sub = (rng.random(n) < 0.001) if dist == "zerosub" else ((c == 4) & (i % 4096 == 77))
+    w[sub] = 1  # the smallest positive subnormal
+    return w.view(dtype)
   elif dist == "gelu":  # one-signed-ish activations: the entropy codec's joint (sign, exponent) kind
     g = rng.standard_normal(n)
     x = 0.5 * g * (1 + np.tanh(0.7978845608 * (g + 0.044715 * g**3)))
@@ -663,7 +683,8 @@ def phase_entropy(args) -> dict:
   for dt in (bf16, f16):
     for n in [0, 1, 7, 4095, 4096, 4097, 100003]:
       case(dt, "gauss", n, seed=n)
-    for dist in ["laplace", "gelu", "relu", "zeros", "bits", "outlier", "specials"]:
+    for dist in ["laplace", "gelu", "relu", "zeros", "bits", "outlier", "specials",
+                 "relu_pm", "negzeros", "sparse", "zerosub", "blockmix"]:
       case(dt, dist, 4096 * 5 + 3 if args.quick else 300001, seed=len(dist))
     case(dt, "gauss", 4097, rows=3)
     case(dt, "gelu", 7, rows=5)
@@ -674,9 +695,10 @@ def phase_entropy(args) -> dict:
 
   log("ENTROPY: corrupted payloads (GPU status == CPU status)")
   corrupt = []
-  for dt in (bf16, f16):
+  # Gaussian (HUFF-E blocks) and ReLU (kind Z: HUFF-Z blocks).
+  for dt, dist in [(bf16, "gauss"), (f16, "gauss"), (bf16, "relu"), (f16, "relu")]:
     n = 50001
-    x = make("gauss", n, dt, 11).reshape(1, n)
+    x = make(dist, n, dt, 11).reshape(1, n)
     pc, sc = enc(cpu, x)
     used = int(sc[0, 2]) * 128
     row = pc[0, :used]
@@ -698,15 +720,16 @@ def phase_entropy(args) -> dict:
     yg, sg = dec(gpu, batch, n, dt)
     yc, scc = dec(cpu, batch, n, dt)
     same = (sg == scc) & (yg.view(np.uint16) == yc.view(np.uint16)).all(axis=1)
-    corrupt.append(corrupt_summary(np.dtype(dt).name, sg, scc, same))
+    corrupt.append(corrupt_summary(f"{np.dtype(dt).name} {dist}", sg, scc, same))
     failures += not corrupt[-1]["ok"]
 
   log("ENTROPY: timing")
   rows_t = []
   reps, rounds = (10, 5) if args.quick else (20, 7)
-  # Gaussian (HUFF-E blocks) and GELU-like activations (one-signed-ish: HUFF-J blocks, the
-  # joint kind's 512-symbol alphabet and 7-bit packed plane).
-  plan = [(bf16, 64 << 20, "gauss"), (bf16, 64 << 20, "gelu"), (f16, 64 << 20, "gauss")] + (
+  # Gaussian (HUFF-E blocks), GELU-like activations (one-signed-ish: HUFF-J blocks, the
+  # joint kind's 512-symbol alphabet and 7-bit packed plane) and ReLU (half +0: HUFF-Z
+  # blocks, the compaction and expansion of the raw planes).
+  plan = [(bf16, 64 << 20, "gauss"), (bf16, 64 << 20, "gelu"), (bf16, 64 << 20, "relu"), (f16, 64 << 20, "gauss")] + (
       [] if args.quick else [(bf16, 1 << 30, "gauss")])
   for dt, size, dist in plan:
     size >>= 8 if args.rehearse else 0
@@ -715,6 +738,8 @@ def phase_entropy(args) -> dict:
       g = jax.random.normal(jax.random.PRNGKey(3), (1, n), jnp.float32)
       if dist == "gelu":
         g = 0.5 * g * (1 + jnp.tanh(0.7978845608 * (g + 0.044715 * g**3)))
+      elif dist == "relu":
+        g = jnp.maximum(g, 0)
       else:
         g = g * 0.02 + 1e-3
       xv = g.astype(dt)

@@ -21,15 +21,19 @@
 //      states in the workspace; then the block is written straight to its final
 //      place: warp s codes stream s (a lane codes 16 elements at its bit offset from
 //      a warp scan, ORed into big-endian words in shared memory), raw planes by
-//      element/group. Every byte written adds its checksum term (the checksum is
-//      linear in the bytes: byte i contributes byte << 8(i mod 4) times 2(i/4)+1).
+//      element/group (kind Z, format v3: only the elements with exponent != 0, the
+//      k-th at raw position k, compacted by a CTA scan of per-thread counts). Every
+//      byte written adds its checksum term (the checksum is linear in the bytes:
+//      byte i contributes byte << 8(i mod 4) times 2(i/4)+1).
 //   3. ent_encode_finalize (a CTA per row): header, checksum, stats.
 // Decoder: memset(workspace); ent_decode_rows (a CTA per row: header checks in the
 // CPU's order, directory sizes, block offsets into the workspace, raw-block count);
 // ent_decode_blocks (a one-warp CTA per 4 blocks: block validation as the CPU by
 // one lane per block, canonical symbol lists and 256-entry primary tables by
 // ballots, then lane 8 g + s decodes stream s of block g in rounds of 64 symbols
-// staged in shared memory and joined with the raw planes by the whole warp;
+// staged in shared memory and joined with the raw planes by the whole warp (kind
+// Z: the value bits alone, then a pass that adds the raw values by a running count
+// of the elements with exponent != 0, once the raw part's size is checked);
 // findings and checksum terms into the workspace); ent_decode_finalize (status by
 // the CPU's priority, all-one rows on error).
 #include "device_util.h"
@@ -169,6 +173,7 @@ struct EncSmem {
       PMKind<AJ> j;
     } pm;       // while choosing the code
     EncCode c;  // while writing the block
+    uint16_t cr[kBlock];  // HUFF-Z, after the bit area is stored: the compacted raw values
   } u;
   uint64_t red[kEncThreads / 32];
   uint64_t base;  // block offset from data_off
@@ -181,6 +186,7 @@ struct EncSmem {
   uint32_t cl[2][kMaxLen];      // package-merge: leaves taken at each level
   uint32_t scan[kEncThreads / 32];
   uint32_t coding, kind, size;
+  uint32_t subn;  // the block holds a subnormal (exponent 0, mantissa != 0): not Z-valid
   uint32_t sbits[kStreams];
 };
 
@@ -255,6 +261,7 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     s.ticket = atomicAdd(reinterpret_cast<unsigned*>(a.ws + kWsTicket), 1u);
     for (uint32_t i = 0; i < 4; ++i) s.acc[i] = 0;
     s.sym_end[0] = s.sym_end[1] = 0;
+    s.subn = 0;
   }
   for (uint32_t i = tid; i < AJ; i += NT) s.hist[i] = 0;
   for (uint32_t i = tid; i < 2 * (kMaxLen + 1); i += NT) s.nl[i / (kMaxLen + 1)][i % (kMaxLen + 1)] = 0;
@@ -299,6 +306,14 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     }
     imb = __reduce_add_sync(kFull, imb);
     if (lane == 0) s.imb[warp] = imb;
+    // Kind Z needs Z-validity (an element with exponent 0, and no subnormal): the
+    // subnormals are looked for only in blocks that have exponent-0 elements (z =
+    // c_J[0] + c_J[1] > 0), so blocks without zeros pay one branch.
+    if (s.hist[0] + s.hist[1] != 0) {
+      bool sub = false;
+      for (uint32_t j = tid; j < len; j += NT) sub |= t.subnormal(s.x[j]);
+      if (sub) s.subn = 1;
+    }
   }
   __syncthreads();
   // 3. Present symbols of both kinds in symbol order (E bins, then J bins): ballots,
@@ -319,10 +334,13 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     if (32 * c < AE) kE += v;
   }
   for (uint32_t w = 0; w < NW; ++w) imb += s.imb[w];
-  // Kind J is a HUFF candidate only when 16 * imbalance >= len (format rule):
-  // otherwise its k >= 2 is recorded as 0, which skips its package-merge and size.
+  // The J code lengths are computed only when 16 * imbalance >= len, or the block is
+  // Z-valid with 16 z >= len (format rule): otherwise kind J's k >= 2 is recorded
+  // as 0, which skips its package-merge and sizes (no HUFF-J, no HUFF-Z).
   const uint32_t kJraw = kAll - kE;
-  const uint32_t kJ = kJraw >= 2 && 16 * imb < len ? 0 : kJraw;
+  const uint32_t z = s.hist[0] + s.hist[1];
+  const bool zlen = z != 0 && !s.subn && 16 * z >= len;
+  const uint32_t kJ = kJraw >= 2 && 16 * imb < len && !zlen ? 0 : kJraw;
   const uint32_t kE2 = kE >= 2 ? kE : 0, kJ2 = kJ >= 2 ? kJ : 0;  // kinds that run package-merge
 #pragma unroll
   for (uint32_t r = 0; r < kRounds; ++r) {
@@ -436,18 +454,25 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
   __syncthreads();
 
   // 8. Warp 0: the block's mode (candidates in the tie order CONST-E, CONST-J,
-  // HUFF-E, HUFF-J, RAW), its offset by a decoupled look-back (32 predecessors per
-  // round trip), the directory entry.
+  // CONST-Z, HUFF-E, HUFF-J, HUFF-Z, RAW), its offset by a decoupled look-back (32
+  // predecessors per round trip), the directory entry.
   if (warp == 0) {
     uint32_t best = max_block_bytes(len), coding = kRaw, kind = 0;
-    for (uint32_t c = 0; c < 4; ++c) {
-      const uint32_t kd = c & 1;
+    // Kind Z: Z-valid, and nz = len - z raw values (CONST-Z has none: its one J
+    // symbol is 0 or 1). It shares kind J's k, code bits and nibbles.
+    const uint32_t z = s.hist[0] + s.hist[1];
+    const bool zv = z != 0 && !s.subn;
+    for (uint32_t c = 0; c < 6; ++c) {
+      const uint32_t kd = c % 3, ck = Traits::sym_kind(kd);
+      if (kd == kKindZ && !zv) continue;
+      const uint32_t nraw = kd == kKindZ ? (c < 3 ? 0 : len - z) : len;
       uint32_t sz = ~0u;
-      if (c < 2 && s.k[kd] == 1) sz = kBlockHead + t.raw_bytes(kd, len);
-      if (c >= 2 && s.k[kd] >= 2) sz = kHuffHead + (s.acc[2 + kd] + 1) / 2 + (s.acc[kd] + 7) / 8 + t.raw_bytes(kd, len);
+      if (c < 3 && s.k[ck] == 1) sz = kBlockHead + t.raw_bytes(kd, nraw);
+      if (c >= 3 && s.k[ck] >= 2)
+        sz = kHuffHead + (s.acc[2 + ck] + 1) / 2 + (s.acc[ck] + 7) / 8 + t.raw_bytes(kd, nraw);
       if (sz < best) {
         best = sz;
-        coding = c < 2 ? kConst : kHuff;
+        coding = c < 3 ? kConst : kHuff;
         kind = kd;
       }
     }
@@ -496,7 +521,9 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
   }
   __syncthreads();
 
-  const uint32_t coding = s.coding, kind = s.kind;
+  // kind: the block's kind (E, J, Z); ck: the kind of its symbols and raw planes
+  // (Z codes J's symbols; its raw planes are J's planes of fewer values).
+  const uint32_t coding = s.coding, kind = s.kind, ck = Traits::sym_kind(kind);
   const uint64_t blk = data_offset(a.n) + s.base;  // row offset of the block
   uint64_t cs = 0;
   auto put = [&](uint32_t i, uint32_t v) {
@@ -504,22 +531,23 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     out[pos] = (uint8_t)v;
     cs += cs_byte(pos, v & 0xFF);
   };
-  // Raw planes at block offset off (entropy_format.h: byte plane, packed plane).
-  auto put_raw = [&](uint32_t off) {
-    const bool bp = t.byte_plane(kind);
-    const uint32_t w = t.packed_width(kind);
+  // Raw planes of cnt values rawv(0 .. cnt - 1) at block offset off (entropy_format.h:
+  // byte plane, packed plane).
+  auto put_raw = [&](uint32_t off, uint32_t cnt, auto rawv) {
+    const bool bp = t.byte_plane(ck);
+    const uint32_t w = t.packed_width(ck);
     if (bp)
-      for (uint32_t j = tid; j < len; j += NT) put(off + j, t.raw(kind, s.x[j]) & 0xFF);
+      for (uint32_t j = tid; j < cnt; j += NT) put(off + j, rawv(j) & 0xFF);
     if (w) {
-      const uint32_t poff = off + (bp ? len : 0);
-      for (uint32_t g = tid; g < (len + 7) / 8; g += NT) {
+      const uint32_t poff = off + (bp ? cnt : 0);
+      for (uint32_t g = tid; g < (cnt + 7) / 8; g += NT) {
         uint64_t acc = 0;
-        for (uint32_t k = 0; k < 8 && 8 * g + k < len; ++k)
-          acc |= (uint64_t)(t.raw(kind, s.x[8 * g + k]) >> (bp ? 8 : 0)) << (k * w);
+        for (uint32_t k = 0; k < 8 && 8 * g + k < cnt; ++k) acc |= (uint64_t)(rawv(8 * g + k) >> (bp ? 8 : 0)) << (k * w);
         for (uint32_t i = 0; i < w; ++i) put(poff + g * w + i, (uint32_t)(acc >> (8 * i)) & 0xFF);
       }
     }
   };
+  auto raw_x = [&](uint32_t j) { return t.raw(ck, s.x[j]); };  // kinds E, J: every element's raw value
 
   // Every byte of the block is stored here (the payload is not memset: its zero
   // header bytes were stored with the directory entry; ent_encode_tail zeroes what
@@ -531,17 +559,17 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     }
   } else if (coding == kConst) {
     if (tid == 0) {
-      const uint32_t sym = s.sym_end[kind] - 1;
+      const uint32_t sym = s.sym_end[ck] - 1;  // the kind's one symbol (CONST-Z: 0 or 1)
       put(0, kConst | (kind << 2));
       put(2, sym & 0xFF);
       put(3, sym >> 8);
     }
-    put_raw(kBlockHead);
+    if (kind != kKindZ) put_raw(kBlockHead, len, raw_x);  // CONST-Z: no raw planes
   } else {
-    const uint32_t k = s.k[kind], nn = s.acc[2 + kind];
-    const uint32_t nib = (nn + 1) / 2, ab = (s.acc[kind] + 7) / 8;
-    const uint16_t* list = s.list[kind];
-    const uint8_t* lens = s.len[kind];
+    const uint32_t k = s.k[ck], nn = s.acc[2 + ck];
+    const uint32_t nib = (nn + 1) / 2, ab = (s.acc[ck] + 7) / 8;
+    const uint16_t* list = s.list[ck];
+    const uint8_t* lens = s.len[ck];
     // 9. Canonical codes (entropy_format.h canonical_codes): a symbol of length l gets
     // next[l] (the first code of length l) + its rank among the symbols of length l in
     // symbol order. The code-length nibble offsets by a CTA scan (each thread two
@@ -551,7 +579,7 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     for (uint32_t pos = tid; pos < k; pos += NT) {
       const uint32_t sym = list[pos], l = lens[sym];
       uint32_t c = 0;
-      for (uint32_t m = 1; m < l; ++m) c = (c + s.nl[kind][m]) << 1;
+      for (uint32_t m = 1; m < l; ++m) c = (c + s.nl[ck][m]) << 1;
       for (uint32_t o = 0; o < pos; ++o) c += lens[list[o]] == l;
       ctab[sym] = (c << 4) | l;
     }
@@ -587,7 +615,7 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     // Warp `warp` codes stream `warp`: lane l the 16 elements 512 warp + 16 l ..
     const uint32_t j0 = kStreamLen * warp + kPerLane * lane;
     uint32_t mine = 0;
-    for (uint32_t i = 0; i < kPerLane && j0 + i < len; ++i) mine += ctab[t.symbol(kind, s.x[j0 + i])] & 15;
+    for (uint32_t i = 0; i < kPerLane && j0 + i < len; ++i) mine += ctab[t.symbol(ck, s.x[j0 + i])] & 15;
     const uint32_t incl = warp_incl_scan(mine);
     const uint32_t total = __reduce_add_sync(kFull, mine);
     if (lane == 0) s.sbits[warp] = total;
@@ -595,7 +623,7 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     uint32_t q = incl - mine;
     for (uint32_t w = 0; w < warp; ++w) q += s.sbits[w];
     for (uint32_t i = 0; i < kPerLane && j0 + i < len; ++i) {
-      const uint32_t e = ctab[t.symbol(kind, s.x[j0 + i])];
+      const uint32_t e = ctab[t.symbol(ck, s.x[j0 + i])];
       const uint32_t l = e & 15, c = e >> 4, o = q & 31;
       if (o + l <= 32) {
         atomicOr(&s.u.c.area[q >> 5], c << (32 - o - l));
@@ -611,14 +639,39 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     }
     if (tid == 0) {
       put(0, kHuff | (kind << 2));
-      put(2, s.sym_end[kind] & 0xFF);
-      put(3, s.sym_end[kind] >> 8);
+      put(2, s.sym_end[ck] & 0xFF);
+      put(3, s.sym_end[ck] >> 8);
     }
     for (uint32_t i = tid; i < nib; i += NT) put(kHuffHead + i, s.u.c.nbuf[2 * i] | (s.u.c.nbuf[2 * i + 1] << 4));
     __syncthreads();
     const uint32_t aoff = kHuffHead + nib;
     for (uint32_t i = tid; i < ab; i += NT) put(aoff + i, (s.u.c.area[i >> 2] >> (24 - 8 * (i & 3))) & 0xFF);
-    put_raw(aoff + ab);
+    if (kind != kKindZ) {
+      put_raw(aoff + ab, len, raw_x);
+    } else {
+      // HUFF-Z: the raw values of the elements with exponent != 0 only, the k-th such
+      // element at raw position k. Thread tid owns elements kZPer tid .. + kZPer; its
+      // first position is the count of such elements before them (a CTA scan); the
+      // compacted values go to shared memory, then the planes are written as for J.
+      constexpr uint32_t kZPer = kBlock / NT;
+      const uint32_t e0 = kZPer * tid;
+      uint32_t c = 0;
+#pragma unroll 4  // (fully unrolled, bf16 spills 8 bytes at the 40-register cap)
+      for (uint32_t i = 0; i < kZPer && e0 + i < len; ++i) c += !t.zero_exp(s.x[e0 + i]);
+      const uint32_t zi = warp_incl_scan(c);
+      if (lane == 31) s.scan[warp] = zi;
+      __syncthreads();  // the warp totals are stored; the bit area is read (s.u.cr overlays it)
+      uint32_t p = zi - c;
+      for (uint32_t w = 0; w < warp; ++w) p += s.scan[w];
+#pragma unroll 4
+      for (uint32_t i = 0; i < kZPer && e0 + i < len; ++i) {
+        const uint32_t v = s.x[e0 + i];
+        if (!t.zero_exp(v)) s.u.cr[p++] = (uint16_t)t.raw(kKindJ, v);
+      }
+      __syncthreads();  // the compacted raw values are stored
+      const uint32_t nz = len - (s.hist[0] + s.hist[1]);
+      put_raw(aoff + ab, nz, [&](uint32_t j) { return (uint32_t)s.u.cr[j]; });
+    }
   }
   const uint64_t sum = cta_sum64<NT>(cs, s.red);
   if (tid == 0 && sum) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsSum), (unsigned long long)sum);
@@ -838,6 +891,7 @@ struct DecBlk {
   uint16_t* y;         // the block's first output element
   uint64_t cs0, cs1;   // row byte range whose checksum terms this block adds
   uint32_t len, size, st, coding, kind, sym_end, area_off, ab, lens_ok, bad;
+  uint32_t rz, nz;  // HUFF-Z: the raw-plane bytes the block holds; elements with symbol >= 2 (phase 2)
   uint32_t start[kStreams + 1];  // bit offset of each stream in the area (+ the total)
   uint32_t lb[kLong], lc[kLong];  // codes of kPrimBits + 1 + i bits: B_l and C_l (see above)
 };
@@ -888,9 +942,13 @@ __device__ uint32_t block_header(DecBlk& k, uint8_t* lenv) {
   k.kind = kind;
   if (coding == kRaw)
     return blk[0] != 0 || ld16(blk + 2) != 0 || size != max_block_bytes(len) ? kDecBadTable : kDecOk;
-  if (kind > 1 || coding > kHuff) return kDecBadTable;
-  const uint32_t A = t.alphabet(kind), rawb = t.raw_bytes(kind, len);
-  if (coding == kConst) return ld16(blk + 2) >= A || size != kBlockHead + rawb ? kDecBadTable : kDecOk;
+  if (kind > kKindZ || coding > kHuff) return kDecBadTable;
+  // Kind Z: J's alphabet; CONST-Z is the symbol 0 or 1 and no raw planes; a HUFF-Z
+  // block's raw part is what follows its streams (checked below, and against the
+  // decoded symbols after phase 2).
+  const bool zk = kind == kKindZ;
+  const uint32_t A = t.alphabet(kind), rawb = zk ? 0 : t.raw_bytes(kind, len);
+  if (coding == kConst) return ld16(blk + 2) >= (zk ? 2 : A) || size != kBlockHead + rawb ? kDecBadTable : kDecOk;
   if (size < kHuffHead + rawb) return kDecBadTable;
   // read_lengths sets len[0, sym_end) (sym_end <= A when it succeeds); nothing past it is read.
   const uint32_t sym_end = ld16(blk + 2);
@@ -909,7 +967,12 @@ __device__ uint32_t block_header(DecBlk& k, uint8_t* lenv) {
   const uint32_t total = k.start[kStreams], ab = (total + 7) / 8, area_off = kHuffHead + (uint32_t)nib;
   k.area_off = area_off;
   k.ab = ab;
-  if (size != area_off + ab + rawb) return kDecBadTable;
+  if (zk) {  // r = size - (20 + nib + ab) in [0, raw_bytes(J, len)]
+    if (size < area_off + ab || size - (area_off + ab) > t.raw_bytes(kKindJ, len)) return kDecBadTable;
+    k.rz = size - (area_off + ab);
+  } else if (size != area_off + ab + rawb) {
+    return kDecBadTable;
+  }
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
   return kDecOk;
 }
@@ -1041,6 +1104,105 @@ __device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint3
   }
 }
 
+// join_segment for kind Z (CONST-Z, HUFF-Z): the value bits alone (the raw positions
+// depend on the symbols of every earlier stream, which are decoded later: expand_z
+// adds the raw values), with the same element-to-lane mapping. Returns this lane's
+// count of elements with symbol >= 2 (exponent != 0: value bits other than the sign).
+// Kinds E and J keep join_segment as it was.
+template <DtypeCode D>
+__device__ __forceinline__ uint32_t join_values(const DecSmem& s, uint32_t g, uint32_t r, uint32_t lane) {
+  constexpr Traits t = traits_c<D>();
+  const DecBlk& k = s.bk[g];
+  const uint32_t len = k.len;
+  const uint32_t cval = k.coding == kConst ? t.sym_bits(kKindZ, ld16(k.blk + 2)) * 0x10001u : 0u;
+  uint16_t* y = k.y;
+  const bool w32 = (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  uint32_t nz = 0;
+#pragma unroll 4
+  for (uint32_t sidx = 0; sidx < kStreams; ++sidx) {
+    const uint32_t e0 = sidx * kStreamLen + r * kSeg + 2 * lane;
+    const uint32_t sv =
+        k.coding == kConst ? cval : reinterpret_cast<const uint32_t*>(s.stage[g * kStreams + sidx])[lane];
+    const uint32_t o0 = sv & 0xFFFFu, o1 = sv >> 16;
+    nz += (e0 < len && (o0 & 0x7FFFu) != 0) + (e0 + 1 < len && (o1 & 0x7FFFu) != 0);
+    if (w32 && e0 + 1 < len) {
+      *reinterpret_cast<uint32_t*>(y + e0) = sv;
+    } else {
+      if (e0 < len) y[e0] = (uint16_t)o0;
+      if (e0 + 1 < len) y[e0 + 1] = (uint16_t)o1;
+    }
+  }
+  return nz;
+}
+
+// HUFF-Z after phase 2 (the whole warp, one block): y holds every element's value bits
+// (from join_segment); the k-th element with exponent != 0 (value bits other than
+// the sign) gets raw value k of kind J's planes of nz values at the end of the block.
+// Lane l handles elements 64 q + 2 l, + 1 of step q (the elements it stored in the
+// join, so it reads back its own stores); a step's positions are a running count
+// (carry) plus ranks from two ballots. Four steps' loads are issued before their
+// stores. The caller has checked r == raw_bytes(J, nz), and a position is < nz
+// (nz was counted from the same value bits), so no read leaves the block's raw part.
+template <DtypeCode D>
+__device__ __forceinline__ void expand_z(const DecBlk& k, uint32_t lane) {
+  constexpr Traits t = traits_c<D>();
+  constexpr uint32_t kQ = 4;  // steps per batch
+  const uint32_t len = k.len, nz = k.nz;
+  const bool bp = t.byte_plane(kKindJ);
+  const uint32_t pw = t.packed_width(kKindJ), pmask = (1u << pw) - 1, psz = (nz + 7) / 8 * pw;
+  const uint8_t* rp = k.blk + k.area_off + k.ab;
+  const uint8_t* pp = rp + (bp ? nz : 0);
+  uint16_t* y = k.y;
+  const bool w32 = (reinterpret_cast<uintptr_t>(y) & 3) == 0;
+  const uint32_t below = (1u << lane) - 1;
+  uint32_t carry = 0;
+  for (uint32_t b0 = 0; b0 < len; b0 += kQ * kSeg) {
+    uint32_t v[kQ][2];
+#pragma unroll
+    for (uint32_t q = 0; q < kQ; ++q) {
+      const uint32_t e0 = b0 + q * kSeg + 2 * lane;
+      if (w32 && e0 + 1 < len) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(y + e0);
+        v[q][0] = w & 0xFFFFu;
+        v[q][1] = w >> 16;
+      } else {
+        v[q][0] = e0 < len ? y[e0] : 0u;
+        v[q][1] = e0 + 1 < len ? y[e0 + 1] : 0u;
+      }
+    }
+    uint32_t raw[kQ][2];
+#pragma unroll
+    for (uint32_t q = 0; q < kQ; ++q) {
+      const bool n0 = (v[q][0] & 0x7FFFu) != 0, n1 = (v[q][1] & 0x7FFFu) != 0;
+      const uint32_t m0 = __ballot_sync(kFull, n0), m1 = __ballot_sync(kFull, n1);
+      const uint32_t p0 = carry + popc32(m0 & below) + popc32(m1 & below);
+      carry += popc32(m0) + popc32(m1);
+#pragma unroll
+      for (uint32_t h = 0; h < 2; ++h) {
+        const bool in = h ? n1 : n0;
+        const uint32_t p = p0 + (h ? (uint32_t)n0 : 0u);
+        const uint32_t bit = pw * p, by = bit >> 3;
+        const uint32_t x0 = in && pw ? (uint32_t)pp[by] : 0u;
+        const uint32_t x1 = in && pw && by + 1 < psz ? (uint32_t)pp[by + 1] : 0u;
+        const uint32_t b8 = in && bp ? (uint32_t)rp[p] : 0u;
+        const uint32_t x = ((x0 | (x1 << 8)) >> (bit & 7)) & pmask;
+        raw[q][h] = bp ? (x << 8) | b8 : x;  // kind J's raw value: the mantissa
+      }
+    }
+#pragma unroll
+    for (uint32_t q = 0; q < kQ; ++q) {
+      const uint32_t e0 = b0 + q * kSeg + 2 * lane;
+      const uint32_t o0 = v[q][0] | raw[q][0], o1 = v[q][1] | raw[q][1];
+      if (w32 && e0 + 1 < len) {
+        *reinterpret_cast<uint32_t*>(y + e0) = o0 | (o1 << 16);
+      } else {
+        if (e0 < len) y[e0] = (uint16_t)o0;
+        if (e0 + 1 < len) y[e0 + 1] = (uint16_t)o1;
+      }
+    }
+  }
+}
+
 // Asks L2 for the line at p (no effect on results; the emulator skips it).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
 #if !defined(ZIPCCL_SIMT_HOST)
@@ -1079,6 +1241,7 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
     k.bad = 0;
     k.coding = 0;
     k.kind = 0;
+    k.nz = 0;
     // blockIdx.x * kDecG + lane < 2^31 + 3 (the host checks rows * nb < 2^31).
     const uint64_t B = (uint64_t)blockIdx.x * kDecG + lane;
     if (B < a.nblk) {
@@ -1198,7 +1361,14 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
     }
     __syncthreads();  // (R) the round's symbols are staged
     for (uint32_t gg = 0; gg < kDecG; ++gg)
-      if (s.bk[gg].st == kDecOk && s.bk[gg].coding != kRaw) join_segment<D>(s, gg, r, lane);
+      if (s.bk[gg].st == kDecOk && s.bk[gg].coding != kRaw) {  // the same for every lane
+        if (s.bk[gg].kind != kKindZ) {
+          join_segment<D>(s, gg, r, lane);
+        } else {
+          const uint32_t sum = __reduce_add_sync(kFull, join_values<D>(s, gg, r, lane));
+          if (lane == 0) s.bk[gg].nz += sum;  // (CONST-Z counts too; only HUFF-Z reads it)
+        }
+      }
     __syncthreads();  // the staging rows are free again
   }
   if (dec && 32 * nw - have - p0 != k.start[sidx + 1]) s.bk[g].bad = 1;
@@ -1211,6 +1381,11 @@ __global__ void __launch_bounds__(kDecThreads, kDecMinCtas) ent_decode_blocks(De
     if (st == kDecOk && kb.coding == kRaw)
       for (uint32_t i = lane; i < kb.len; i += 32) kb.y[i] = ld16(kb.blk + kBlockHead + 2 * i);
     if (st == kDecOk && kb.bad) st = kDecBadStream;
+    if (st == kDecOk && kb.kind == kKindZ && kb.coding == kHuff) {
+      // The streams decoded validly: the raw part must hold exactly nz values.
+      if (kb.rz != traits_c<D>().raw_bytes(kKindJ, kb.nz)) st = kDecBadStream;
+      else expand_z<D>(kb, lane);
+    }
     const uint64_t sum = warp_sum64(cs_range(kb.rin, kb.cs0, kb.cs1, lane));
     if (lane == 0) {
       if (st != kDecOk) atomicOr(reinterpret_cast<unsigned*>(kb.ws + kWsCount), 1u << st);

@@ -9,7 +9,9 @@
 // symbols a lookup on Gaussian data), so the latency of one stream's lookup
 // chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
-// instructions an element on Gaussian bf16). Rows of >= kParallelMinElems
+// instructions an element on Gaussian bf16). Kind Z (zero elision, format
+// version 3) compacts the raw words of nonzero elements and expands the decoded
+// raw values by 8-lane byte shuffles (kZShuffles). Rows of >= kParallelMinElems
 // elements are split across threads by whole blocks.
 #include "entropy_cpu.h"
 
@@ -457,6 +459,184 @@ EZ_INLINE void or_raw_kind(uint32_t kind, const uint8_t* in, uint32_t len, const
 }
 
 // ---------------------------------------------------------------------------------
+// Kind Z: compaction of the words with e != 0 (encoder) and expansion of the raw
+// values to their elements (decoder), 8 u16 lanes at a time by byte shuffles.
+
+// For an 8-bit lane mask m (bit i = lane i kept): kCompress[m] moves the kept lanes
+// to lanes 0 .. popcount(m) - 1 in order; kExpand[m] moves lanes 0 .. popcount(m) -
+// 1 to the kept lanes in order and zeroes the others (shuffle byte 0x80).
+struct ZShuffles {
+  alignas(16) uint8_t compress[256][16];
+  alignas(16) uint8_t expand[256][16];
+  constexpr ZShuffles() : compress(), expand() {
+    for (uint32_t m = 0; m < 256; ++m) {
+      uint32_t k = 0;
+      for (uint32_t i = 0; i < 8; ++i) {
+        compress[m][2 * i] = compress[m][2 * i + 1] = 0x80;
+        expand[m][2 * i] = expand[m][2 * i + 1] = 0x80;
+      }
+      for (uint32_t i = 0; i < 8; ++i) {
+        if (!(m >> i & 1)) continue;
+        compress[m][2 * k] = (uint8_t)(2 * i);
+        compress[m][2 * k + 1] = (uint8_t)(2 * i + 1);
+        expand[m][2 * i] = (uint8_t)(2 * k);
+        expand[m][2 * i + 1] = (uint8_t)(2 * k + 1);
+        ++k;
+      }
+    }
+  }
+};
+constexpr ZShuffles kZShuffles{};
+
+#if EZ_X86
+// Kind Z's compaction: the words x[j] with (x[j] & 0x7FFF) != 0 (e != 0 in a
+// Z-valid block), in order, to out[0, nz); returns nz. Writes out[0, len) only
+// (a 16-byte store at k <= j ends by j + 8 <= len), garbage past nz.
+EZ_TARGET_FAST uint32_t compact_nonzero_fast(const uint16_t* x, uint32_t len, uint16_t* out) {
+  const __m128i mag = _mm_set1_epi16(0x7FFF), zero = _mm_setzero_si128();
+  const __m256i mag2 = _mm256_set1_epi16(0x7FFF), zero2 = _mm256_setzero_si256();
+  uint32_t k = 0, j = 0;
+  // 16 lanes a step: one mask for both halves (PEXT keeps one of movemask's two
+  // bits per 16-bit lane), then two 8-lane shuffles.
+  for (; j + 16 <= len; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+    const __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, mag2), zero2);
+    const uint32_t m = _pext_u32(~(uint32_t)_mm256_movemask_epi8(isz), 0x55555555u);
+    const uint32_t m0 = m & 0xFF, m1 = m >> 8;
+    const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m0]));
+    const __m128i s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(_mm256_castsi256_si128(v), s0));
+    k += (uint32_t)_mm_popcnt_u32(m0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(_mm256_extracti128_si256(v, 1), s1));
+    k += (uint32_t)_mm_popcnt_u32(m1);
+  }
+  for (; j + 8 <= len; j += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j));
+    const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, mag), zero);
+    const uint32_t m = ~(uint32_t)_mm_movemask_epi8(_mm_packs_epi16(isz, isz)) & 0xFF;
+    const __m128i sh = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.compress[m]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm_shuffle_epi8(v, sh));
+    k += (uint32_t)_mm_popcnt_u32(m);
+  }
+  for (; j < len; ++j) {
+    out[k] = x[j];
+    k += (x[j] & 0x7FFF) != 0;
+  }
+  return k;
+}
+
+// Kind Z's expansion: y[j] = (sv[j] & keep) | (the next raw value if sv[j] has
+// exponent bits, else 0), raw values raw[0, ..) in order. Reads up to 8 words past
+// the last raw value used (16-byte loads; their lanes are shuffled out).
+EZ_TARGET_FAST void expand_nonzero_fast(const uint16_t* sv, uint32_t len, const uint16_t* raw, uint16_t emask,
+                                        uint16_t keep, uint16_t* y) {
+  const __m128i em = _mm_set1_epi16((short)emask), kp = _mm_set1_epi16((short)keep), zero = _mm_setzero_si128();
+  const __m256i em2 = _mm256_set1_epi16((short)emask), kp2 = _mm256_set1_epi16((short)keep);
+  const __m256i zero2 = _mm256_setzero_si256();
+  uint32_t k = 0, j = 0;
+  // 16 lanes a step (as in compact_nonzero_fast).
+  for (; j + 16 <= len; j += 16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, em2), zero2);
+    const uint32_t m = _pext_u32(~(uint32_t)_mm256_movemask_epi8(isz), 0x55555555u);
+    const uint32_t m0 = m & 0xFF, m1 = m >> 8;
+    const __m128i s0 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m0]));
+    const __m128i s1 = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m1]));
+    const __m128i r0 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), s0);
+    k += (uint32_t)_mm_popcnt_u32(m0);
+    const __m128i r1 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), s1);
+    k += (uint32_t)_mm_popcnt_u32(m1);
+    const __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, kp2), r));
+  }
+  for (; j + 8 <= len; j += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + j));
+    const __m128i isz = _mm_cmpeq_epi16(_mm_and_si128(v, em), zero);
+    const uint32_t m = ~(uint32_t)_mm_movemask_epi8(_mm_packs_epi16(isz, isz)) & 0xFF;
+    const __m128i sh = _mm_load_si128(reinterpret_cast<const __m128i*>(kZShuffles.expand[m]));
+    const __m128i r = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(raw + k)), sh);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), _mm_or_si128(_mm_and_si128(v, kp), r));
+    k += (uint32_t)_mm_popcnt_u32(m);
+  }
+  for (; j < len; ++j) {
+    const uint16_t v = sv[j];
+    const uint16_t nzj = (uint16_t)-(uint16_t)((v & emask) != 0);  // 0xFFFF or 0
+    y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
+    k += nzj & 1;
+  }
+}
+
+// The number of sv[0, len) with exponent bits (sv & emask != 0), 32 a step.
+EZ_TARGET_FAST uint32_t count_nonzero_fast(const uint16_t* sv, uint32_t len, uint16_t emask) {
+  const __m256i em = _mm256_set1_epi16((short)emask), zero = _mm256_setzero_si256();
+  uint32_t zeros = 0, j = 0;
+  for (; j + 32 <= len; j += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j + 16));
+    // packs keeps each lane's 0 / -1 as a byte (in another order: a count only)
+    const __m256i z = _mm256_packs_epi16(_mm256_cmpeq_epi16(_mm256_and_si256(a, em), zero),
+                                         _mm256_cmpeq_epi16(_mm256_and_si256(b, em), zero));
+    zeros += (uint32_t)_mm_popcnt_u32((uint32_t)_mm256_movemask_epi8(z));
+  }
+  uint32_t nz = j - zeros;
+  for (; j < len; ++j) nz += (sv[j] & emask) != 0;
+  return nz;
+}
+#endif
+
+// Portable forms (branch-free: the zeros of ReLU data fall at random).
+inline uint32_t compact_nonzero(const uint16_t* x, uint32_t len, uint16_t* out) {
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < len; ++j) {
+    out[k] = x[j];
+    k += (x[j] & 0x7FFF) != 0;
+  }
+  return k;
+}
+inline void expand_nonzero(const uint16_t* sv, uint32_t len, const uint16_t* raw, uint16_t emask, uint16_t keep,
+                           uint16_t* y) {
+  uint32_t k = 0;
+  for (uint32_t j = 0; j < len; ++j) {
+    const uint16_t v = sv[j];
+    const uint16_t nzj = (uint16_t)-(uint16_t)((v & emask) != 0);
+    y[j] = (uint16_t)((v & keep) | (raw[k] & nzj));
+    k += nzj & 1;
+  }
+}
+
+// Kind Z's join: sv[0, len) holds the decoded symbols' value bits (and code
+// lengths in the low nibble, which the raw bits own); the nz elements with e != 0
+// take the nz raw values of the planes in[0, r) in order, the others (+-0) none.
+// r != raw_bytes(J, nz) is a stream error (the planes do not match the symbols);
+// nothing past in + r is read. The planes are unpacked into zraw[0, nz) (kind J's
+// join with no symbol bits; zraw has room for nz + 8 words), then spread by a
+// running count.
+template <DtypeCode D, bool Fast>
+EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, const uint16_t* sv, uint16_t* zraw,
+                            uint16_t* y) {
+  constexpr Traits t = traits<D>();
+  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
+  uint32_t nz = 0;
+#if EZ_X86
+  if (Fast) nz = count_nonzero_fast(sv, len, emask);
+  else
+#endif
+    for (uint32_t j = 0; j < len; ++j) nz += (sv[j] & emask) != 0;
+  if (r != t.raw_bytes(kKindJ, nz)) return kDecBadStream;
+  or_raw<D, kKindJ, Fast>(in, nz, sv, zraw, 0);  // zraw[k] = the k-th raw value
+  // Words past nz are read (masked off): defined values for them.
+  std::memset(zraw + nz, 0, 2 * 8);
+#if EZ_X86
+  if (Fast) {
+    expand_nonzero_fast(sv, len, zraw, emask, (uint16_t)~kLenMask, y);
+    return kDecOk;
+  }
+#endif
+  expand_nonzero(sv, len, zraw, emask, (uint16_t)~kLenMask, y);
+  return kDecOk;
+}
+
+// ---------------------------------------------------------------------------------
 // Block encoder.
 
 // code_lengths (entropy_format.h, the normative package-merge) computed the same
@@ -696,6 +876,25 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
 }
 #endif
 
+// True when no element of x[0, len) is a subnormal ((v & 0x7FFF) in [1, 2^M)): the
+// smallest (|v| - 1) mod 2^16 (zeros wrap to 0xFFFF) is >= 2^M - 1. Min reductions
+// that the compiler vectorizes (AVX2 in the fast build), 512 elements each, so that
+// a block with subnormals (small fp16 activations: a few a block) stops early;
+// called only for blocks whose smallest |v| is 0.
+template <uint32_t M>
+EZ_INLINE bool no_subnormal(const uint16_t* x, uint32_t len) {
+  for (uint32_t j0 = 0; j0 < len; j0 += 512) {
+    const uint32_t j1 = j0 + 512 < len ? j0 + 512 : len;
+    uint16_t mn = 0xFFFF;
+    for (uint32_t j = j0; j < j1; ++j) {
+      const uint16_t a = (uint16_t)((x[j] & 0x7FFF) - 1);
+      mn = a < mn ? a : mn;
+    }
+    if (mn < (1u << M) - 1) return false;
+  }
+  return true;
+}
+
 struct EncScratch {
   PMFast pm;
   // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
@@ -888,8 +1087,14 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   uint32_t sym_end[2];
   sym_end[kKindE] = eend;
   sym_end[kKindJ] = 2 * emax + 1 + (s.half[1][emax] != 0);  // 1 + the largest J symbol
+  // Kind Z (zero elision) needs an element with exponent 0 and no subnormal: the
+  // smallest |v| is then 0, and the smallest nonzero |v| is >= 2^M. Blocks whose
+  // smallest |v| is not 0 (no zero, or a subnormal smallest) skip the scan.
+  const bool zok = mna == 0 && no_subnormal<t.mbits>(x, len);
+  const uint32_t z = zok ? s.half[0][0] + s.half[1][0] : 0;  // elements with e = 0 (+-0)
 
-  // Candidate sizes in the tie order CONST-E, CONST-J, HUFF-E, HUFF-J, RAW.
+  // Candidate sizes in the tie order CONST-E, CONST-J, CONST-Z, HUFF-E, HUFF-J,
+  // HUFF-Z, RAW.
   uint32_t best = max_block_bytes(len);
   int best_kind = -1;  // -1 = RAW
   bool best_const = false;
@@ -898,7 +1103,8 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // Kind J can only pay when the sign is predictable from the exponent: the sign
   // costs at least 1 - |1 - 2p| bits, so J saves at most sum_e |c+ - c-| bits. It
   // is tried when 16 * that imbalance >= len (format rule; skipping package-merge
-  // for J halves the code-length work on symmetric data).
+  // for J halves the code-length work on symmetric data), or when kind Z applies
+  // and 16 z >= len (its raw planes drop z values of M bits).
   uint32_t imb = 0;
   for (uint32_t e = emin; e < sym_end[kKindE]; ++e) {
     const int32_t d = (int32_t)s.c[kKindJ][2 * e] - (int32_t)s.c[kKindJ][2 * e + 1];
@@ -906,29 +1112,33 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   }
   uint32_t k[2];
   k[kKindE] = code_lengths_fast(s.c[kKindE], a0[kKindE], sym_end[kKindE], s.len[kKindE], s.pm);
-  if (16 * imb >= len) {
+  if (16 * imb >= len || (zok && 16 * z >= len)) {
     k[kKindJ] = code_lengths_fast(s.c[kKindJ], a0[kKindJ], sym_end[kKindJ], s.len[kKindJ], s.pm);
   } else {
     k[kKindJ] = 0;
     for (uint32_t a = a0[kKindJ]; a < sym_end[kKindJ]; ++a) k[kKindJ] += s.c[kKindJ][a] != 0;
     if (k[kKindJ] >= 2) k[kKindJ] = 0;  // not a HUFF-J candidate (and not CONST-J)
   }
-  uint32_t size[4] = {~0u, ~0u, ~0u, ~0u};
+  // size[coding_index * 3 + kind]: CONST-E, CONST-J, CONST-Z, HUFF-E, HUFF-J, HUFF-Z.
+  uint32_t size[6] = {~0u, ~0u, ~0u, ~0u, ~0u, ~0u};
   for (uint32_t kind = 0; kind < 2; ++kind)
     if (k[kind] == 1) size[kind] = kBlockHead + t.raw_bytes(kind, len);
+  if (zok && k[kKindJ] == 1) size[kKindZ] = kBlockHead;  // all +0 or all -0: no raw planes
   for (uint32_t kind = 0; kind < 2; ++kind) {
     if (k[kind] < 2) continue;
     uint64_t bits = 0;
     for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) bits += (uint64_t)s.c[kind][a] * s.len[kind][a];
     nib[kind] = write_lengths(s.len[kind], sym_end[kind], s.nibs[kind], a0[kind]);
     area[kind] = (uint32_t)((bits + 7) / 8);
-    size[2 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
+    size[3 + kind] = kHuffHead + nib[kind] + area[kind] + t.raw_bytes(kind, len);
   }
-  for (int c = 0; c < 4; ++c)
+  // HUFF-Z: HUFF-J's code and streams, the raw planes of the len - z nonzero values.
+  if (zok && k[kKindJ] >= 2) size[3 + kKindZ] = kHuffHead + nib[kKindJ] + area[kKindJ] + t.raw_bytes(kKindJ, len - z);
+  for (int c = 0; c < 6; ++c)
     if (size[c] < best) {
       best = size[c];
-      best_kind = c & 1;
-      best_const = c < 2;
+      best_kind = c % 3;
+      best_const = c < 3;
     }
 
   if (pair_hist && (best_kind < 0 || best_const)) {
@@ -947,45 +1157,46 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     return best;
   }
   *raw = false;
-  const uint32_t kind = (uint32_t)best_kind;
+  const uint32_t kind = (uint32_t)best_kind;  // the mode's kind (E, J or Z)
+  const uint32_t ck = Traits::sym_kind(kind);  // the symbols' kind (Z codes J symbols)
   if (best_const) {
     out[0] = (uint8_t)(kConst | (kind << 2));
     out[1] = 0;
-    st16(out + 2, one_sym[kind]);
-    write_raw_kind<D, Fast>(kind, x, len, out + kBlockHead);
+    st16(out + 2, one_sym[ck]);
+    if (kind != kKindZ) write_raw_kind<D, Fast>(kind, x, len, out + kBlockHead);
     return best;
   }
   out[0] = (uint8_t)(kHuff | (kind << 2));
   out[1] = 0;
-  st16(out + 2, sym_end[kind]);
+  st16(out + 2, sym_end[ck]);
   uint8_t* nib_out = out + kHuffHead;
-  std::memcpy(nib_out, s.nibs[kind], nib[kind]);
+  std::memcpy(nib_out, s.nibs[ck], nib[ck]);
   // Canonical codes (entropy_format.h canonical_codes: (length, symbol) order),
   // written straight into the J-symbol-indexed tables (kind E: both signs).
   {
-    const uint8_t* ln = s.len[kind];
+    const uint8_t* ln = s.len[ck];
     // Lengths counted in 4 lanes: most symbols below sym_end are absent (length
     // 0), and one counter's store-to-load chain cost ~4% of the encoder's time.
     uint32_t nl4[4][kMaxLen + 1] = {}, nl[kMaxLen + 1], next[kMaxLen + 1];
-    uint32_t a4 = a0[kind];
-    for (; a4 + 4 <= sym_end[kind]; a4 += 4) {
+    uint32_t a4 = a0[ck];
+    for (; a4 + 4 <= sym_end[ck]; a4 += 4) {
       nl4[0][ln[a4]]++;
       nl4[1][ln[a4 + 1]]++;
       nl4[2][ln[a4 + 2]]++;
       nl4[3][ln[a4 + 3]]++;
     }
-    for (; a4 < sym_end[kind]; ++a4) nl4[0][ln[a4]]++;
+    for (; a4 < sym_end[ck]; ++a4) nl4[0][ln[a4]]++;
     for (uint32_t l = 0; l <= kMaxLen; ++l) nl[l] = nl4[0][l] + nl4[1][l] + nl4[2][l] + nl4[3][l];
     uint32_t c = 0;
     for (uint32_t l = 1; l <= kMaxLen; ++l) {
       next[l] = c;
       c = (c + nl[l]) << 1;
     }
-    for (uint32_t a = a0[kind]; a < sym_end[kind]; ++a) {
+    for (uint32_t a = a0[ck]; a < sym_end[ck]; ++a) {
       const uint32_t l = ln[a];
       if (!l) continue;
       const uint32_t code = next[l]++;
-      if (kind == kKindE) {  // u = e and AE + e
+      if (ck == kKindE) {  // u = e and AE + e
         s.ccode[a] = s.ccode[AE + a] = code;
         s.clen[a] = s.clen[AE + a] = (uint8_t)l;
       } else {  // symbol a = e << 1 | s: u = s << E | e
@@ -1023,7 +1234,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     uint64_t ce[64], le[64];
     uint8_t le8[64];
     const uint16_t* pair_at;
-    if (kind == kKindE) {
+    if (ck == kKindE) {
       for (uint32_t b = 0; b < 32; ++b) {
         const uint32_t l = b < R ? s.len[kKindE][emin + b] : 0;
         le[b] = l;
@@ -1182,9 +1393,22 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     bits_total = before;
   }
   (void)bits_total;
-  uint8_t* area_out = nib_out + nib[kind];
-  std::memcpy(area_out, s.bits, area[kind]);
-  write_raw_kind<D, Fast>(kind, x, len, area_out + area[kind]);
+  uint8_t* area_out = nib_out + nib[ck];
+  std::memcpy(area_out, s.bits, area[ck]);
+  if (kind == kKindZ) {
+    // Kind Z: the kind J planes of the words with e != 0 (|v| != 0 in a Z-valid
+    // block), compacted in element order into s.sym (the bit writers are done with
+    // it; a separate array would grow the zero-initialized scratch).
+    uint32_t nz;
+#if EZ_X86
+    if (Fast) nz = compact_nonzero_fast(x, len, s.sym);
+    else
+#endif
+      nz = compact_nonzero(x, len, s.sym);
+    write_raw_kind<D, Fast>(kKindJ, s.sym, nz, area_out + area[ck]);
+  } else {
+    write_raw_kind<D, Fast>(kind, x, len, area_out + area[ck]);
+  }
   return best;
 }
 
@@ -1263,6 +1487,7 @@ struct DecScratch {
   uint32_t sig_n;
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
+  uint16_t zraw[kBlock + 8];  // kind Z: the block's raw values (elements with e != 0), in order
   // Prefetch targets for the decode rounds (see decode_row_t): a later block's
   // payload bytes and the output words of the next block.
   const uint8_t* pf_in;
@@ -1441,9 +1666,19 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     std::memcpy(y, blk + kBlockHead, 2 * (size_t)len);
     return kDecOk;
   }
-  if (kind > 1 || coding > kHuff) return kDecBadTable;
+  if (kind > kKindZ || coding > kHuff) return kDecBadTable;
+  const bool zk = kind == kKindZ;
   const uint32_t A = t.alphabet(kind);
-  const uint32_t rawb = t.raw_bytes(kind, len);
+  // Kind Z's raw-plane size r is what the block has left after its streams
+  // (checked below); E and J's is fixed by len.
+  const uint32_t rawb = zk ? 0 : t.raw_bytes(kind, len);
+  if (zk && coding == kConst) {  // CONST-Z: every element +0 (symbol 0) or -0 (1)
+    const uint32_t sym = ld16(blk + 2);
+    if (sym >= 2 || size != kBlockHead) return kDecBadTable;
+    const uint16_t v = (uint16_t)(sym << 15);
+    for (uint32_t j = 0; j < len; ++j) y[j] = v;
+    return kDecOk;
+  }
   if (coding == kConst) {
     const uint32_t sym = ld16(blk + 2);
     if (sym >= A || size != kBlockHead + rawb) return kDecBadTable;
@@ -1473,7 +1708,13 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   const uint32_t total = start[kStreams];
   const uint32_t ab = (total + 7) / 8;
   const uint32_t area_off = kHuffHead + (uint32_t)nib;
-  if (size != area_off + ab + rawb) return kDecBadTable;
+  if (zk) {
+    // HUFF-Z: r = size - area_off - ab in [0, raw_bytes(J, len)]; r must equal
+    // raw_bytes(J, nz), checked once the symbols are decoded (zero_join).
+    if (size < area_off + ab || size - (area_off + ab) > t.raw_bytes(kKindJ, len)) return kDecBadTable;
+  } else if (size != area_off + ab + rawb) {
+    return kDecBadTable;
+  }
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
@@ -1647,6 +1888,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   }
   for (uint32_t st = 0; st < kStreams; ++st)
     if (pos[st] != start[st + 1]) return kDecBadStream;
+  if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s.sv, s.zraw, y);
   or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
 }

@@ -1,4 +1,4 @@
-// "entropy" codec (codec id 2), format version 2: constants, per-dtype symbol
+// "entropy" codec (codec id 2), format version 3: constants, per-dtype symbol
 // traits, the static-size contract and the deterministic encoder choices (code
 // lengths, canonical codes, the code-length nibble stream). docs/format.md
 // ("Entropy codec (codec id 2)") is the normative text; this header is its
@@ -15,7 +15,8 @@
 //
 // nb = ceil(n / 4096). A block is RAW (element words verbatim), CONST (one symbol
 // value + raw planes) or HUFF (canonical Huffman over the block's symbols in 8
-// independent MSB-first bit streams, then the raw planes).
+// independent MSB-first bit streams, then the raw planes). Version 3 added kind Z
+// (zero elision): kind J's symbols, raw values only for elements with exponent != 0.
 #pragma once
 
 #include <stddef.h>
@@ -33,7 +34,7 @@ namespace ent {
 // ---- constants -------------------------------------------------------------------
 
 constexpr uint32_t kMagic = 0x4C43435Au;  // bytes 'Z' 'C' 'C' 'L'
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;  // the window codec's rows keep version 2
 constexpr uint8_t kCodecId = 2;
 constexpr uint32_t kAlign = 128;
 constexpr uint32_t kHeaderBytes = 128;
@@ -49,7 +50,7 @@ constexpr uint32_t kHuffHead = kBlockHead + 2 * kStreams;  // + u16 bits[8] = 20
 
 // Common header (COMMON.md) and the entropy fields.
 constexpr uint32_t kOffMagic = 0;       // u32
-constexpr uint32_t kOffVersion = 4;     // u8 = 2
+constexpr uint32_t kOffVersion = 4;     // u8 = 3
 constexpr uint32_t kOffDtype = 5;       // u8 1 bf16, 2 fp16
 constexpr uint32_t kOffCodec = 6;       // u8 = 2
 constexpr uint32_t kOffStatus = 7;      // u8 0 OK, 1 DOES_NOT_FIT
@@ -67,7 +68,11 @@ constexpr uint32_t kHeaderUsed = 56;    // bytes [56, 128) are zero
 
 enum DtypeCode : uint8_t { kBF16 = 1, kF16 = 2 };
 enum Coding : uint8_t { kRaw = 0, kConst = 1, kHuff = 2 };
-enum Kind : uint8_t { kKindE = 0, kKindJ = 1 };  // E: symbol = exponent; J: exponent<<1 | sign
+// E: symbol = exponent, raw = sign, mantissa; J: symbol = exponent<<1 | sign, raw =
+// mantissa; Z: J's symbols, raw = the mantissa of elements with exponent != 0 only
+// (an element with exponent 0 decodes to +-0: a block may be Z only when it holds
+// no subnormal, see z_valid).
+enum Kind : uint8_t { kKindE = 0, kKindJ = 1, kKindZ = 2 };
 
 // Decoder statuses (shared numbering, COMMON.md / docs/format.md).
 enum DecodeStatus : int32_t {
@@ -118,7 +123,9 @@ EZ_HD uint64_t checksum_words(const uint8_t* p, uint64_t j0, uint64_t count) {
 //
 // A 16-bit float v = s | e (E bits) | m (M bits). Kind E codes symbol e and keeps
 // raw = s << M | m (M + 1 bits); kind J codes symbol e << 1 | s and keeps raw = m
-// (M bits). Raw bits are stored as a byte plane (raw & 0xFF, when the raw width is
+// (M bits); kind Z is kind J (every helper below treats it so) except that only the
+// nz elements with e != 0 (symbol >= 2) have a raw value: its planes are kind J's
+// planes of those nz values, raw_bytes(kKindZ, nz) = raw_bytes(kKindJ, nz). Raw bits are stored as a byte plane (raw & 0xFF, when the raw width is
 // >= 8) and a packed plane of the remaining w bits per element (w = width - 8, or
 // the whole width when it is < 8): every 8 elements fill w bytes.
 //   bf16 (E 8, M 7):  E: 256 symbols, byte plane + w 0;  J: 512 symbols, w 7 only.
@@ -126,7 +133,9 @@ EZ_HD uint64_t checksum_words(const uint8_t* p, uint64_t j0, uint64_t count) {
 
 struct Traits {
   uint32_t ebits, mbits;
-  EZ_HD uint32_t alphabet(uint32_t kind) const { return 1u << (ebits + kind); }
+  // The symbols' kind: Z codes J symbols.
+  EZ_HD static uint32_t sym_kind(uint32_t kind) { return kind == kKindE ? kKindE : kKindJ; }
+  EZ_HD uint32_t alphabet(uint32_t kind) const { return 1u << (ebits + sym_kind(kind)); }
   EZ_HD uint32_t raw_width(uint32_t kind) const { return kind == kKindE ? mbits + 1 : mbits; }
   EZ_HD bool byte_plane(uint32_t kind) const { return raw_width(kind) >= 8; }
   EZ_HD uint32_t packed_width(uint32_t kind) const {
@@ -152,6 +161,11 @@ struct Traits {
   EZ_HD uint32_t raw_bits(uint32_t kind, uint32_t raw) const {
     return kind == kKindE ? ((raw >> mbits) << 15) | (raw & ((1u << mbits) - 1)) : raw;
   }
+  // Exponent field 0 (+-0 or a subnormal).
+  EZ_HD bool zero_exp(uint32_t v) const { return ((v >> mbits) & ((1u << ebits) - 1)) == 0; }
+  // A subnormal: exponent 0, mantissa != 0, i.e. (v & 0x7FFF) in [1, 2^M). A block is
+  // Z-valid when it has an element with exponent 0 and no subnormal.
+  EZ_HD bool subnormal(uint32_t v) const { return (uint32_t)((v & 0x7FFFu) - 1u) < (1u << mbits) - 1u; }
 };
 
 EZ_HD Traits traits_of(DtypeCode d) { return d == kBF16 ? Traits{8, 7} : Traits{5, 10}; }
@@ -167,11 +181,8 @@ EZ_HD uint32_t block_len(uint64_t n, uint64_t b) {
 EZ_HD uint64_t data_offset(uint64_t n) { return kHeaderBytes + align128(2 * num_blocks(n)); }
 // A RAW block: 4 header bytes + the 2-byte words. No block is ever larger.
 EZ_HD uint32_t max_block_bytes(uint32_t len) { return kBlockHead + 2 * len; }
-// The smallest block: CONST of the kind with the fewer raw bytes.
-EZ_HD uint32_t min_block_bytes(Traits t, uint32_t len) {
-  const uint32_t a = t.raw_bytes(kKindE, len), b = t.raw_bytes(kKindJ, len);
-  return kBlockHead + (a < b ? a : b);
-}
+// The smallest block: CONST-Z (every element +0, or every one -0), 4 bytes.
+EZ_HD uint32_t min_block_bytes(uint32_t len) { return (void)len, kBlockHead; }
 EZ_HD uint64_t max_nbytes(DtypeCode d, uint64_t n) {
   const uint64_t nb = num_blocks(n);
   return data_offset(n) + align128(nb * kBlockHead + 2 * n);
@@ -181,11 +192,8 @@ EZ_HD uint64_t max_nbytes(DtypeCode d, uint64_t n) {
 // encoder, block offsets in the decoder).
 EZ_HD uint64_t workspace_nbytes(uint64_t n) { return kHeaderBytes + align128(8 * (num_blocks(n) + 1)); }
 EZ_HD uint64_t min_nbytes(DtypeCode d, uint64_t n) {
-  const Traits t = traits_of(d);
-  const uint64_t nb = num_blocks(n);
-  uint64_t s = 0;
-  if (nb) s = (nb - 1) * (uint64_t)min_block_bytes(t, kBlock) + min_block_bytes(t, block_len(n, nb - 1));
-  return data_offset(n) + align128(s);
+  (void)d;
+  return data_offset(n) + align128(num_blocks(n) * (uint64_t)min_block_bytes(kBlock));
 }
 
 // ---- code lengths: length-limited Huffman by package-merge ----------------------------

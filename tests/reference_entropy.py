@@ -1,5 +1,6 @@
-"""An independent numpy/Python implementation of the entropy codec's format
-(docs/format.md, "Entropy codec (codec id 2)"), written from the text alone.
+"""An independent numpy/Python implementation of the entropy codec's format,
+version 3 (docs/format.md, "Entropy codec (codec id 2)"), written from the text
+alone. Kinds: 0 (E), 1 (J), 2 (Z: J symbols, raw mantissas of e != 0 only).
 
 Slow and simple (bit strings, Python loops): for tests with small rows only.
 `encode_row` must produce exactly the bytes the C++ encoder produces; `decode_row`
@@ -14,6 +15,8 @@ STREAMS = 8
 STREAM_LEN = 512
 MAX_LEN = 11
 MAGIC = 0x4C43435A
+VERSION = 3
+KIND_E, KIND_J, KIND_Z = 0, 1, 2
 # dtype code -> (exponent bits, mantissa bits)
 DTYPES = {1: (8, 7), 2: (5, 10)}
 
@@ -36,7 +39,8 @@ def checksum(row: bytes) -> int:
 
 def split(words: np.ndarray, dcode: int, kind: int):
   """(symbols, raw values) of 16-bit words: kind 0 = exponent / sign+mantissa,
-  kind 1 = exponent<<1|sign / mantissa."""
+  kind 1 (and 2) = exponent<<1|sign / mantissa (kind 2 keeps only the raw values
+  of elements with exponent != 0: see z_raw)."""
   eb, mb = DTYPES[dcode]
   w = words.astype(np.int64)
   s = w >> 15
@@ -59,6 +63,7 @@ def join(sym, raw, dcode: int, kind: int) -> np.ndarray:
 
 
 def raw_layout(dcode: int, kind: int):
+  """(byte plane?, packed width w); kind Z's planes are kind J's."""
   eb, mb = DTYPES[dcode]
   width = mb + 1 if kind == 0 else mb
   if width >= 8:
@@ -208,38 +213,61 @@ def parse_nibbles(buf: bytes, sym_end: int, alphabet: int):
 # ---- blocks ----------------------------------------------------------------------------------
 
 
+def z_valid(x: np.ndarray, dcode: int) -> bool:
+  """Kind Z applies: some element has exponent 0 and every such one has m = 0."""
+  eb, mb = DTYPES[dcode]
+  w = x.astype(np.int64)
+  e0 = ((w >> mb) & ((1 << eb) - 1)) == 0
+  return bool(e0.any()) and not bool((w[e0] & ((1 << mb) - 1)).any())
+
+
+def z_raw(x: np.ndarray, dcode: int) -> np.ndarray:
+  """Kind Z's raw values: the mantissas of the elements with exponent != 0, in order."""
+  sym, raw = split(x, dcode, KIND_J)
+  return raw[sym >= 2]
+
+
 def encode_block(x: np.ndarray, dcode: int) -> tuple[bytes, bool]:
   length = x.size
-  cands = []  # (size, order, builder)
+  cands = []  # (size, order, builder); order: CONST-E, CONST-J, CONST-Z, HUFF-E, HUFF-J, HUFF-Z, RAW
   info = {}
   for kind in (0, 1):
     sym, raw = split(x, dcode, kind)
     vals, cnts = np.unique(sym, return_counts=True)
     info[kind] = (sym, raw, dict(zip(vals.tolist(), cnts.tolist())))
-  for kind in (0, 1):  # CONST
+  jc = info[1][2]
+  zok = z_valid(x, dcode)
+  z = jc.get(0, 0) + jc.get(1, 0)
+  nz = length - z
+  for kind in (0, 1):  # CONST-E, CONST-J
     sym, raw, counts = info[kind]
     if len(counts) == 1:
       cands.append((4 + raw_nbytes(dcode, kind, length), kind, ("const", kind)))
-  jc = info[1][2]
+  if zok and len(jc) == 1:  # CONST-Z: every element +0 or every one -0
+    cands.append((4, 2, ("const", KIND_Z)))
   imbalance = sum(abs(jc.get(2 * e, 0) - jc.get(2 * e + 1, 0)) for e in info[0][2])
-  for kind in (0, 1):  # HUFF; kind J only when the sign is imbalanced enough
+  j_lengths = 16 * imbalance >= length or (zok and 16 * z >= length)
+  for kind in (0, 1):  # HUFF-E, HUFF-J (kind J only when its lengths are computed)
     sym, raw, counts = info[kind]
-    if len(counts) >= 2 and (kind == 0 or 16 * imbalance >= length):
+    if len(counts) >= 2 and (kind == 0 or j_lengths):
       lens = package_merge(counts)
       bits = sum(counts[s] * lens[s] for s in counts)
       sym_end = max(counts) + 1
-      size = 20 + len(nibbles_of(lens, sym_end)) + -(-bits // 8) + raw_nbytes(dcode, kind, length)
-      cands.append((size, 2 + kind, ("huff", kind, lens, sym_end)))
-  cands.append((4 + 2 * length, 4, ("raw",)))
+      head = 20 + len(nibbles_of(lens, sym_end)) + -(-bits // 8)
+      cands.append((head + raw_nbytes(dcode, kind, length), 3 + kind, ("huff", kind, lens, sym_end)))
+      if kind == 1 and zok:  # HUFF-Z: the same code and streams, fewer raw values
+        cands.append((head + raw_nbytes(dcode, KIND_J, nz), 5, ("huff", KIND_Z, lens, sym_end)))
+  cands.append((4 + 2 * length, 6, ("raw",)))
   best = min(cands, key=lambda c: (c[0], c[1]))
   what = best[2]
   if what[0] == "raw":
     return bytes(4) + x.astype("<u2").tobytes(), True
   kind = what[1]
-  sym, raw, counts = info[kind]
+  sym, raw, counts = info[min(kind, 1)]
+  raw_planes = pack_raw(z_raw(x, dcode), dcode, KIND_J) if kind == KIND_Z else pack_raw(raw, dcode, kind)
   if what[0] == "const":
     s = next(iter(counts))
-    return bytes([1 | kind << 2, 0]) + s.to_bytes(2, "little") + pack_raw(raw, dcode, kind), False
+    return bytes([1 | kind << 2, 0]) + s.to_bytes(2, "little") + raw_planes, False
   _, _, lens, sym_end = what
   codes = canonical(lens)
   bitstr, sizes = [], []
@@ -253,7 +281,7 @@ def encode_block(x: np.ndarray, dcode: int) -> tuple[bytes, bool]:
   area = bytes(int(allbits[i:i + 8], 2) for i in range(0, len(allbits), 8))
   head = bytes([2 | kind << 2, 0]) + sym_end.to_bytes(2, "little") + b"".join(
       v.to_bytes(2, "little") for v in sizes)
-  return head + nibbles_of(lens, sym_end) + area + pack_raw(raw, dcode, kind), False
+  return head + nibbles_of(lens, sym_end) + area + raw_planes, False
 
 
 def encode_row(words: np.ndarray, dcode: int) -> tuple[bytes, int]:
@@ -272,7 +300,7 @@ def encode_row(words: np.ndarray, dcode: int) -> tuple[bytes, int]:
   used = align128(128 + len(directory) + len(data))
   head = bytearray(128)
   head[0:4] = MAGIC.to_bytes(4, "little")
-  head[4], head[5], head[6], head[7] = 2, dcode, 2, 0
+  head[4], head[5], head[6], head[7] = VERSION, dcode, 2, 0
   head[8:16] = n.to_bytes(8, "little")
   head[16:24] = used.to_bytes(8, "little")
   head[32], head[33], head[34] = 12, STREAMS, MAX_LEN
@@ -302,15 +330,23 @@ def decode_block(blk: bytes, length: int, dcode: int) -> np.ndarray:
     if mode != 0 or blk[2:4] != bytes(2) or len(blk) != 4 + 2 * length:
       raise _Bad(6)
     return np.frombuffer(blk[4:], "<u2").astype(np.uint16)
-  if kind > 1 or coding > 2:
+  if kind > 2 or coding > 2:
     raise _Bad(6)
-  alphabet = 1 << (eb + kind)
-  rawb = raw_nbytes(dcode, kind, length)
+  zk = kind == KIND_Z
+  ck = KIND_J if zk else kind  # the symbols' kind
+  alphabet = 1 << (eb + ck)
   if coding == 1:
     s = int.from_bytes(blk[2:4], "little")
+    if zk:  # CONST-Z: every element +0 (symbol 0) or -0 (symbol 1), no raw planes
+      if s >= 2 or len(blk) != 4:
+        raise _Bad(6)
+      return np.full(length, s << 15, np.uint16)
+    rawb = raw_nbytes(dcode, kind, length)
     if s >= alphabet or len(blk) != 4 + rawb:
       raise _Bad(6)
     return join(np.full(length, s), unpack_raw(blk[4:], length, dcode, kind), dcode, kind)
+  # HUFF. Kind Z's raw-plane size r is what the block has left after the streams.
+  rawb = 0 if zk else raw_nbytes(dcode, kind, length)
   if len(blk) < 20 + rawb:
     raise _Bad(6)
   sym_end = int.from_bytes(blk[2:4], "little")
@@ -326,7 +362,11 @@ def decode_block(blk: bytes, length: int, dcode: int) -> np.ndarray:
     raise _Bad(6)
   total = sum(sizes)
   ab = -(-total // 8)
-  if len(blk) != 20 + nib + ab + rawb:
+  if zk:
+    r = len(blk) - (20 + nib + ab)
+    if r < 0 or r > raw_nbytes(dcode, KIND_J, length):
+      raise _Bad(6)
+  elif len(blk) != 20 + nib + ab + rawb:
     raise _Bad(6)
   area = blk[20 + nib:20 + nib + ab]
   bits = "".join(format(b, "08b") for b in area)
@@ -347,8 +387,17 @@ def decode_block(blk: bytes, length: int, dcode: int) -> np.ndarray:
       sym.append(decode_map[cur])
     if pos != end:
       raise _Bad(7)
-  raw = unpack_raw(blk[20 + nib + ab:], length, dcode, kind)
-  return join(np.array(sym), raw, dcode, kind)
+  sym = np.array(sym, np.int64)
+  planes = blk[20 + nib + ab:]
+  if not zk:
+    return join(sym, unpack_raw(planes, length, dcode, kind), dcode, kind)
+  nonzero = sym >= 2
+  nz = int(nonzero.sum())
+  if len(planes) != raw_nbytes(dcode, KIND_J, nz):
+    raise _Bad(7)
+  raw = np.zeros(length, np.int64)
+  raw[nonzero] = unpack_raw(planes, nz, dcode, KIND_J)
+  return join(sym, raw, dcode, KIND_J)
 
 
 def decode_row(buf: bytes, n: int, dcode: int) -> tuple[np.ndarray, int]:
@@ -363,7 +412,7 @@ def _decode(buf: bytes, n: int, dcode: int) -> np.ndarray:
   u64 = lambda o: int.from_bytes(buf[o:o + 8], "little")
   if len(buf) < 128:
     raise _Bad(3)
-  if int.from_bytes(buf[0:4], "little") != MAGIC or buf[4] != 2 or buf[6] != 2:
+  if int.from_bytes(buf[0:4], "little") != MAGIC or buf[4] != VERSION or buf[6] != 2:
     raise _Bad(1)
   if buf[5] != dcode:
     raise _Bad(2)
@@ -372,10 +421,7 @@ def _decode(buf: bytes, n: int, dcode: int) -> np.ndarray:
   doff = 128 + align128(2 * nb)
   eb, mb = DTYPES[dcode]
 
-  def smallest(length):
-    return 4 + min(raw_nbytes(dcode, 0, length), raw_nbytes(dcode, 1, length))
-
-  lo = doff + align128(sum(smallest(min(BLOCK, n - BLOCK * b)) for b in range(nb)))
+  lo = doff + align128(4 * nb)  # every block CONST-Z (4 bytes)
   hi = doff + align128(4 * nb + 2 * n)
   if u64(8) != n or used % 128 or used > len(buf) or not lo <= used <= hi:
     raise _Bad(3)

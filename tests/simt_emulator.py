@@ -39,6 +39,11 @@ def cases(stdout: str) -> int | None:
   return int(m.group(1)) if m else None
 
 
+def modes_seen(stdout: str) -> dict[int, int]:
+  """The entropy driver's "block modes ...: mode:count ..." line: block modes of the rows compared."""
+  return dict(map(int, kv.split(":")) for kv in re.search(r"block modes[^:]*:((?: \d+:\d+)+)", stdout).group(1).split())
+
+
 def statuses_seen(stdout: str) -> dict[int, int]:
   """The "payloads: status:count ..." line: corrupted payloads compared, per decoder status."""
   return dict(map(int, kv.split(":")) for kv in re.search(r"payloads:((?: \d+:\d+)+)", stdout).group(1).split())

@@ -64,6 +64,18 @@ def make(dist: str, n: int, dtype, seed: int = 0) -> np.ndarray:
          np.exp2(rng.uniform(-20, 0, (m // 1024, 1)))).reshape(-1)[:n]
   elif dist == "relu":
     x = np.maximum(rng.standard_normal(n), 0)
+  elif dist == "relu_neg":  # -relu: the zeros are -0, the rest negative
+    x = -np.maximum(rng.standard_normal(n), 0)
+  elif dist == "zero_mix":  # 40% zeros of either sign among Gaussian values
+    x = np.where(rng.random(n) < 0.4, np.where(rng.random(n) < 0.5, 0.0, -0.0), rng.standard_normal(n))
+  elif dist == "negzeros":
+    x = np.full(n, -0.0)
+  elif dist == "relu_sub":
+    # ReLU outputs with one subnormal in every other block (blocks 1, 3, ..): those
+    # blocks may not elide their zeros (kind Z), the others may.
+    w = np.maximum(rng.standard_normal(n), 0).astype(dtype).view(np.uint16).copy()
+    w[4096 + 100::8192] = 3  # exponent 0, mantissa 3
+    return w.view(dtype)
   elif dist == "streamskew":
     # Every third 512-element bit stream spreads its exponents wide (long codes),
     # the others sit on one exponent (1-bit codes): the 8 streams a block decodes
@@ -98,7 +110,8 @@ def make(dist: str, n: int, dtype, seed: int = 0) -> np.ndarray:
 
 
 DISTS = ["gauss", "laplace", "student_t3", "gelu", "softmax", "mixscale", "relu", "zeros",
-         "constant", "random_bits", "subnormal", "specials", "streamskew"]
+         "constant", "random_bits", "subnormal", "specials", "streamskew", "relu_neg", "zero_mix",
+         "negzeros", "relu_sub"]
 SIZES = [0, 1, 7, 8, 9, 511, 4095, 4096, 4097, 3 * 4096 + 511]
 
 
@@ -256,13 +269,198 @@ def test_pair_path_boundaries_match_reference(dtype):
       assert_bits_equal(y, x)
 
 
-# ---- prefix decoding and malformed rows -------------------------------------------------------------
+# ---- kind Z (zero elision, format version 3) -------------------------------------------------------
+
+
+def _block_modes(out: np.ndarray, n: int) -> list:
+  """(mode byte, bytes 2..3, size) of every block of an encoded row."""
+  nb = -(-n // 4096)
+  doff = 128 + -(-2 * nb // 128) * 128
+  sizes = np.frombuffer(out[128:128 + 2 * nb].tobytes(), "<u2").astype(int)
+  offs = doff + np.concatenate([[0], np.cumsum(sizes)])
+  return [(int(out[o]), int(out[o + 2]) | int(out[o + 3]) << 8, int(z)) for o, z in zip(offs[:-1], sizes)]
+
+
+def _both_encode(x):
+  """Encodes x by C++ and by the reference; asserts identical bytes, both decoders
+  exact; returns the C++ row."""
+  out, status, raws, used = native_encode(x)
+  row, rraws = ref.encode_row(words(x), CODE[x.dtype])
+  assert status == 0 and len(row) == used and raws == rraws
+  if bytes(out[:used]) != row:
+    i = int(np.flatnonzero(np.frombuffer(row, np.uint8) != out[:used])[0])
+    raise AssertionError(f"first differing byte at {i}: {out[i]:#x} != {row[i]:#x}")
+  y, st = native_decode(out[:used], x.size, x.dtype)
+  assert st == 0
+  assert_bits_equal(y, x)
+  yr, st = ref.decode_row(row, x.size, CODE[x.dtype])
+  assert st == 0
+  assert_bits_equal(yr, x)
+  return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_prefix_decoding(dtype):
+def test_kind_z_modes(dtype):
+  """Which blocks elide their zeros: all-+0 / all--0 blocks are CONST-Z (4 bytes,
+  symbol 0 / 1), ReLU blocks (either sign of zero) HUFF-Z, a block with a subnormal
+  never kind Z; bytes equal the reference's."""
+  n = 2 * 4096 + 5
+  for dist, sym in (("zeros", 0), ("negzeros", 1)):
+    modes = _block_modes(_both_encode(make(dist, n, dtype)), n)
+    assert modes == [(9, sym, 4)] * 3, modes
+  for dist in ("relu", "relu_neg", "zero_mix"):
+    x = make(dist, 4 * 4096, dtype, seed=3)
+    w = words(x)
+    modes = _block_modes(_both_encode(x), x.size)
+    for b, (mode, _, _) in enumerate(modes):
+      blk = w[4096 * b:4096 * (b + 1)]
+      sub = ((blk & 0x7FFF) > 0) & ((blk & 0x7FFF) < (1 << (7 if dtype == BF16 else 10)))
+      if sub.any():  # (fp16 ReLU data has an occasional subnormal)
+        assert mode >> 2 != 2, (dist, b, mode)
+      else:
+        assert mode == 10, (dist, b, mode)
+  x = make("relu_sub", 4 * 4096, dtype, seed=4)
+  modes = _block_modes(_both_encode(x), x.size)
+  assert [m >> 2 == 2 for m, _, _ in modes][1::2] == [False, False], modes  # blocks with a subnormal
+  assert modes[0][0] == 10, modes
+  # +0 and -0 only (no raw planes at all): HUFF-Z of 2 one-bit codes
+  x = np.where(np.random.default_rng(5).random(4096) < 0.5, 0.0, -0.0).astype(dtype)
+  (mode, sym_end, size), = _block_modes(_both_encode(x), 4096)
+  assert (mode, sym_end, size) == (10, 2, 20 + 1 + 512)
+  for n in (1, 2, 7, 9, 4095, 4097):  # short blocks, odd sizes
+    for dist in ("relu", "zero_mix", "negzeros", "relu_sub"):
+      _both_encode(make(dist, n, dtype, seed=n))
+
+
+def _paired_block(dtype, z: int, seed: int) -> np.ndarray:
+  """4096 elements: (4096 - z) / 2 Gaussian magnitudes with both signs and z / 2
+  zeros of each sign, shuffled: every exponent's sign counts are equal, so the
+  sign imbalance is 0 and kind J's lengths are computed only by the zero rule."""
+  rng = np.random.default_rng(seed)
+  m = (4096 - z) // 2
+  mag = np.abs(rng.standard_normal(m)) + 1e-3
+  v = np.concatenate([mag, -mag, np.zeros(z // 2), -np.zeros(z - z // 2)])
+  return rng.permutation(v).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kind_z_choice_rule(dtype):
+  """Kind Z is a candidate exactly when the format says: with balanced signs (no
+  imbalance) a block with z = 254 zeros stays HUFF-E although HUFF-Z would be
+  smaller (16 z < len: kind J's lengths are not computed), z = 256 is HUFF-Z."""
+  for z, mode in ((254, 2), (256, 10)):
+    x = _paired_block(dtype, z, seed=z)
+    w = words(x)
+    assert ((w & 0x7FFF) == 0).sum() == z
+    (got, _, size), = _block_modes(_both_encode(x), 4096)
+    assert got == mode, (z, got)
+  # the same 254 zeros with one extra +0 in place of a -0 (imbalance 2: 16 * 2 < 4096)
+  # changes nothing; + 1 subnormal in the 256-zero block: no Z (HUFF-E)
+  x = words(_paired_block(dtype, 256, seed=256)).copy()
+  x[np.flatnonzero(x == 0)[0]] = 1
+  (got, _, _), = _block_modes(_both_encode(x.view(dtype)), 4096)
+  assert got == 2, got
+
+
+def _huff_raw_part(blk: bytes) -> int:
+  """r = a HUFF block's bytes after its code lengths and bit streams (raw planes)."""
+  sym_end = int.from_bytes(blk[2:4], "little")
+  _, nib = ref.parse_nibbles(blk[20:], sym_end, 512)
+  total = sum(int.from_bytes(blk[4 + 2 * i:6 + 2 * i], "little") for i in range(8))
+  return len(blk) - 20 - nib - -(-total // 8)
+
+
+def test_kind_z_ties_go_to_huff_j():
+  """bf16 kind J packs 8 mantissas in 7 bytes: one zero in a 4090-element block
+  saves no whole group (ceil(4089 / 8) = ceil(4090 / 8) = 512 groups), so HUFF-Z
+  ties HUFF-J and the tie goes to HUFF-J (mode 6, 3584 raw bytes); two zeros save
+  a group: HUFF-Z (mode 10), 511 groups = 3577 raw bytes."""
+  rng = np.random.default_rng(8)
+  base = (np.abs(rng.standard_normal(4090)) + 1e-3).astype(BF16)  # one-signed: kind J
+  for z, mode, r in ((0, 6, 3584), (1, 6, 3584), (2, 10, 3577)):
+    w = words(base).copy()
+    w[[100, 2000][:z]] = 0
+    out = _both_encode(w.view(BF16))
+    (got, _, size), = _block_modes(out, 4090)
+    assert got == mode, (z, got)
+    assert _huff_raw_part(out[256:256 + size].tobytes()) == r, z
+
+
+def _rewrite_last_block(b: np.ndarray, n: int, delta: int) -> np.ndarray:
+  """A copy of the row b whose last block is delta bytes longer (zeros appended)
+  or shorter, with the directory, data_bytes, used_nbytes and checksum updated."""
+  b = b.copy()
+  nb = -(-n // 4096)
+  doff = 128 + -(-2 * nb // 128) * 128
+  sizes = np.frombuffer(b[128:128 + 2 * nb].tobytes(), "<u2").astype(int)
+  data = int(sizes.sum())
+  sizes[-1] += delta
+  b[128 + 2 * (nb - 1):128 + 2 * nb] = np.frombuffer(int(sizes[-1]).to_bytes(2, "little"), np.uint8)
+  if delta > 0:
+    b[doff + data:doff + data + delta] = 0
+  data += delta
+  used = -(-(doff + data) // 128) * 128
+  b[doff + data:used] = 0
+  b[used:] = 0
+  b[48:56] = np.frombuffer(data.to_bytes(8, "little"), np.uint8)
+  b[16:24] = np.frombuffer(used.to_bytes(8, "little"), np.uint8)
+  _fix_checksum(b)
+  return b
+
+
+def _statuses(b: np.ndarray, n: int, dtype):
+  y, st = native_decode(b, n, dtype)
+  yr, sr = ref.decode_row(b.tobytes(), n, CODE[dtype])
+  if st:
+    assert (y == 0xFFFF).all()
+  assert_bits_equal(y, yr)
+  return st, sr
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kind_z_corrupted_blocks(dtype):
+  """Malformed kind Z blocks give the format's statuses in both decoders: CONST-Z with
+  a symbol >= 2 or a size other than 4, HUFF-Z raw planes (r) outside [0,
+  raw_bytes(J, len)] -> 6; r in range but != raw_bytes(J, nz) -> 7; RAW with kind
+  bits and kind 3 -> 6."""
+  n = 2 * 4096
+  out = native_encode(make("zeros", n, dtype))[0]
+  assert [m for m, _, _ in _block_modes(out, n)] == [9, 9]
+  last = 256 + 4  # the last block's offset
+  for sym, want in ((1, 0), (2, 6), (0xFFFF, 6)):
+    b = out.copy()
+    b[last + 2:last + 4] = np.frombuffer(sym.to_bytes(2, "little"), np.uint8)
+    _fix_checksum(b)
+    assert _statuses(b, n, dtype) == (want, want), sym
+  assert _statuses(_rewrite_last_block(out, n, 1), n, dtype) == (6, 6)
+  for mode in (8, 13, 14, 11):  # RAW with kind Z bits; kind 3 CONST / HUFF; coding 3
+    b = out.copy()
+    b[last] = mode
+    _fix_checksum(b)
+    assert _statuses(b, n, dtype) == (6, 6), mode
+
+  x = make("relu", n, dtype, seed=21)
+  out = native_encode(x)[0]
+  (m0, _, s0), (m1, _, s1) = _block_modes(out, n)
+  assert m1 == 10
+  nz = int(((words(x)[4096:] & 0x7FFF) != 0).sum())
+  mb = 7 if dtype == BF16 else 10
+  raw_j = lambda k: (k if mb >= 8 else 0) + -(-k // 8) * (mb - 8 if mb >= 8 else mb)
+  r = raw_j(nz)
+  for delta, want in ((0, 0), (1, 7), (-1, 7), (raw_j(4096) - r, 7), (raw_j(4096) - r + 1, 6), (-r, 7),
+                      (-r - 1, 6)):
+    assert _statuses(_rewrite_last_block(out, n, delta), n, dtype) == (want, want), delta
+  # r = 0 exactly is a valid size for a block whose elements are all +-0 only
+
+
+# ---- prefix decoding and malformed rows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dist", ["gauss", "relu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefix_decoding(dtype, dist):
   n = 3 * 4096 + 77
-  x = make("gauss", n, dtype, seed=5)
+  x = make(dist, n, dtype, seed=5)
   out, _, _, used = native_encode(x)
   for L in (used, used + 1, used + 128, used + 1000, out.size):
     buf = np.zeros(L, np.uint8)
@@ -324,7 +522,8 @@ def test_fuzz_corrupted(dtype):
   rng = np.random.default_rng(1234)
   rows = []
   for dist, n in (("gauss", 4096 + 300), ("gelu", 2 * 4096), ("constant", 40), ("zeros", 9000),
-                  ("random_bits", 600), ("softmax", 4096), ("streamskew", 2 * 4096 + 700)):
+                  ("random_bits", 600), ("softmax", 4096), ("streamskew", 2 * 4096 + 700),
+                  ("relu", 2 * 4096 + 300), ("zero_mix", 4096 + 9)):
     x = make(dist, n, dtype, seed=int(rng.integers(1000)))
     out, _, _, used = native_encode(x)
     rows.append((x, out, used))
@@ -488,7 +687,9 @@ def test_portable_path_identical(tmp_path):
   import sys
   cases = [("gauss", 70001, BF16), ("specials", 3 * 4096 + 511, BF16), ("gelu", 2 * 4096 + 5, BF16),
            ("softmax", 12345, F16), ("specials", 4097, F16), ("constant", 5000, BF16),
-           ("random_bits", 4096 + 1, F16), ("laplace", 9, BF16), ("mixscale", 8 * 4096, F16)]
+           ("random_bits", 4096 + 1, F16), ("laplace", 9, BF16), ("mixscale", 8 * 4096, F16),
+           ("relu", 3 * 4096 + 13, BF16), ("zero_mix", 2 * 4096 + 3, F16), ("relu_sub", 4 * 4096, BF16),
+           ("negzeros", 4097, F16)]
   names = []
   for k, (dist, n, dtype) in enumerate(cases):
     x = make(dist, n, dtype, seed=40 + k)

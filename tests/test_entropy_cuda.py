@@ -2,8 +2,9 @@
 and FFI handler functions compiled for the CPU SIMT emulator (simt_host.h) by
 tests/cuda/emulate_entropy.cc and compared with the CPU codec byte for byte (payloads,
 stats, decoded words, decoder statuses of prefix-cut and corrupted payloads). The
-emulator is shown to catch a missing barrier in these kernels. ptxas resources of
-the kernels are checked by tests/test_cuda_build.py (same build as the window codec).
+emulator is shown to catch missing barriers and a missing decoder check in these
+kernels. ptxas resources of the kernels are checked by tests/test_cuda_build.py (same
+build as the window codec).
 """
 from __future__ import annotations
 
@@ -35,27 +36,42 @@ def test_entropy_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
   res, out = emulator.run(exe)
   assert res.returncode == 0 and " 0 failures" in res.stdout, out[-6000:]
   m = emulator.cases(res.stdout)
-  assert m and m >= 200, out[-2000:]
+  assert m and m >= 300, out[-2000:]
   seen = emulator.statuses_seen(res.stdout)
   assert all(seen[s] > 0 for s in range(9)) and sum(seen.values()) > 3000, seen
+  # Every block mode was compared: RAW, CONST and HUFF of kinds E and J, and kind Z
+  # (format v3: 9 CONST-Z, 10 HUFF-Z).
+  modes = emulator.modes_seen(res.stdout)
+  assert all(modes.get(m, 0) > 0 for m in (0, 1, 2, 5, 6, 9, 10)), modes
   # The handlers' workspace size is the one the Python module allocates.
   ws = re.findall(r"workspace_nbytes n=(\d+) W=(\d+)", res.stdout)
   assert len(ws) == 5 and all(ent.workspace_nbytes(int(n)) == int(w) for n, w in ws), ws
 
 
 @needs_gxx
-def test_simt_emulator_catches_a_missing_barrier_in_the_entropy_encoder(tmp_path):
-  """Warps read the other streams' bit counts before they are all stored: the emulator must fail."""
-  old = "    __syncthreads();  // (S) every stream's bit count is in s.sbits"
+@pytest.mark.parametrize("old,new", [
+    # Encoder: warps read the other streams' bit counts before they are all stored.
+    ("    __syncthreads();  // (S) every stream's bit count is in s.sbits", "    (void)0;"),
+    # Encoder, kind Z's compaction: warps read the other warps' counts of nonzero elements
+    # before they are stored (and overwrite the bit area that others still copy out).
+    ("      __syncthreads();  // the warp totals are stored; the bit area is read (s.u.cr overlays it)",
+     "      (void)0;"),
+    # Decoder: a HUFF-Z block's raw part is no longer checked against the decoded nz
+    # (the crafted last-block +-1 payloads must then differ from the CPU's status 7).
+    ("      if (kb.rz != traits_c<D>().raw_bytes(kKindJ, kb.nz)) st = kDecBadStream;\n"
+     "      else expand_z<D>(kb, lane);", "      expand_z<D>(kb, lane);"),
+], ids=["streams_barrier", "kind_z_compaction_barrier", "kind_z_raw_size_check"])
+def test_simt_emulator_catches_broken_entropy_kernels(tmp_path, old, new):
+  """A barrier of the encoder or a check of the decoder removed: the emulator must fail."""
   cuda = tmp_path / "cuda"
   shutil.copytree(ROOT / "cuda", cuda)
   src = (cuda / "entropy.cu").read_text()
-  assert src.count(old) == 1, "mutation anchor (S) not found in cuda/entropy.cu"
-  (cuda / "entropy.cu").write_text(src.replace(old, "    (void)0;"))
+  assert src.count(old) == 1, f"mutation anchor not found in cuda/entropy.cu: {old!r}"
+  (cuda / "entropy.cu").write_text(src.replace(old, new))
   exe = tmp_path / "emulate_entropy"
   _build(cuda, exe)
   res, out = emulator.run(exe, "--quick", "--stop", timeout=300)
-  assert res.returncode != 0, f"the emulator passed entropy kernels without barrier (S)\n{out[-2000:]}"
+  assert res.returncode != 0, f"the emulator passed entropy kernels without {old!r}\n{out[-2000:]}"
   # A mismatch, an emulator error, or a crash (garbage bit offsets can send a store out of
   # the CTA's guarded shared memory: killed by a signal).
   assert res.returncode < 0 or "FAIL" in out or "SIMT emulation error" in out, (res.returncode, out[-2000:])

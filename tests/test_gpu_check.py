@@ -68,13 +68,18 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
   assert len(en["cases"]) >= 30 and all(c["ok"] for c in en["cases"])
   en_names = {" ".join(c["case"]) for c in en["cases"]}
   assert any("n=1048579" in s for s in en_names) and any("rows=3 n=4097" in s for s in en_names)
-  assert [c["dtype"] for c in en["corrupt"]] == ["bfloat16", "float16"]
+  # Kind Z (format v3): zero data in both dtypes, corrupted ReLU payloads (HUFF-Z blocks).
+  for dist in ("relu_pm", "negzeros", "sparse", "zerosub", "blockmix"):
+    assert {dt for s in en_names if f" {dist} " in f" {s} " for dt in ("bfloat16", "float16") if dt in s} == {
+        "bfloat16", "float16"}, (dist, en_names)
+  assert [c["dtype"] for c in en["corrupt"]] == ["bfloat16 gauss", "float16 gauss", "bfloat16 relu", "float16 relu"]
   assert all(c["ok"] and c["count"] > 90 for c in en["corrupt"])
   en_hist = {int(k) for c in en["corrupt"] for k in c["cpu_status_hist"]}
   assert {0, 1, 2, 3, 4, 5, 6, 8} <= en_hist, en_hist
-  # --quick: 64 MiB (shrunk) bf16 Gaussian, bf16 GELU-like (HUFF-J blocks) and fp16 Gaussian.
+  # --quick: 64 MiB (shrunk) bf16 Gaussian, bf16 GELU-like (HUFF-J blocks), bf16 ReLU (HUFF-Z)
+  # and fp16 Gaussian.
   assert [(r["dtype"], r["data"], r["op"]) for r in en["rows"]] == [
-      (d, k, op) for d, k in (("bfloat16", "gauss"), ("bfloat16", "gelu"), ("float16", "gauss"))
+      (d, k, op) for d, k in (("bfloat16", "gauss"), ("bfloat16", "gelu"), ("bfloat16", "relu"), ("float16", "gauss"))
       for op in ("encode", "decode")]
   assert all(r["bit_identical"] for r in en["rows"])
   assert "## Entropy codec" in md

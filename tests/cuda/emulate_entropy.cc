@@ -48,6 +48,7 @@ cudaStream_t kStream = nullptr;
 int failures = 0, cases = 0;
 bool stop_early = false;
 int status_seen[9] = {0};
+int modes_seen[16] = {0};  // block mode bytes of the encoded rows compared (kind Z: 9 CONST-Z, 10 HUFF-Z)
 
 void machine(std::mt19937_64& rng) {
   simt::config().resident = 1 + (unsigned)(rng() % 4);
@@ -110,6 +111,30 @@ std::vector<uint16_t> gen(DtypeCode d, const std::string& kind, uint64_t n, std:
       x = gauss(rng) * scale;
     } else if (kind == "zeros") {
       x = 0;
+    } else if (kind == "negzeros") {  // every element -0: CONST-Z with symbol 1
+      x = -0.0;
+    } else if (kind == "pmzeros") {  // +0 and -0 at random: HUFF-Z without raw values
+      x = (rng() & 1) ? -0.0 : 0.0;
+    } else if (kind == "relu_pm") {  // half +-0 (balanced signs: the z rule, not the imbalance)
+      x = uni(rng) < 0.5 ? ((rng() & 1) ? -0.0 : 0.0) : gauss(rng);
+    } else if (kind == "sparse") {  // 95% +0
+      x = uni(rng) < 0.95 ? 0.0 : gauss(rng);
+    } else if (kind == "fewzeros") {  // ~1/16 +-0: around the 16 z >= len threshold
+      x = uni(rng) < 1.0 / 16 ? ((rng() & 1) ? -0.0 : 0.0) : gauss(rng);
+    } else if (kind == "blockmix") {  // blocks of +0, ReLU, Gaussian, -0, ReLU with a subnormal
+      const uint64_t c = (i / kBlock) % 5;
+      if (c == 4 && i % kBlock == 77) {
+        v[i] = 1;  // the smallest subnormal: this block is not Z-valid
+        continue;
+      }
+      x = c == 0 ? 0.0 : c == 1 ? std::max(0.0, gauss(rng)) : c == 2 ? gauss(rng) : c == 3 ? -0.0
+          : std::max(0.0, gauss(rng));
+    } else if (kind == "zerosub") {  // ReLU with a subnormal per ~1000 elements: never Z-valid
+      if (uni(rng) < 0.001) {
+        v[i] = (uint16_t)(1 + rng() % ((1u << mb) - 1));
+        continue;
+      }
+      x = std::max(0.0, gauss(rng));
     } else if (kind == "constant") {
       x = -3.25;
     } else if (kind == "bits") {
@@ -165,6 +190,43 @@ bool same_decode(DtypeCode d, const char* what, const char* name, const std::vec
   return true;
 }
 
+// Crafted block-level corruptions with a re-sealed checksum (kind Z's checks): block
+// 0's mode byte set to each mode (RAW with kind bits, CONST/HUFF of kinds E, J, Z,
+// kind 3), a CONST symbol of 0..2, and the last block one byte longer or shorter
+// (its directory entry and data_bytes moved together: a HUFF-Z block then holds one
+// raw byte too many or too few).
+bool crafted_blocks(DtypeCode d, const char* name, const std::vector<uint8_t>& row, uint64_t used, uint64_t n,
+                    std::mt19937_64& rng) {
+  const uint64_t nb = num_blocks(n), doff = data_offset(n);
+  if (nb == 0) return true;
+  auto sealed = [&](std::vector<uint8_t> bad, const char* what) {
+    st64(bad.data() + kOffChecksum, checksum(bad.data(), used));
+    return same_decode(d, what, name, bad, used, n, rng);
+  };
+  for (uint32_t mode : {0u, 1u, 2u, 4u, 5u, 6u, 8u, 9u, 10u, 13u, 14u}) {
+    std::vector<uint8_t> bad(row.begin(), row.begin() + (ptrdiff_t)used);
+    if (bad[doff] == mode) continue;
+    bad[doff] = (uint8_t)mode;
+    if (!sealed(bad, "crafted mode")) return false;
+  }
+  if ((row[doff] & 3) == kConst)
+    for (uint32_t sym = 0; sym < 3; ++sym) {
+      std::vector<uint8_t> bad(row.begin(), row.begin() + (ptrdiff_t)used);
+      st16(bad.data() + doff + 2, sym);
+      if (!sealed(bad, "crafted const symbol")) return false;
+    }
+  const uint64_t data = ld64(row.data() + kOffDataBytes), dir = kHeaderBytes + 2 * (nb - 1);
+  for (int delta : {1, -1}) {
+    std::vector<uint8_t> bad(row.begin(), row.begin() + (ptrdiff_t)used);
+    const uint32_t sz = ld16(bad.data() + dir);
+    if (align128(doff + data + delta) != used || sz + delta < 4) continue;
+    st16(bad.data() + dir, sz + delta);
+    st64(bad.data() + kOffDataBytes, data + delta);
+    if (!sealed(bad, delta > 0 ? "crafted last block +1" : "crafted last block -1")) return false;
+  }
+  return true;
+}
+
 void check_case(DtypeCode d, const std::string& kind, uint64_t rows, uint64_t n, int corrupt, std::mt19937_64& rng) {
   if (stop_early && failures) return;
   ++cases;
@@ -173,7 +235,15 @@ void check_case(DtypeCode d, const std::string& kind, uint64_t rows, uint64_t n,
   std::vector<uint8_t> ref(rows * nbytes, 0x5A), emu(rows * nbytes, kGarbage);
   std::vector<int32_t> est(4 * rows, -7);
   std::vector<cpu::RowStats> rst(rows);
-  for (uint64_t r = 0; r < rows; ++r) rst[r] = cpu::encode_row(d, x.data() + r * n, n, ref.data() + r * nbytes);
+  for (uint64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = ref.data() + r * nbytes;
+    rst[r] = cpu::encode_row(d, x.data() + r * n, n, ref.data() + r * nbytes);
+    uint64_t off = data_offset(n);
+    for (uint64_t b = 0; b < num_blocks(n); ++b) {
+      ++modes_seen[row[off] & 15];
+      off += ld16(row + kHeaderBytes + 2 * b);
+    }
+  }
   char name[160];
   snprintf(name, sizeof name, "dtype=%d kind=%s rows=%llu n=%llu", (int)d, kind.c_str(), (unsigned long long)rows,
            (unsigned long long)n);
@@ -291,6 +361,7 @@ void check_case(DtypeCode d, const std::string& kind, uint64_t rows, uint64_t n,
     st64(bad.data() + kOffChecksum, checksum(bad.data(), used));
     if (!same_decode(d, "crafted header", name, bad, used, n, rng)) return;
   }
+  crafted_blocks(d, name, row, used, n, rng);
 }
 
 // The handlers' own argument checks (an ffi::Error, no launch).
@@ -342,6 +413,14 @@ void suite(DtypeCode d, std::mt19937_64& rng, bool big) {
   const uint64_t sizes[] = {0, 1, 7, 8, 513, 4095, 4096, 4097, 8192 + 1000};
   for (const char* k : kinds)
     for (uint64_t n : sizes) check_case(d, k, 1, n, n >= 1000 ? (big ? 4 : 2) : 1, rng);
+  // Kind Z (zero elision): elements with exponent 0 and no subnormal in the block.
+  const char* zkinds[] = {"negzeros", "pmzeros", "relu_pm", "sparse", "fewzeros", "zerosub"};
+  const uint64_t zsizes[] = {1, 9, 513, 4096, 8192 + 1000};
+  for (const char* k : zkinds)
+    for (uint64_t n : zsizes) check_case(d, k, 1, n, n >= 1000 ? (big ? 4 : 2) : 1, rng);
+  check_case(d, "blockmix", 1, 5 * 4096 + 333, big ? 6 : 3, rng);
+  check_case(d, "blockmix", 3, 2 * 4096 + 1, 0, rng);
+  check_case(d, "relu", 2, 4097, 0, rng);
   for (uint64_t n : {(uint64_t)1, (uint64_t)4099, (uint64_t)3 * 4096 + 5})
     for (uint64_t rows : {2, 3}) check_case(d, "gauss", rows, n, 0, rng);
   check_case(d, "gelu", 3, 0, 0, rng);
@@ -365,6 +444,9 @@ int main(int argc, char** argv) {
   suite(kF16, rng, big);
   printf("decoder statuses compared on corrupted payloads:");
   for (int i = 0; i <= 8; ++i) printf(" %d:%d", i, status_seen[i]);
+  printf("\nblock modes of the encoded rows:");
+  for (int i = 0; i < 16; ++i)
+    if (modes_seen[i]) printf(" %d:%d", i, modes_seen[i]);
   printf("\n%d cases, %d failures\n", cases, failures);
   for (int i = 1; i <= 8; ++i)
     if (!status_seen[i]) {

@@ -980,7 +980,11 @@ class _Meter:
     return float(statistics.median(ts.tolist()))
 
 
-def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log) -> dict:
+def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
+                   points: dict | None = None) -> dict:
+  """Link fits per algorithm; `points` (if given) receives the measured
+  [received bytes, seconds] pairs per algorithm (kept in the Calibration's meta,
+  so that a fit can be checked against them later)."""
   from jax import lax
   import jax.numpy as jnp
   axes = meter.axes
@@ -1001,6 +1005,8 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log) -
       t = meter.time(f, meter.array(make(r)))
       xs.append(_wire_rows(algo, n_peers) * r)
       ts.append(t)
+      if points is not None:
+        points.setdefault(algo, []).append([int(xs[-1]), float(t)])
       log(f"  {algo:10s} row {_fmt_bytes(r):>9s}: {t * 1e3:8.3f} ms")
     fits[algo] = fit_alpha_beta(xs, ts)
   # The agreement: a pmax of 2 int32 (latency only; beta of a few bytes is noise).
@@ -1251,9 +1257,10 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
   meter = _Meter(mesh, axes, reps, warmup)
   plat = _platform_name(mesh.devices.flat[0].platform)
   t0 = time.perf_counter()
+  link_points: dict = {}
   if n_peers >= 2:
     log(f"calibrate: links over {axes} ({n_peers} peers)")
-    links = _measure_links(meter, n_peers, link_row_bytes, log)
+    links = _measure_links(meter, n_peers, link_row_bytes, log, link_points)
   else:
     links = dict(default_calibration(plat).links)
   if reuse_codecs is not None:
@@ -1274,6 +1281,7 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
       "seconds": round(time.perf_counter() - t0, 1),
       "threads": os.environ.get("ZIPCCL_NUM_THREADS", ""),
       "samples": {d: len(v) for d, v in by_dtype.items()},
+      "link_points": link_points,
   }
   cal = Calibration(platform=plat, n_peers=n_peers, links=links, codecs=fits, reduce=reduce,
                     source="measured" if n_peers >= 2 else "measured-codecs", meta=meta)

@@ -3,8 +3,9 @@
 A row of n bf16/fp16 elements is cut into blocks of 4096 elements. Each block
 codes its exponents (or sign and exponent jointly, whichever is smaller) with a
 canonical Huffman code of at most 11 bits, in 8 independent bit streams of 512
-elements, and keeps the remaining raw bits in byte-aligned planes; a block whose
-code would not pay is stored verbatim. Rows are prefix-decodable: the encoder
+elements, and keeps the remaining raw bits in byte-aligned planes; a block
+without subnormals may drop the raw bits of its zeros (kind Z, format version
+3: ReLU outputs); a block whose code would not pay is stored verbatim. Rows are prefix-decodable: the encoder
 writes into a `max_nbytes` buffer and reports `used_nbytes` (a multiple of 128);
 the decoder reads any buffer of at least that many bytes. docs/format.md
 ("Entropy codec (codec id 2)") specifies the bytes.
@@ -27,7 +28,7 @@ ENCODE_TARGET = "zipccl_entropy_encode"
 DECODE_TARGET = "zipccl_entropy_decode"
 
 CODEC_ID = 2
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3      # entropy rows; the window codec's rows carry 2
 BLOCK = 4096            # elements per block
 STREAMS = 8             # bit streams per Huffman block
 MAX_CODE_LEN = 11       # bits
@@ -43,14 +44,15 @@ _DTYPES = {
 
 # Decoder statuses (shared numbering with the window codec, docs/format.md).
 DECODE_ERRORS = {
-    1: "bad magic, format version or codec id (not an entropy-codec v2 payload)",
+    1: "bad magic, format version or codec id (not an entropy-codec format version 3 payload)",
     2: "dtype differs from what the decoder expects",
     3: "n differs, or used_nbytes exceeds the buffer, is not a multiple of 128 or is "
        "outside [min_nbytes, max_nbytes]",
     4: "the row was marked not decodable by its encoder",
     5: "invalid header (status byte, codec fields, data size or reserved bytes)",
-    6: "invalid block directory or block header (sizes, mode, code lengths)",
-    7: "a bit stream does not end at its stored length (corrupted stream)",
+    6: "invalid block directory or block header (sizes, mode, code lengths, raw-plane size)",
+    7: "a bit stream does not end at its stored length, or a zero-elided (kind Z) block's "
+       "raw planes do not match its decoded symbols (corrupted stream)",
     8: "checksum mismatch (corrupted bytes)",
 }
 
@@ -77,14 +79,6 @@ def _check_count(value, name: str) -> int:
   return int(value)
 
 
-def _raw_bytes(ebits: int, mbits: int, kind: int, length: int) -> int:
-  """Raw-plane bytes of a block: kind 0 keeps sign+mantissa, kind 1 the mantissa."""
-  width = mbits + 1 if kind == 0 else mbits
-  byte_plane = width >= 8
-  packed = width - 8 if byte_plane else width
-  return (length if byte_plane else 0) + (length + 7) // 8 * packed
-
-
 def _data_offset(n: int) -> int:
   return _HEADER_BYTES + _align(2 * (-(-n // BLOCK)))
 
@@ -102,26 +96,25 @@ def max_nbytes(dtype, n: int) -> int:
 
 
 def min_nbytes(dtype, n: int) -> int:
-  """Static lower bound of used_nbytes: every block a one-symbol (CONST) block."""
-  _, ebits, mbits = _dtype_info(dtype)
+  """Static lower bound of used_nbytes: every block CONST-Z (all +0 or all -0).
+
+  Mirrors `zipccl::ent::min_nbytes` (ffi/entropy_format.h): 128 + align128(2 nb) +
+  align128(4 nb), a CONST-Z block being its 4-byte head alone.
+  """
+  _dtype_info(dtype)
   n = _check_count(n, "n")
   nb = -(-n // BLOCK)
-
-  def smallest(length):
-    return _BLOCK_HEAD + min(_raw_bytes(ebits, mbits, 0, length), _raw_bytes(ebits, mbits, 1, length))
-
-  total = 0
-  if nb:
-    total = (nb - 1) * smallest(BLOCK) + smallest(n - BLOCK * (nb - 1))
-  return _data_offset(n) + _align(total)
+  return _data_offset(n) + _align(_BLOCK_HEAD * nb)
 
 
 # The best ratio (raw / used) real data reaches with this codec, per dtype: the
-# slot ladder starts there instead of at min_nbytes (all blocks CONST, which real
+# slot ladder starts there instead of at min_nbytes (all blocks CONST-Z, which real
 # tensors never are), so its rungs sit where rows land. Measured
 # (benchmarks/results/entropy_ratio_*.md): bf16 1.46-1.54 on weights, gradients,
-# GELU and softmax, 1.71 on half-zero ReLU outputs; fp16 1.17-1.24. A row that
-# compresses better still moves on the first rung: at this ratio, not worse.
+# GELU and softmax; fp16 1.17-1.24. Half-zero ReLU outputs reach 2.72 (bf16) /
+# 2.05 (fp16) since format version 3 (kind Z) but keep this floor (activations
+# are one data kind among many in a step). A row that compresses better still
+# moves on the first rung: at this ratio, not worse.
 _LADDER_BEST = {"bfloat16": (8, 5), "float16": (13, 10)}   # 1.6, 1.3
 
 
