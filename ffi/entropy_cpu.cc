@@ -5,9 +5,9 @@
 // file is the reference a CUDA port must reproduce byte for byte.
 //
 // Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
-// refill in a 2048-entry table whose entries hold up to 3 symbols: about 2.9
-// symbols a lookup on Gaussian data), so the latency of one stream's lookup
-// chain hides behind the others. The encoder (AVX2 path) histograms and codes
+// refill in a 2048-entry table whose entries hold up to 3 symbols: about 2.85
+// symbols a lookup on Gaussian data, ~4.6 instructions an element on bf16), so
+// the latency of one stream's lookup chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
 // instructions an element on Gaussian bf16). Kind Z (zero elision, format
 // version 3) compacts the raw words of nonzero elements and expands the decoded
@@ -1470,7 +1470,8 @@ struct DecScratch {
   // words past the entry's symbols land on output slots that the stream's next
   // entry (or the tail) overwrites. A 64-bit shift by the entry shifts by its
   // length (x86 counts are taken mod 64; bits 4, 5 are 0). Gaussian bf16/fp16:
-  // ~2.9 symbols a lookup (1.99 with at most 2).
+  // ~2.85 symbols a lookup (1.99 with at most 2; see the table build for the
+  // pairs and triples left out).
   uint64_t tab[kTableSize];
   // Table build (decode_block_impl), per symbol in canonical order: its length
   // (then a sentinel > 11) and its parts of an entry as symbol 1, 2 and 3
@@ -1821,8 +1822,9 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   const uint64_t* tab = s.tab;
   // The shift counts (and the mask) live in registers so that BMI2 code shifts
   // with one non-destructive shrx instead of mov + shr (the entry is still needed
-  // after `e >> 32`, q after `q >> 3`): 6 instead of 7 instructions a lookup, one
-  // fewer a refill (bf16 decode 7.15 -> 6.99 instructions an element).
+  // after the shift, q after `q >> 3`): one instruction fewer a lookup and a
+  // refill (measured with 2-symbol entries: bf16 decode 7.15 -> 6.99
+  // instructions an element).
   uint32_t top = 64 - kMaxLen, c3 = 3, c48 = 48, not7 = ~7u;
   if (Fast) {
     opaque(top);
