@@ -324,9 +324,10 @@ EZ_INLINE uint64_t load_ending(const uint8_t* p) {
 //   bf16 E: low = high = the byte plane's s << 7 | m, masked by 0x807F (s to
 //           bit 15, m to bits 0..6);
 //   bf16 J: low = the packed 7-bit m, high = 0;
-//   fp16 E: low = the byte plane (m[7:0]), high = the packed (m8, m9, s) spread
-//           by PDEP to bits 0, 1, 7 (s to bit 15): no shifts after the join;
-//   fp16 J: low = the byte plane, high = the packed (m8, m9).
+//   fp16 E: low = the byte plane (m[7:0]), high = the packed mantissa bits and
+//           s spread by PDEP to bits 0.. and 7 (s to bit 15): no shifts after
+//           the join;
+//   fp16 J: low = the byte plane, high = the packed mantissa bits.
 // The 4 groups' PDEP results go to qwords in the order 0, 2, 1, 3, and the byte
 // plane is loaded permuted the same way (vpermq), so that the in-lane byte
 // unpacks give elements 0..15 (low) and 16..31 (high). Reads the byte plane at
@@ -340,9 +341,12 @@ EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uin
   constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
-  // PDEP spread: w bits into each byte (fp16 kind E: bits 0, 1, 7).
-  constexpr uint64_t spread = (D == kF16 && K == kKindE) ? 0x8383838383838383ull
-                                                        : 0x0101010101010101ull * ((1ull << w) - 1);
+  // PDEP spread: w bits into each byte; kind E with a byte plane (fp16) has the
+  // sign as the packed value's top bit, spread to bit 7 (word bit 15), the
+  // mantissa bits below it to bits 0.. (word bits 8..).
+  constexpr uint64_t spread =
+      0x0101010101010101ull *
+      (w == 0 ? 0 : (K == kKindE && bp) ? (0x80u | ((1u << (w - 1)) - 1)) : ((1u << w) - 1));
   const uint8_t* packed = in + (bp ? len : 0);
   const __m256i k16 = _mm256_set1_epi16((short)keep);
   const __m256i m807f = _mm256_set1_epi16((short)0x807F);
