@@ -259,36 +259,23 @@ def init_model(cfg: Config, num_devices: int):
   return tuple(units), buffers
 
 
-def first_rung(codec: str, dtype, m: int) -> int:
-  """The first rung of `codec`'s slot ladder for rows of m elements (bytes).
-
-  What the library's transport plan compiles: the codec's `ladder_floor` where it
-  has one (the entropy codec starts its ladder where real rows land), else its
-  `min_nbytes`. `check_against_hlo` compares the resulting wire model with the
-  compiled HLO, so a mismatch does not go unnoticed.
-  """
-  c = zipccl_jax.get_codec(codec)
-  floor = getattr(c.impl, "ladder_floor", None)
-  return floor(dtype, m) if floor is not None else c.min_nbytes(dtype, m)
-
-
 def unit_capacities(units, cfg=None, codec: str = "zipccl") -> dict:
   """{unit: (slot ladder of its gather rows, of its gradient reduce-scatter rows)}.
 
   Kept under its old name for callers (the capacities of the fixed-slot transport
   are gone): each ladder lists the row sizes the library can send with `codec`,
-  the raw size last (zipccl_jax.slot_ladder from the codec's first rung,
-  `first_rung`, to the raw row).
+  the raw size last (`zipccl_jax.codec_ladder`: what the transport compiles;
+  `check_against_hlo` compares the resulting wire model with the compiled HLO, so
+  a mismatch does not go unnoticed).
   """
   del cfg
   out = {}
   for u in units:
     raw = 2 * u.shard
-    low = first_rung(codec, COMPUTE, u.shard)
     # gather rows and gradient rows hold shard elements each; the gradient rows go
     # over an all-to-all, which has a shorter ladder
-    out[u.name] = (zipccl_jax.slot_ladder(low, raw) + (raw,),
-                   zipccl_jax.slot_ladder(low, raw, all_to_all=True) + (raw,))
+    out[u.name] = (zipccl_jax.codec_ladder(codec, COMPUTE, u.shard) + (raw,),
+                   zipccl_jax.codec_ladder(codec, COMPUTE, u.shard, all_to_all=True) + (raw,))
   return out
 
 

@@ -6,6 +6,7 @@ simulated devices with tiny sizes and once across 2 real processes.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -319,6 +320,29 @@ def test_project():
     cm.project(cal, link_efficiency=0)
 
 
+def test_raw_transport_copies_count_for_the_raw_path_only():
+  """copy_s_per_byte (the uncompressed transport's bitcast copies on XLA:CPU) adds
+  to the raw path's time per received byte, not to the compressed path's; a
+  calibration file without it (written before) loads with 0."""
+  base = _cal(link_gbit=10)
+  copy = 0.5e-9
+  links = {a: dataclasses.replace(f, copy_s_per_byte=copy if a != "all_reduce" else 0.0)
+           for a, f in base.links.items()}
+  cal = dataclasses.replace(base, links=links)
+  m, n = 1 << 20, 4
+  for coll, wire in (("all_gather", (n - 1) * 2 * m), ("ppermute", 2 * m),
+                     ("psum_scatter", (n - 1) * 2 * m)):
+    d_raw = cm.model_time(coll, "bfloat16", m, n, cal) - cm.model_time(coll, "bfloat16", m, n, base)
+    assert d_raw == pytest.approx(copy * wire, rel=1e-9), coll
+    assert cm.model_time(coll, "bfloat16", m, n, cal, "zipccl") == \
+        cm.model_time(coll, "bfloat16", m, n, base, "zipccl")
+  d = cal.to_dict()
+  for v in d["links"].values():
+    v.pop("copy_s_per_byte")
+  assert all(f.copy_s_per_byte == 0.0 for f in cm.Calibration.from_dict(d).links.values())
+  assert cm.Calibration.from_dict(cal.to_dict()) == cal
+
+
 def test_calibrate_on_8_devices(mesh8, tmp_path):
   path = tmp_path / "c.json"
   cal = zc.calibrate(mesh8, "x", dtypes=("bfloat16",), codec_bytes=(2**12, 2**15),
@@ -326,6 +350,12 @@ def test_calibrate_on_8_devices(mesh8, tmp_path):
   assert cal.source == "measured" and cal.n_peers == 8 and cal.platform == "cpu"
   assert set(cal.links) == set(cm.ALGORITHMS)
   assert all(f.alpha_s >= 0 and f.beta_s_per_byte >= 0 for f in cal.links.values())
+  # the uncompressed transport was timed too, at the largest row size
+  points = cal.meta["link_points"]
+  for algo in ("all_gather", "all_to_all", "ppermute"):
+    assert len(points[algo]) == 2 and len(points[f"{algo}/raw"]) == 1
+    assert cal.links[algo].copy_s_per_byte >= 0
+  assert cal.links["all_reduce"].copy_s_per_byte == 0
   fit = cal.codecs["zipccl"]["bfloat16"]
   # The window codec compresses Gaussian bf16 (1.41 at large n; >= 1.3 at 32 KiB rows).
   assert fit.ratio_gaussian > 1.3 and 1.0 <= fit.ratio <= fit.ratio_gaussian

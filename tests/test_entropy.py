@@ -632,6 +632,53 @@ def test_collectives_move_entropy_rows_on_the_ladder(mesh8):
   assert not s32.compressed
 
 
+def test_zero_heavy_rows_take_the_rungs_below_the_floor(mesh8):
+  """ReLU rows (half +0: kind Z, ratio ~2.7) under the entropy codec go on a rung
+  below the ladder's floor (1.6): the wire ratio of the gather is above 2, on an
+  all-to-all transport (psum_scatter) above 1.9; every result exact."""
+  import zipccl_jax as zc
+  x = make("relu", 8 * 65536, BF16, seed=7).reshape(512, 1024)
+  g = jax.jit(jax.shard_map(
+      lambda v: zc.compressed_all_gather(v, "x", tiled=True, to="invarying", codec="entropy",
+                                         policy="always", stats=True),
+      mesh=mesh8, in_specs=P("x"), out_specs=(P(), P())))
+  y, s = g(jnp.asarray(x))
+  assert_bits_equal(np.asarray(y), x)
+  ladder = zc.codec_ladder("entropy", BF16, 65536)
+  floor = -(-ent.impl.ladder_floor(BF16, 65536) // 128) * 128
+  assert int(np.asarray(s.rung)[0]) < ladder.index(floor)
+  assert float(s.ratio) > 2.0, float(s.ratio)
+  r = jax.jit(jax.shard_map(
+      lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, codec="entropy", policy="always",
+                                           stats=True),
+      mesh=mesh8, in_specs=P("x"), out_specs=(P("x"), P())))
+  raw = jax.jit(jax.shard_map(lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, codec="raw"),
+                              mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  got, st = r(jnp.asarray(x))
+  assert_bits_equal(np.asarray(got), np.asarray(raw(jnp.asarray(x))))
+  assert float(st.ratio) > 1.9, float(st.ratio)
+
+
+def test_codec_ladder_is_what_the_transport_compiles():
+  import zipccl_jax as zc
+  from zipccl_jax._src import transport
+  for a2a in (False, True):
+    lad = zc.codec_ladder("entropy", BF16, 8192, all_to_all=a2a)
+    n_low = transport.ALL_TO_ALL_LOW_RUNGS if a2a else transport.LOW_RUNGS
+    floor = -(-ent.impl.ladder_floor(BF16, 8192) // 128) * 128
+    assert lad.index(floor) == n_low
+    assert lad[n_low:] == zc.slot_ladder(ent.impl.ladder_floor(BF16, 8192), 2 * 8192, all_to_all=a2a)
+    assert all(a % 128 == 0 and a >= ent.min_nbytes(BF16, 8192) for a in lad)
+    assert all(b <= a * 5 / 4 + 128 for a, b in zip(lad[:n_low + 1], lad[1:n_low + 1]))
+  assert zc.codec_ladder("zipccl", BF16, 8192) == zc.slot_ladder(zc.min_nbytes(BF16, 8192), 16384)
+  with pytest.raises(ValueError, match="codec must be one of"):
+    zc.codec_ladder("zstd", BF16, 8192)
+  with pytest.raises(TypeError, match="does not take dtype float32"):
+    zc.codec_ladder("entropy", np.float32, 8192)
+  with pytest.raises(ValueError, match="m must be a positive int"):
+    zc.codec_ladder("entropy", BF16, 0)
+
+
 def test_threads_give_identical_bytes(tmp_path):
   """A row big enough for several threads, with RAW blocks in every thread's range:
   the bytes equal a single-threaded encoding (run in a subprocess, since the thread

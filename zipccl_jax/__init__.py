@@ -46,6 +46,7 @@ from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
 from zipccl_jax._src.options import AUTO_MIN_ROW_BYTES
 from zipccl_jax._src.options import BUCKET_BYTES
+from zipccl_jax._src.options import codec_ladder
 from zipccl_jax._src.registry import Codec, get as get_codec, names as codec_names
 from zipccl_jax._src.registry import register as register_codec
 from zipccl_jax._src.registry import unregister as unregister_codec
@@ -68,6 +69,7 @@ __all__ = [
     "Encoded",
     "HloWireBytes",
     "analyze",
+    "codec_ladder",
     "codec_names",
     "calibrate",
     "compressed_all_gather",

@@ -254,13 +254,17 @@ SKIP_ROWS = True
 
 
 def _skip_operand(skip, lead: tuple, where: str):
-  """The targets' skip operand: uint8[lead], 1 = skip the row (all zero for None)."""
+  """The targets' skip operand: uint8[lead], nonzero = skip the row (all zero for
+  None). A uint8 mask passes unchanged (the handlers read any nonzero byte as
+  skip): no op, so a mask made once outside a switch adds no kernel per branch."""
   if skip is None:
     return jnp.zeros(lead, jnp.uint8)
   skip = jnp.asarray(skip)
   if skip.shape != tuple(lead):
     raise ValueError(f"{where}: skip must have shape {tuple(lead)} (one flag per row), "
                      f"got {skip.shape}")
+  if skip.dtype == jnp.uint8:
+    return skip
   return (skip != 0).astype(jnp.uint8)
 
 

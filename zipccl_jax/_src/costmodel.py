@@ -89,9 +89,16 @@ class LinkFit:
   Attributes:
     alpha_s: latency of one call, seconds.
     beta_s_per_byte: seconds per received byte (1 / bandwidth).
+    copy_s_per_byte: what the library's uncompressed transport (codec="raw", the
+      path policy="auto" takes when it does not compress) adds per received byte
+      over the bare uint8 collective: on XLA:CPU its same-width bitcasts of the
+      input and the result are copy kernels (~0.5 ns/B: 20% of an all-gather's
+      time at 10 Gbit/s). Measured by `calibrate` at the largest link size;
+      local to the machine (kept by `projected_calibration`); 0 if unmeasured.
   """
   alpha_s: float
   beta_s_per_byte: float
+  copy_s_per_byte: float = 0.0
 
   @property
   def bandwidth_gbit(self) -> float:
@@ -538,7 +545,7 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
   if codec is None:
     for algo, _, _ in _terms(collective, n):
       a, b = _link(cal, algo, n)
-      t += a + b * _wire_rows(algo, n) * raw_row
+      t += a + (b + cal.links[algo].copy_s_per_byte) * _wire_rows(algo, n) * raw_row
     return t
   fits = cal.codecs.get(codec)
   if fits is None or dt not in fits:
@@ -984,21 +991,31 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
                    points: dict | None = None) -> dict:
   """Link fits per algorithm; `points` (if given) receives the measured
   [received bytes, seconds] pairs per algorithm (kept in the Calibration's meta,
-  so that a fit can be checked against them later)."""
+  so that a fit can be checked against them later), and under "<algo>/raw" the
+  library's uncompressed transport at the largest size (`copy_s_per_byte`)."""
   from jax import lax
   import jax.numpy as jnp
+  import zipccl_jax as zc
   axes = meter.axes
   perm = [(i, (i + 1) % n_peers) for i in range(n_peers)]
+  bf16 = jnp.bfloat16
   programs = {
       "all_gather": (lambda r: np.zeros(r, np.uint8),
-                     lambda v: lax.all_gather(v[0], axes, tiled=True)[None]),
+                     lambda v: lax.all_gather(v[0], axes, tiled=True)[None],
+                     lambda r: np.zeros(r // 2, bf16),
+                     lambda v: zc.compressed_all_gather(v[0], axes, tiled=True, codec="raw")[None]),
       "all_to_all": (lambda r: np.zeros((n_peers, r), np.uint8),
-                     lambda v: lax.all_to_all(v[0], axes, 0, 0, tiled=True)[None]),
+                     lambda v: lax.all_to_all(v[0], axes, 0, 0, tiled=True)[None],
+                     lambda r: np.zeros((n_peers, r // 2), bf16),
+                     lambda v: zc.compressed_all_to_all(v[0], axes, 0, 0, tiled=True,
+                                                        codec="raw")[None]),
       "ppermute": (lambda r: np.zeros(r, np.uint8),
-                   lambda v: lax.ppermute(v[0], axes, perm)[None]),
+                   lambda v: lax.ppermute(v[0], axes, perm)[None],
+                   lambda r: np.zeros(r // 2, bf16),
+                   lambda v: zc.compressed_ppermute(v[0], axes, perm, codec="raw")[None]),
   }
   fits = {}
-  for algo, (make, body) in programs.items():
+  for algo, (make, body, make_raw, body_raw) in programs.items():
     xs, ts = [], []
     f = meter.smap(body)
     for r in row_sizes:
@@ -1008,7 +1025,19 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
       if points is not None:
         points.setdefault(algo, []).append([int(xs[-1]), float(t)])
       log(f"  {algo:10s} row {_fmt_bytes(r):>9s}: {t * 1e3:8.3f} ms")
-    fits[algo] = fit_alpha_beta(xs, ts)
+    fit = fit_alpha_beta(xs, ts)
+    # The uncompressed transport at the largest size, against the bare collective
+    # timed just before: its extra copies per received byte (>= 0).
+    r = max(row_sizes) // 2 * 2
+    t_raw = meter.time(meter.smap(body_raw), meter.array(make_raw(r)))
+    wire = _wire_rows(algo, n_peers) * r
+    t_bare = ts[int(np.argmax(row_sizes))]
+    if points is not None:
+      points.setdefault(f"{algo}/raw", []).append([int(wire), float(t_raw)])
+    copy = max(t_raw - t_bare, 0.0) / wire if wire else 0.0
+    log(f"  {algo:10s} codec=\"raw\" row {_fmt_bytes(r):>9s}: {t_raw * 1e3:8.3f} ms "
+        f"(+{copy * 1e9:.3f} ns per received byte)")
+    fits[algo] = LinkFit(fit.alpha_s, fit.beta_s_per_byte, copy)
   # The agreement: a pmax of 2 int32 (latency only; beta of a few bytes is noise).
   f = meter.smap(lambda v: lax.pmax(v, axes))
   t = meter.time(f, meter.array(np.zeros(2, np.int32)))

@@ -203,10 +203,7 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
   if not codec.supports(dtype):
     return Plan(False, m, dtype, raw_row)
   min_nbytes = codec.min_nbytes(dtype, m)
-  # A codec may start its ladder above min_nbytes, where real rows land (entropy.py).
-  floor = getattr(codec.impl, "ladder_floor", None)
-  first = floor(dtype, m) if floor is not None else min_nbytes
-  rungs = transport.ladder(first, raw_row, all_to_all=all_to_all)
+  rungs = codec_rungs(codec, dtype, m, all_to_all)
   if not rungs:   # even the smallest encoding is not smaller than raw
     return Plan(False, m, dtype, raw_row)
   if opts.policy == "auto" and not auto_compress(
@@ -228,12 +225,52 @@ def _chunk_plan(codec, dtype, m: int, all_to_all: bool) -> Plan:
   """The plan of one chunk of a compressed row: its own ladder (the decision to
   compress was made for the whole row); a chunk too small to shrink moves raw."""
   raw_row = m * dtype.itemsize
-  floor = getattr(codec.impl, "ladder_floor", None)
-  first = floor(dtype, m) if floor is not None else codec.min_nbytes(dtype, m)
-  rungs = transport.ladder(first, raw_row, all_to_all=all_to_all)
+  rungs = codec_rungs(codec, dtype, m, all_to_all)
   if not rungs:
     return Plan(False, m, dtype, raw_row)
   return Plan(True, m, dtype, raw_row, codec, rungs)
+
+
+def codec_rungs(codec, dtype, m: int, all_to_all: bool = False) -> tuple:
+  """The compressed slot sizes (bytes per row) the transport compiles for rows of m
+  elements of `dtype` with `codec` (a registry.Codec): the ladder from the codec's
+  min_nbytes, or from its `ladder_floor` (where real rows land; entropy.py) with
+  transport.LOW_RUNGS more below it for rows that compress better still."""
+  dtype = np.dtype(dtype)
+  min_nbytes = codec.min_nbytes(dtype, m)
+  floor = getattr(codec.impl, "ladder_floor", None)
+  if floor is None:
+    return transport.ladder(min_nbytes, m * dtype.itemsize, all_to_all=all_to_all)
+  return transport.ladder(floor(dtype, m), m * dtype.itemsize, all_to_all=all_to_all,
+                          below=min_nbytes)
+
+
+def codec_ladder(codec: str, dtype, m: int, *, all_to_all: bool = False) -> tuple:
+  """The slot ladder the collectives compile for rows of m elements (public).
+
+  Args:
+    codec: a registered codec name ("zipccl", "entropy", ...).
+    dtype: the rows' dtype (one the codec supports).
+    m: elements per row (one peer's message).
+    all_to_all: the ladder of an all-to-all transport (psum_scatter, all_to_all,
+      psum's reduce-scatter), shorter; else that of a gather or permute.
+
+  Returns:
+    Ascending compressed slot sizes in bytes per row; the raw rung (m * itemsize
+    bytes) is implicit above the last. Empty when no encoding is smaller than raw.
+
+  Raises:
+    ValueError / TypeError naming the argument.
+  """
+  if not isinstance(codec, str) or codec not in registry.names():
+    raise ValueError(f"codec_ladder: codec must be one of {registry.names()}, got {codec!r}")
+  c = registry.get(codec)
+  dt = np.dtype(dtype)
+  if not c.supports(dt):
+    raise TypeError(f"codec_ladder: codec {codec!r} does not take dtype {dt.name}")
+  if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+    raise ValueError(f"codec_ladder: m must be a positive int (elements per row), got {m!r}")
+  return codec_rungs(c, dt, int(m), all_to_all)
 
 
 def auto_chunks(*, codec: str, dtype, m: int, collective: str | None = None,

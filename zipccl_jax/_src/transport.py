@@ -46,17 +46,28 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import stats
 
 _ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
-# The ladder: FINE_RUNGS rungs 2% apart from the codec's min_nbytes (where data that
+# The ladder: FINE_RUNGS rungs 1% apart from the codec's min_nbytes (where data that
 # compresses lands: weights, most gradients), then COARSE growth up to the raw
-# size, at most MAX_RUNGS compressed rungs: each is a switch branch, and on
-# XLA:CPU an all-to-all branch costs N slice copies to compile, so all-to-all
-# transports (psum_scatter, all_to_all, psum's reduce-scatter) get a shorter
-# ladder (docs/design.md, "Transport").
-LADDER_GROWTH = ((1, 50), (1, 20))   # (fine, coarse) growth per rung, exact fractions
-FINE_RUNGS = 12
-MAX_RUNGS = 16
-ALL_TO_ALL_LADDER = (8, LADDER_GROWTH, 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
-COARSE_RESPACE = 3     # a too-long ladder first widens its coarse growth up to 3 x 1.5x
+# size, at most MAX_RUNGS compressed rungs: each is a switch branch. A gather or
+# permute rung cuts its slot with a custom call and compiles in ~1 ms on XLA:CPU,
+# so their ladder is fine; an all-to-all branch costs N slice copies to compile
+# (~50 ms), so all-to-all transports (psum_scatter, all_to_all, psum's
+# reduce-scatter) get a shorter ladder (docs/design.md, "Transport").
+LADDER_GROWTH = ((1, 100), (1, 20))   # (fine, coarse) growth per rung, exact fractions
+FINE_RUNGS = 24
+MAX_RUNGS = 32
+ALL_TO_ALL_LADDER = (8, ((1, 50), (1, 20)), 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
+UNIFORM_DEN = 1000     # a too-long ladder is respaced uniformly, growth in 0.1% steps
+# A ladder that starts above the codec's min_nbytes (a codec's `ladder_floor`, where
+# typical rows land) gets LOW_RUNGS more rungs below its start, each LOW_STEP
+# smaller than the one above (at least min_nbytes): rows that compress much
+# better than typical (zero-heavy activations and embedding gradients under the
+# entropy codec's zero elision: ratios 2-10) then move within 25% of their size
+# instead of on the first rung. Fewer for all-to-all transports (each of their
+# rungs costs N slice copies to compile on XLA:CPU).
+LOW_RUNGS = 4
+ALL_TO_ALL_LOW_RUNGS = 2
+LOW_STEP = (5, 4)       # 1.25x apart: ratios 2.0, 2.5, 3.1, 3.9 below a 1.6 floor
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 # Chunks: at most MAX_CHUNKS per row (each is a switch of the whole ladder: compile
 # time grows with C); chunk boundaries are multiples of CHUNK_ALIGN elements (both
@@ -69,7 +80,8 @@ CHUNK_ALIGN = 4096
 _SKIP_OWN_ROW = True
 
 
-def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
+def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False,
+           below: int | None = None) -> tuple:
   """Compressed slot sizes (bytes per row) for rows whose raw size is raw_row.
 
   Ascending multiples of 128 from align128(min_nbytes), all below raw_row: the
@@ -78,28 +90,49 @@ def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False) -> tuple:
   Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
   listed). With all_to_all (the rows of an all-to-all transport) the ladder is
   ALL_TO_ALL_LADDER: 8 rungs 2% apart, then 5%, at most 12. A ladder longer than
-  its maximum is respaced: first the coarse growth is raised 1.5x at a time (at
-  most COARSE_RESPACE times: 5% -> 16.9%), keeping the fine rungs 2% apart where
-  rows land (a codec whose ladder starts low, as the entropy codec's floor does,
-  would otherwise lose its 2% spacing); then both growths. Python ints: exact
-  for any size.
+  its maximum (one that starts low, as the entropy codec's floor does) is
+  respaced with one uniform growth, the smallest in steps of 0.1% that fits: the
+  rows' band is not known in advance, and a uniform ladder bounds the slack
+  everywhere (~1.5-2% mean over any band, where widening the coarse part first
+  left 4-6% in bands above the fine part). Python ints: exact for any size.
+
+  below: the codec's own min_nbytes when `min_nbytes` is a floor above it (a
+  codec's `ladder_floor`): then LOW_RUNGS (ALL_TO_ALL_LOW_RUNGS) rungs go below
+  the first, 1.25x apart (multiples of 128, none below `below`).
   """
+  rungs = _ladder_from(min_nbytes, raw_row, all_to_all)
+  if below is None or not rungs or below >= rungs[0]:
+    return rungs
+  low, s = [], rungs[0]
+  for _ in range(ALL_TO_ALL_LOW_RUNGS if all_to_all else LOW_RUNGS):
+    s = max(s * LOW_STEP[1] // LOW_STEP[0] // _ALIGN * _ALIGN, -(-below // _ALIGN) * _ALIGN)
+    if s >= (low[-1] if low else rungs[0]):
+      break
+    low.append(s)
+  return tuple(reversed(low)) + rungs
+
+
+def _ladder_from(min_nbytes: int, raw_row: int, all_to_all: bool) -> tuple:
   fine, ((fn, fd), (cn, cd)), max_rungs = (ALL_TO_ALL_LADDER if all_to_all else
                                             (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS))
-  coarse_left = COARSE_RESPACE
-  while True:
+
+  def build(fine, fn, fd, cn, cd):
     rungs = []
     s = -(-min_nbytes // _ALIGN) * _ALIGN
-    while s < raw_row:
+    while s < raw_row and len(rungs) <= max_rungs:
       rungs.append(s)
       num, den = (fn, fd) if len(rungs) < fine else (cn, cd)
       s = max(s + _ALIGN, s * (den + num) // den // _ALIGN * _ALIGN)
-    if len(rungs) <= max_rungs:
-      return tuple(rungs)
-    if coarse_left:                                    # 1.5x the coarse growth
-      cn, cd, coarse_left = 3 * cn, 2 * cd, coarse_left - 1
-    else:                                              # then 1.5x both, until it fits
-      fn, fd, cn, cd = 3 * fn, 2 * fd, 3 * cn, 2 * cd
+    return rungs
+
+  rungs = build(fine, fn, fd, cn, cd)
+  # Too long: one uniform growth over the whole range, the smallest (in steps of
+  # 0.1%, integers only, so that every host builds the same ladder) that fits.
+  g = fn * UNIFORM_DEN // fd
+  while len(rungs) > max_rungs:
+    g += 1
+    rungs = build(0, g, UNIFORM_DEN, g, UNIFORM_DEN)
+  return tuple(rungs)
 
 
 @functools.cache
@@ -224,6 +257,10 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   codec = plan.codec
   if own is not None and not skips_own_row(codec):
     own = None
+  if own is not None:
+    # the decoders' skip mask as uint8 once, outside the switch (in a branch its
+    # conversion would be one more kernel to compile per rung)
+    own = (own[0], own[1].astype(jnp.uint8), own[2])
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
     # The count leaves the own row out on every backend (a GPU encodes it anyway);
