@@ -247,17 +247,24 @@ def make(dist: str, n: int, dtype, seed: int):
     x = np.full(n, -0.0)
   elif dist == "sparse":  # 95% +0
     x = np.where(rng.random(n) < 0.95, 0.0, rng.standard_normal(n))
-  elif dist in ("zerosub", "blockmix"):
-    # zerosub: ReLU with a subnormal per ~1000 elements (no block Z-valid); blockmix: 4096-element
-    # blocks of +0, ReLU, Gaussian, -0 and ReLU with one subnormal, in turn.
+  elif dist in ("zerosub", "zerosub9", "blockmix"):
+    # zerosub: ReLU with a subnormal per ~1000 elements (no block Z-valid); zerosub9: the same with
+    # subnormals whose top mantissa bit is set (entropy format v4, fp16: coded exponent 1, so the
+    # elements of coded exponent 0 are exactly the zeros, yet no block is Z-valid); blockmix:
+    # 4096-element blocks of +0, ReLU, Gaussian, -0 and ReLU with one subnormal, in turn.
     i = np.arange(n)
     g = rng.standard_normal(n)
     c = (i // 4096) % 5 if dist == "blockmix" else np.full(n, 4)
     x = np.select([c == 0, c == 1, c == 2, c == 3], [0.0, np.maximum(g, 0), g, -0.0], np.maximum(g, 0))
     w = x.astype(dtype).view(word).copy()
-    sub = (rng.random(n) < 0.001) if dist == "zerosub" else ((c == 4) & (i % 4096 == 77))
-    w[sub] = 1  # the smallest positive subnormal
+    sub = (rng.random(n) < 0.001) if dist != "blockmix" else ((c == 4) & (i % 4096 == 77))
+    mbits = 10 if dtype == np.float16 else 7
+    w[sub] = (1 << (mbits - 1)) | 1 if dist == "zerosub9" else 1  # else the smallest positive subnormal
     return w.view(dtype)
+  elif dist in ("binade", "halfbinade"):
+    # +-[1, 2) and +-[1, 1.5): one exponent, the top mantissa bit uniform or always 0 (entropy
+    # format v4, fp16: two coded exponents (HUFF blocks) or one (CONST blocks with raw planes))
+    x = np.where(rng.random(n) < 0.5, -1.0, 1.0) * (1 + rng.random(n) * (1.0 if dist == "binade" else 0.5))
   elif dist == "gelu":  # one-signed-ish activations: the entropy codec's joint (sign, exponent) kind
     g = rng.standard_normal(n)
     x = 0.5 * g * (1 + np.tanh(0.7978845608 * (g + 0.044715 * g**3)))
@@ -684,7 +691,7 @@ def phase_entropy(args) -> dict:
     for n in [0, 1, 7, 4095, 4096, 4097, 100003]:
       case(dt, "gauss", n, seed=n)
     for dist in ["laplace", "gelu", "relu", "zeros", "bits", "outlier", "specials",
-                 "relu_pm", "negzeros", "sparse", "zerosub", "blockmix"]:
+                 "relu_pm", "negzeros", "sparse", "zerosub", "zerosub9", "blockmix", "binade", "halfbinade"]:
       case(dt, dist, 4096 * 5 + 3 if args.quick else 300001, seed=len(dist))
     case(dt, "gauss", 4097, rows=3)
     case(dt, "gelu", 7, rows=5)
@@ -728,9 +735,10 @@ def phase_entropy(args) -> dict:
   reps, rounds = (10, 5) if args.quick else (20, 7)
   # Gaussian (HUFF-E blocks), GELU-like activations (one-signed-ish: HUFF-J blocks, the
   # joint kind's 512-symbol alphabet and 7-bit packed plane) and ReLU (half +0: HUFF-Z
-  # blocks, the compaction and expansion of the raw planes).
-  plan = [(bf16, 64 << 20, "gauss"), (bf16, 64 << 20, "gelu"), (bf16, 64 << 20, "relu"), (f16, 64 << 20, "gauss")] + (
-      [] if args.quick else [(bf16, 1 << 30, "gauss")])
+  # blocks, the compaction and expansion of the raw planes); fp16 (format v4: 64 / 128
+  # symbols, byte plane + 2 / 1 packed bits) Gaussian and ReLU.
+  plan = [(bf16, 64 << 20, "gauss"), (bf16, 64 << 20, "gelu"), (bf16, 64 << 20, "relu"), (f16, 64 << 20, "gauss"),
+          (f16, 64 << 20, "relu")] + ([] if args.quick else [(bf16, 1 << 30, "gauss")])
   for dt, size, dist in plan:
     size >>= 8 if args.rehearse else 0
     n = size // 2

@@ -14,8 +14,10 @@
 //      not write -- zero runs, the padding past used_nbytes -- is then already right).
 //   2. ent_encode_kernel: one CTA of 256 threads per 4096-element block, in ticket
 //      order (an atomic counter, so a CTA only waits on blocks held by CTAs that
-//      already run). Histogram of the joint (exponent, sign) symbols in shared
-//      memory; code lengths of both kinds by package-merge (one thread per kind,
+//      already run). Histogram of the joint (coded exponent, sign) symbols in
+//      shared memory (format v4: the coded exponent is e for bf16, e and the top
+//      mantissa bit for fp16; alphabets and raw widths come from entropy_format.h's
+//      Traits); code lengths of both kinds by package-merge (one thread per kind,
 //      shared-memory lists, the leaf order by a parallel rank); the block's mode and
 //      size; its byte offset in the row by a decoupled look-back over per-block
 //      states in the workspace; then the block is written straight to its final
@@ -78,9 +80,11 @@ constexpr uint32_t kWsTab = 128;    // u64 per block: encoder look-back state; d
 // inclusive: the sum of the sizes of blocks 0..b of the row).
 constexpr uint64_t kFlagAgg = 1ull << 62, kFlagIncl = 2ull << 62, kValMask = (1ull << 62) - 1;
 
+// entropy_format.h's traits (format v4: bf16 q = 0, fp16 q = 1) as a constant
+// expression: alphabets, raw widths and the shared-memory layout follow from it.
 template <DtypeCode D>
 __host__ __device__ constexpr Traits traits_c() {
-  return D == kBF16 ? Traits{8, 7} : Traits{5, 10};
+  return traits_of(D);
 }
 
 // Checksum term of byte v at row offset pos (COMMON.md's word checksum, per byte).
@@ -161,7 +165,9 @@ struct EncCode {
 
 template <DtypeCode D>
 struct EncSmem {
-  static constexpr uint32_t AE = 1u << traits_c<D>().ebits, AJ = 2 * AE;
+  // Alphabets of kinds E and J (bf16 256 / 512, fp16 v4 64 / 128).
+  static constexpr uint32_t AE = traits_c<D>().alphabet(kKindE), AJ = traits_c<D>().alphabet(kKindJ);
+  static_assert(AJ == 2 * AE && AJ <= kMaxAlphabet, "J symbols are E symbols and a sign");
   alignas(16) uint16_t x[kBlock];
   uint32_t hist[AJ];  // counts of the J symbols
   uint32_t cE[AE];    // counts of the E symbols
@@ -307,8 +313,10 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     imb = __reduce_add_sync(kFull, imb);
     if (lane == 0) s.imb[warp] = imb;
     // Kind Z needs Z-validity (an element with exponent 0, and no subnormal): the
-    // subnormals are looked for only in blocks that have exponent-0 elements (z =
-    // c_J[0] + c_J[1] > 0), so blocks without zeros pay one branch.
+    // subnormals are looked for only in blocks that have elements of coded exponent 0
+    // (z = c_J[0] + c_J[1] > 0; fp16 v4: e = 0 and m9 = 0, so a +-0 counts and a
+    // subnormal with m9 = 1 does not, but a block without any is not Z-valid anyway),
+    // so blocks without zeros pay one branch.
     if (s.hist[0] + s.hist[1] != 0) {
       bool sub = false;
       for (uint32_t j = tid; j < len; j += NT) sub |= t.subnormal(s.x[j]);
@@ -457,7 +465,9 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
   // CONST-Z, HUFF-E, HUFF-J, HUFF-Z, RAW), its offset by a decoupled look-back (32
   // predecessors per round trip), the directory entry.
   if (warp == 0) {
-    uint32_t best = max_block_bytes(len), coding = kRaw, kind = 0;
+    // RAW comes last in the tie order (format v4): a candidate of RAW's size wins
+    // (fp16 one-element blocks: CONST-J is 4 + 1 + 1 = 6 bytes, as RAW).
+    uint32_t best = max_block_bytes(len) + 1, coding = kRaw, kind = 0;
     // Kind Z: Z-valid, and nz = len - z raw values (CONST-Z has none: its one J
     // symbol is 0 or 1). It shares kind J's k, code bits and nibbles.
     const uint32_t z = s.hist[0] + s.hist[1];
@@ -476,6 +486,7 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
         kind = kd;
       }
     }
+    if (coding == kRaw) best = max_block_bytes(len);
     uint64_t* st = reinterpret_cast<uint64_t*>(ws + kWsTab);
     uint64_t excl = 0;
     if (b == 0) {
@@ -649,7 +660,8 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
     if (kind != kKindZ) {
       put_raw(aoff + ab, len, raw_x);
     } else {
-      // HUFF-Z: the raw values of the elements with exponent != 0 only, the k-th such
+      // HUFF-Z: the raw values of the elements with exponent != 0 only (in a Z-valid
+      // block exactly those of coded exponent != 0, symbol >= 2), the k-th such
       // element at raw position k. Thread tid owns elements kZPer tid .. + kZPer; its
       // first position is the count of such elements before them (a CTA scan); the
       // compacted values go to shared memory, then the planes are written as for J.
@@ -1056,7 +1068,7 @@ __device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint3
   const DecBlk& k = s.bk[g];
   const uint32_t len = k.len, kind = k.kind, coding = k.coding;
   const bool bp = t.byte_plane(kind);
-  const uint32_t pw = t.packed_width(kind), pmask = (1u << pw) - 1;
+  const uint32_t pw = t.packed_width(kind), pmask = (1u << pw) - 1, rw = t.raw_width(kKindJ);
   const uint8_t* rp = k.blk + (coding == kConst ? kBlockHead : k.area_off + k.ab);
   const uint8_t* pp = rp + (bp ? len : 0);
   const uint32_t psz = (len + 7) / 8 * pw;
@@ -1091,9 +1103,11 @@ __device__ __forceinline__ void join_segment(const DecSmem& s, uint32_t g, uint3
       const uint32_t sv =
           coding == kConst ? cval : reinterpret_cast<const uint32_t*>(s.stage[g * kStreams + sidx])[lane];
       uint32_t out[2];
+      // Traits::raw_bits for both kinds: the raw value's bits above kind J's raw width rw
+      // (M - q) are kind E's sign, kind J's raw has none (bf16 rw = 7, fp16 rw = 9).
   #pragma unroll
-      for (uint32_t h = 0; h < 2; ++h)  // Traits::raw_bits for both kinds (kind J's raw has < mbits + 1 bits)
-        out[h] = ((sv >> (16 * h)) & 0xFFFFu) | ((raw[si][h] >> t.mbits) << 15) | (raw[si][h] & ((1u << t.mbits) - 1));
+      for (uint32_t h = 0; h < 2; ++h)
+        out[h] = ((sv >> (16 * h)) & 0xFFFFu) | ((raw[si][h] >> rw) << 15) | (raw[si][h] & ((1u << rw) - 1));
       if (w32 && e0 + 1 < len) {
         *reinterpret_cast<uint32_t*>(y + e0) = out[0] | (out[1] << 16);
       } else {

@@ -9,10 +9,11 @@
 // symbols a lookup on Gaussian data, ~4.6 instructions an element on bf16), so
 // the latency of one stream's lookup chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
-// instructions an element on Gaussian bf16). Kind Z (zero elision, format
-// version 3) compacts the raw words of nonzero elements and expands the decoded
-// raw values by 8-lane byte shuffles (kZShuffles). Rows of >= kParallelMinElems
-// elements are split across threads by whole blocks.
+// instructions an element on Gaussian bf16). fp16 symbols carry the top mantissa
+// bit (format version 4). Kind Z (zero elision, format version 3) compacts the
+// raw words of nonzero elements and expands the decoded raw values by 8-lane
+// byte shuffles (kZShuffles). Rows of >= kParallelMinElems elements are split
+// across threads by whole blocks.
 #include "entropy_cpu.h"
 
 #include <algorithm>
@@ -158,7 +159,7 @@ inline uint64_t cs_words(const uint8_t* row, uint64_t w0, uint64_t w1) {
 
 template <DtypeCode D>
 constexpr Traits traits() {
-  return D == kBF16 ? Traits{8, 7} : Traits{5, 10};
+  return traits_of(D);
 }
 
 // ---------------------------------------------------------------------------------
@@ -196,19 +197,21 @@ EZ_TARGET_FAST uint32_t write_raw_low8_fast(const uint16_t* x, uint32_t len, uin
   return j;
 }
 
-// Packed planes by AVX2, 4 groups of 8 elements a step: fp16 kind E (s m9 m8, w =
-// 3) and kind J (m9 m8, w = 2) from the words' high bytes (s << 7 | e << 2 | m9
+// Packed planes by AVX2, 4 groups of 8 elements a step: fp16 kind E (s m8, w =
+// 2) and kind J (m8, w = 1) from the words' high bytes (s << 7 | e << 2 | m9
 // m8, no saturation in packus); bf16 kind J (m, w = 7) from the low bytes masked
-// to m (v & 0x7F). Then PEXT with the mask of the raw bits of each byte (0x83 /
-// 0x03 / 0x7F: for fp16 E bits in order m8, m9, s = the packed value's bits
-// 0..2). The 4 groups' w bytes are stored as 8-byte words at g w, each next one
-// overwriting the previous one's zero bytes: the caller keeps the last store
-// inside the plane (g w + 3 w + 8 <= its end). Returns the groups done.
+// to m (v & 0x7F). Then PEXT with the mask of the raw bits of each byte (0x81 /
+// 0x01 / 0x7F: for fp16 E bits in order m8, s = the packed value's bits 0..1;
+// m9 is the coded exponent's, format version 4). The 4 groups' w bytes are
+// stored as 8-byte words at g w, each next one overwriting the previous one's
+// zero bytes: the caller keeps the last store inside the plane (g w + 3 w + 8 <=
+// its end). Returns the groups done.
 template <DtypeCode D, uint32_t K>
 EZ_TARGET_FAST uint32_t write_packed_fast(const uint16_t* x, uint32_t groups, uint8_t* out) {
   constexpr bool hi = D == kF16;  // fp16: high bytes; bf16 (kind J only): low bytes
-  constexpr uint32_t w = !hi ? 7 : K == kKindE ? 3 : 2;
-  constexpr uint64_t mask = 0x0101010101010101ull * (!hi ? 0x7F : K == kKindE ? 0x83 : 0x03);
+  constexpr uint32_t w = !hi ? 7 : K == kKindE ? 2 : 1;
+  constexpr uint64_t mask = 0x0101010101010101ull * (!hi ? 0x7F : K == kKindE ? 0x81 : 0x01);
+  static_assert(w == traits<D>().packed_width(K), "the format's packed width");
   static_assert(hi || K == kKindJ, "bf16 kind E has no packed plane");
   const __m256i m7f = _mm256_set1_epi16(0x7F);
   uint32_t g = 0;
@@ -260,8 +263,8 @@ EZ_INLINE void store_le(uint8_t* p, uint64_t v) {
 template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   constexpr Traits t = traits<D>();
-  constexpr bool bp = (K == kKindE ? t.mbits + 1 : t.mbits) >= 8;
-  constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
+  constexpr uint32_t rw = t.raw_width(K);
+  constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   if (bp) {
     uint32_t j = 0;
@@ -281,11 +284,11 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
       // 8 elements at a time: their packed values as 8 bytes (SSE2), PEXT gathers
       // the low w bits of each byte into the group's w bytes. Whole groups only.
       constexpr uint64_t spread = 0x0101010101010101ull * ((1ull << w) - 1);
-      const __m128i mlow = _mm_set1_epi16((short)((1u << t.mbits) - 1));
+      const __m128i mlow = _mm_set1_epi16((short)((1u << t.lbits()) - 1));
       for (; g + 1 < groups || (g < groups && len % 8 == 0); ++g) {
         __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * g));
-        __m128i r = _mm_and_si128(v, mlow);  // kind J: raw = m
-        if (K == kKindE) r = _mm_or_si128(r, _mm_slli_epi16(_mm_srli_epi16(v, 15), t.mbits));
+        __m128i r = _mm_and_si128(v, mlow);  // kind J: raw = m_low
+        if (K == kKindE) r = _mm_or_si128(r, _mm_slli_epi16(_mm_srli_epi16(v, 15), t.lbits()));
         if (bp) r = _mm_srli_epi16(r, 8);
         const uint64_t bytes = (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(r, r));
         uint64_t acc;  // PEXT by inline asm: the intrinsic needs a target attribute here
@@ -393,7 +396,7 @@ EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uin
 template <DtypeCode D, uint32_t K, bool Fast>
 EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y, uint16_t keep) {
   constexpr Traits t = traits<D>();
-  constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
+  constexpr uint32_t rw = t.raw_width(K);
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
@@ -416,7 +419,7 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
     // instructions an element). Whole groups only; reads w bytes per group.
     constexpr uint64_t spread = 0x0101010101010101ull * mask;
     const __m128i keep8 = _mm_set1_epi16((short)keep);
-    const __m128i mlow = _mm_set1_epi16((short)((1u << t.mbits) - 1));
+    const __m128i mlow = _mm_set1_epi16((short)((1u << t.lbits()) - 1));
     for (; g + 1 < groups || (g < groups && len % 8 == 0); ++g) {
       const uint64_t acc = load_ending<w>(packed + g * w);
       uint64_t bytes;  // PDEP by inline asm: the intrinsic needs a target attribute here
@@ -430,8 +433,8 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
       } else {
         r = _mm_unpacklo_epi8(hi, _mm_setzero_si128());
       }
-      if (K == kKindE)  // raw = s << M | m -> s << 15 | m
-        r = _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(r, t.mbits), 15), _mm_and_si128(r, mlow));
+      if (K == kKindE)  // raw = s << L | m_low -> s << 15 | m_low
+        r = _mm_or_si128(_mm_slli_epi16(_mm_srli_epi16(r, t.lbits()), 15), _mm_and_si128(r, mlow));
       const __m128i sv8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sv + 8 * g));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(y + 8 * g), _mm_or_si128(_mm_and_si128(sv8, keep8), r));
     }
@@ -619,7 +622,7 @@ template <DtypeCode D, bool Fast>
 EZ_INLINE int32_t zero_join(const uint8_t* in, uint32_t r, uint32_t len, const uint16_t* sv, uint16_t* zraw,
                             uint16_t* y) {
   constexpr Traits t = traits<D>();
-  constexpr uint16_t emask = (uint16_t)(((1u << t.ebits) - 1) << t.mbits);
+  constexpr uint16_t emask = (uint16_t)t.cmask();  // symbols >= 2 (c != 0) have raw values
   uint32_t nz = 0;
 #if EZ_X86
   if (Fast) nz = count_nonzero_fast(sv, len, emask);
@@ -738,8 +741,9 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
 // instead of 5 single codes. Kind E's table has 32 x 32 entries in rows of 64
 // (indexed by the bin without its sign bits), kind J's 64 x 64 (indexed by the
 // bin); rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build.
-// Gaussian bf16 blocks span ~16-20 exponents, fp16 blocks at most 32. The bytes
-// are those of the single-code path (benchmarks/entropy_same.sh).
+// Gaussian bf16 blocks span ~16-20 exponents; fp16 blocks (coded exponents: the
+// exponent and the top mantissa bit) ~24 of their 64. The bytes are those of
+// the single-code path (benchmarks/entropy_same.sh).
 constexpr uint32_t kPairMaxR = 32;
 #if EZ_X86
 #define EZ_PAIR_OK true
@@ -749,18 +753,19 @@ constexpr uint32_t kPairMaxR = 32;
 
 #if EZ_X86
 // Pair indices of a full block, 32 elements a step. With us = s << 5 | (e -
-// emin) (sign and exponent offset, 6 bits; e = the exponent field, bits M .. M +
-// E - 1 of the word), pair i (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 |
-// us_2i+1 (12 bits: the pair histogram's bin) and pe[i] = ps[i] without the sign
-// bits 11 and 5 = (e_2i - emin) * 64 + (e_2i+1 - emin) (the kind E pair writer's
-// table index). vpmaddwd
+// emin) (sign and coded-exponent offset, 6 bits; e = the coded exponent c, bits
+// L .. L + E + q - 1 of the word, L = M - q: entropy_format.h Traits), pair i
+// (elements 2i, 2i + 1) gets ps[i] = us_2i << 6 | us_2i+1 (12 bits: the pair
+// histogram's bin) and pe[i] = ps[i] without the sign bits 11 and 5 = (e_2i -
+// emin) * 64 + (e_2i+1 - emin) (the kind E pair writer's table index). vpmaddwd
 // multiplies the even element's us by 64 and adds the odd one's in each 32-bit
 // lane.
-template <uint32_t M>
+template <uint32_t L>
 EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* ps, uint16_t* pe) {
-  static_assert(M == 7 || M == 10, "bf16 or fp16");
-  // |v| >= emin << M for every element: the subtraction stays out of the sign bit
-  const __m256i vmin = _mm256_set1_epi16((short)(emin << M));
+  static_assert(L == 7 || L == 9, "bf16 (L = 7) or fp16 (L = 9)");
+  // |v| >= emin << L for every element: the subtraction stays out of the sign bit
+  const __m256i vmin = _mm256_set1_epi16((short)(emin << L));
+  const __m256i sbit = _mm256_set1_epi16(0x4000);
   const __m256i sw = _mm256_set1_epi16(0x2001);
   const __m256i mul = _mm256_set1_epi32((int)(64u | 1u << 16));
   const __m256i nosign = _mm256_set1_epi16(0x7DF);
@@ -768,15 +773,18 @@ EZ_TARGET_FAST void pair_index_fast(const uint16_t* x, uint32_t emin, uint16_t* 
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
     __m256i ua, ub;
-    if constexpr (M == 10) {
-      // fp16 (E = 5): (v - emin << 10) >> 10 is s << 5 | e' already
-      ua = _mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M);
-      ub = _mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M);
+    if constexpr (L == 9) {
+      // fp16 (E + q = 6): d = v - emin << 9 holds s at bit 15, e' < 32 at bits
+      // 9..13 (bit 14 zero): d - (d >> 1 & 0x4000) moves s to bit 14, then >> 9
+      // gives s << 5 | e'
+      const __m256i da = _mm256_sub_epi16(a, vmin), db = _mm256_sub_epi16(b, vmin);
+      ua = _mm256_srli_epi16(_mm256_sub_epi16(da, _mm256_and_si256(_mm256_srli_epi16(da, 1), sbit)), L);
+      ub = _mm256_srli_epi16(_mm256_sub_epi16(db, _mm256_and_si256(_mm256_srli_epi16(db, 1), sbit)), L);
     } else {
       // bf16 (E = 8): (v - emin << 7) >> 7 = s << 8 | e' (bytes e', s), then
       // vpmaddubsw with bytes (1, 32) gives e' + 32 s
-      ua = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(a, vmin), M), sw);
-      ub = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(b, vmin), M), sw);
+      ua = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(a, vmin), L), sw);
+      ub = _mm256_maddubs_epi16(_mm256_srli_epi16(_mm256_sub_epi16(b, vmin), L), sw);
     }
     // packus interleaves the 128-bit lanes (a0-3 b0-3 a4-7 b4-7): restore order
     const __m256i p = _mm256_permute4x64_epi64(
@@ -859,11 +867,21 @@ EZ_TARGET_FAST void pair_table_fast(const uint64_t* ce, const uint64_t* le, cons
                                     uint64_t* pcode, uint8_t* plen) {
   constexpr uint32_t S = 64;  // row stride
   const uint32_t nv = (R + 3) / 4;
+  // A half without present symbols (kind J of one-signed data: ReLU, softmax) is
+  // never a pair's second symbol: its entries are not written (half the table).
+  bool half_present[H];
+  for (uint32_t h = 0; h < H; ++h) {
+    uint64_t any = 0;
+    for (uint32_t b = 32 * h; b < 32 * h + R; ++b) any |= le[b];
+    half_present[h] = any != 0;
+  }
   for (uint32_t ha = 0; ha < H; ++ha) {
+    if (!half_present[ha]) continue;
     for (uint32_t a = 32 * ha; a < 32 * ha + R; ++a) {
       if (!le[a]) continue;
       const __m256i ca = _mm256_set1_epi64x((long long)ce[a]);
       for (uint32_t hb = 0; hb < H; ++hb) {
+        if (!half_present[hb]) continue;
         for (uint32_t v = 0; v < nv; ++v) {
           const uint32_t b = 32 * hb + 4 * v;
           const __m256i lb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(le + b));
@@ -901,8 +919,9 @@ EZ_INLINE bool no_subnormal(const uint16_t* x, uint32_t len) {
 
 struct EncScratch {
   PMFast pm;
-  // Elements are indexed by u = v >> M = sign << E | exponent (the word's top
-  // bits: one shift a 16-element vector), not by the J symbol e << 1 | s: the
+  // Elements are indexed by u = v >> L = sign << (E + q) | c (the word's top
+  // bits: one shift a 16-element vector; c = the coded exponent, L = M - q,
+  // entropy_format.h Traits; "e" below is c), not by the J symbol c << 1 | s: the
   // histogram and the code tables take u and the counts are permuted into
   // symbol order once per block (2 x 256 values), not per element.
   uint16_t sym[kBlock];              // u of every element of the block
@@ -997,7 +1016,7 @@ template <DtypeCode D, bool Fast>
 EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* out, EncScratch& s,
                                      bool* raw) {
   constexpr Traits t = traits<D>();
-  constexpr uint32_t AE = 1u << t.ebits;
+  constexpr uint32_t AE = 1u << t.cbits();  // kind E alphabet (coded exponents)
   // The largest and smallest |v| first (a vectorizable pass): their exponents
   // bound the symbols present.
   uint16_t mxa = 0, mna = 0xFFFF;  // u16 keeps the max / min in 16-bit lanes (vpmaxuw)
@@ -1009,10 +1028,10 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
 #endif
   {
     // Without the pair histogram (portable path, short blocks) every single-code
-    // path needs u = v >> M: computed in the same pass.
+    // path needs u = v >> L: computed in the same pass.
     for (uint32_t j = 0; j < len; ++j) {
       const uint16_t v = x[j];
-      s.sym[j] = (uint16_t)(v >> t.mbits);
+      s.sym[j] = (uint16_t)(v >> t.lbits());
       const uint16_t a = v & 0x7FFF;
       mxa = a > mxa ? a : mxa;
       mna = a < mna ? a : mna;
@@ -1022,7 +1041,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // Exponents below emin (the smallest |v|'s) have no elements: the counts,
   // lengths and codes of symbols below a0[kind] (emin, 2 emin) are neither
   // written nor read in this block.
-  const uint32_t emax = mxa >> t.mbits, emin = mna >> t.mbits;
+  const uint32_t emax = mxa >> t.lbits(), emin = mna >> t.lbits();
   const uint32_t eend = emax + 1;
   const uint32_t a0[2] = {emin, 2 * emin};  // [kind] first symbol that may be present
   const uint32_t pair_r = eend - emin;      // exponents [emin, emax]
@@ -1038,7 +1057,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     // Pair histogram: one counter increment (2 instructions) per 2 elements
     // over (sign, exponent) pairs, the per-symbol counts from its row and column
     // sums; the pair indices serve the pair writer too.
-    pair_index_fast<t.mbits>(x, emin, s.pbin, s.pidx);
+    pair_index_fast<t.lbits()>(x, emin, s.pbin, s.pidx);
     for (uint32_t i = 0; i < kBlock / 2; i += 32) {  // 32 pairs = 64 elements
 #pragma GCC unroll 32
       for (uint32_t q = i; q < i + 32; ++q) s.pcnt[s.pbin[q]]++;
@@ -1047,10 +1066,10 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   } else
 #endif
   {
-  // u = v >> M, then counts in 4 lanes (a run of equal symbols would otherwise
+  // u = v >> L, then counts in 4 lanes (a run of equal symbols would otherwise
   // serialize on one counter's store-to-load latency).
   if (!have_sym)
-    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
+    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.lbits());
   have_sym = true;
   uint32_t j = 0;
   for (; j + 32 <= len; j += 32) {
@@ -1099,7 +1118,9 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
 
   // Candidate sizes in the tie order CONST-E, CONST-J, CONST-Z, HUFF-E, HUFF-J,
   // HUFF-Z, RAW.
-  uint32_t best = max_block_bytes(len);
+  // RAW comes last in the tie order: a candidate of RAW's size wins (fp16 CONST-J
+  // of one element, 6 bytes, since format version 4).
+  uint32_t best = max_block_bytes(len) + 1;
   int best_kind = -1;  // -1 = RAW
   bool best_const = false;
   uint32_t nib[2] = {0, 0}, area[2] = {0, 0}, one_sym[2];
@@ -1155,6 +1176,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     }
   }
   if (best_kind < 0) {  // RAW: the words verbatim
+    best = max_block_bytes(len);
     *raw = true;
     std::memset(out, 0, kBlockHead);
     std::memcpy(out + kBlockHead, x, 2 * (size_t)len);
@@ -1203,7 +1225,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
       if (ck == kKindE) {  // u = e and AE + e
         s.ccode[a] = s.ccode[AE + a] = code;
         s.clen[a] = s.clen[AE + a] = (uint8_t)l;
-      } else {  // symbol a = e << 1 | s: u = s << E | e
+      } else {  // symbol a = e << 1 | s: u = s << (E + q) | e
         const uint32_t u = (a & 1) * AE + (a >> 1);
         s.ccode[u] = code;
         s.clen[u] = (uint8_t)l;
@@ -1225,7 +1247,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // is HUFF-E; the single-code writers read u per element.
   const bool pair_writer = pair_hist;  // HUFF-E or HUFF-J
   if (!pair_writer && !have_sym)
-    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.mbits);
+    for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.lbits());
 #if EZ_X86
   if (pair_writer) {
     // Pair writer (kPairMaxR): the same bits as the single-code writers below,
@@ -1254,7 +1276,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
         const uint32_t l = (b & 31) < R && a < sym_end[kKindJ] ? s.len[kKindJ][a] : 0;
         le[b] = l;
         le8[b] = (uint8_t)l;
-        ce[b] = l ? s.ccode[sg * AE + e] : 0;  // ccode is indexed by u = s << E | e
+        ce[b] = l ? s.ccode[sg * AE + e] : 0;  // ccode is indexed by u = s << (E + q) | e
       }
       pair_table_fast<2>(ce, le, le8, R, s.pcode, s.plen);
       pair_at = s.pbin;

@@ -1,6 +1,8 @@
 """An independent numpy/Python implementation of the entropy codec's format,
-version 3 (docs/format.md, "Entropy codec (codec id 2)"), written from the text
-alone. Kinds: 0 (E), 1 (J), 2 (Z: J symbols, raw mantissas of e != 0 only).
+version 4 (docs/format.md, "Entropy codec (codec id 2)"), written from the text
+alone. Kinds: 0 (E), 1 (J), 2 (Z: J symbols, raw values of e != 0 only). The
+symbols code the *coded exponent* c = e << q | (top q mantissa bits): bf16 q = 0,
+fp16 q = 1.
 
 Slow and simple (bit strings, Python loops): for tests with small rows only.
 `encode_row` must produce exactly the bytes the C++ encoder produces; `decode_row`
@@ -15,10 +17,19 @@ STREAMS = 8
 STREAM_LEN = 512
 MAX_LEN = 11
 MAGIC = 0x4C43435A
-VERSION = 3
+VERSION = 4
 KIND_E, KIND_J, KIND_Z = 0, 1, 2
-# dtype code -> (exponent bits, mantissa bits)
+# dtype code -> (exponent bits E, mantissa bits M)
 DTYPES = {1: (8, 7), 2: (5, 10)}
+# dtype code -> q, the top mantissa bits coded in the symbol (with the exponent)
+QBITS = {1: 0, 2: 1}
+
+
+def coded_bits(dcode: int):
+  """(E + q, M - q): the coded exponent's width and the low mantissa bits' width."""
+  eb, mb = DTYPES[dcode]
+  q = QBITS[dcode]
+  return eb + q, mb - q
 
 
 def align128(x: int) -> int:
@@ -38,34 +49,35 @@ def checksum(row: bytes) -> int:
 
 
 def split(words: np.ndarray, dcode: int, kind: int):
-  """(symbols, raw values) of 16-bit words: kind 0 = exponent / sign+mantissa,
-  kind 1 (and 2) = exponent<<1|sign / mantissa (kind 2 keeps only the raw values
-  of elements with exponent != 0: see z_raw)."""
-  eb, mb = DTYPES[dcode]
+  """(symbols, raw values) of 16-bit words s | e | m. With the coded exponent
+  c = e << q | m >> (M - q) and m_low = m & (2^(M-q) - 1): kind 0 = c /
+  s << (M-q) | m_low, kind 1 (and 2) = c << 1 | s / m_low (kind 2 keeps only the
+  raw values of elements with c != 0: see z_raw)."""
+  cb, lb = coded_bits(dcode)
   w = words.astype(np.int64)
   s = w >> 15
-  e = (w >> mb) & ((1 << eb) - 1)
-  m = w & ((1 << mb) - 1)
+  c = (w >> lb) & ((1 << cb) - 1)  # e and the top q mantissa bits are adjacent
+  m_low = w & ((1 << lb) - 1)
   if kind == 0:
-    return e, (s << mb) | m
-  return (e << 1) | s, m
+    return c, (s << lb) | m_low
+  return (c << 1) | s, m_low
 
 
 def join(sym, raw, dcode: int, kind: int) -> np.ndarray:
-  eb, mb = DTYPES[dcode]
+  cb, lb = coded_bits(dcode)
   sym = np.asarray(sym, np.int64)
   raw = np.asarray(raw, np.int64)
   if kind == 0:
-    v = ((raw >> mb) << 15) | (sym << mb) | (raw & ((1 << mb) - 1))
+    v = ((raw >> lb) << 15) | (sym << lb) | (raw & ((1 << lb) - 1))
   else:
-    v = ((sym & 1) << 15) | ((sym >> 1) << mb) | raw
+    v = ((sym & 1) << 15) | ((sym >> 1) << lb) | raw
   return v.astype(np.uint16)
 
 
 def raw_layout(dcode: int, kind: int):
   """(byte plane?, packed width w); kind Z's planes are kind J's."""
-  eb, mb = DTYPES[dcode]
-  width = mb + 1 if kind == 0 else mb
+  cb, lb = coded_bits(dcode)
+  width = lb + 1 if kind == 0 else lb
   if width >= 8:
     return True, width - 8
   return False, width
@@ -222,7 +234,8 @@ def z_valid(x: np.ndarray, dcode: int) -> bool:
 
 
 def z_raw(x: np.ndarray, dcode: int) -> np.ndarray:
-  """Kind Z's raw values: the mantissas of the elements with exponent != 0, in order."""
+  """Kind Z's raw values: those of the elements with symbol >= 2 (c != 0; in a
+  Z-valid block exactly the elements with exponent != 0), in order."""
   sym, raw = split(x, dcode, KIND_J)
   return raw[sym >= 2]
 
@@ -321,7 +334,7 @@ class _Bad(Exception):
 
 
 def decode_block(blk: bytes, length: int, dcode: int) -> np.ndarray:
-  eb, mb = DTYPES[dcode]
+  cb, _ = coded_bits(dcode)
   if len(blk) < 4 or blk[1] != 0:
     raise _Bad(6)
   mode = blk[0]
@@ -334,7 +347,7 @@ def decode_block(blk: bytes, length: int, dcode: int) -> np.ndarray:
     raise _Bad(6)
   zk = kind == KIND_Z
   ck = KIND_J if zk else kind  # the symbols' kind
-  alphabet = 1 << (eb + ck)
+  alphabet = 1 << (cb + ck)
   if coding == 1:
     s = int.from_bytes(blk[2:4], "little")
     if zk:  # CONST-Z: every element +0 (symbol 0) or -0 (symbol 1), no raw planes

@@ -233,11 +233,12 @@ def test_reference_identical_bytes(dtype):
 
 
 def _span_row(dtype, emin: int, span: int, neg: float, blocks: int, seed: int) -> np.ndarray:
-  """Full blocks whose exponents take exactly the span values [emin, emin + span):
-  skewed towards emin (so HUFF wins), both ends present in every block; each sign
-  negative with probability neg; random mantissas."""
+  """Full blocks whose coded exponents (format v4: bf16 e, fp16 e << 1 | m9) take
+  exactly the span values [emin, emin + span): skewed towards emin (so HUFF wins),
+  both ends present in every block; each sign negative with probability neg;
+  random low mantissas."""
   rng = np.random.default_rng(seed)
-  mb = 7 if dtype == BF16 else 10
+  mb = 7 if dtype == BF16 else 9  # L = M - q, the low mantissa bits
   n = blocks * 4096
   off = np.minimum(rng.geometric(0.25, n) - 1, span - 1)
   off[::4096] = 0
@@ -253,7 +254,7 @@ def test_pair_path_boundaries_match_reference(dtype):
   and pair writer, kinds E and J) and the single-code path just past it write the
   reference's bytes; the mode bytes show which kind each case exercises."""
   d = 128 + 128  # data_off of a 2-block row: header + align128(2 nb) directory bytes
-  cases = [(100, 32), (100, 33), (110, 8)] if dtype == BF16 else [(0, 32), (3, 20), (10, 8)]
+  cases = [(100, 32), (100, 33), (110, 8)] if dtype == BF16 else [(0, 32), (20, 33), (10, 8), (31, 32)]
   for k, (emin, span) in enumerate(cases):
     for neg, mode in ((0.5, 2), (0.03, 2 | 1 << 2)):  # symmetric: HUFF-E; skewed: HUFF-J
       x = _span_row(dtype, emin, span, neg, 2, seed=300 + k)
@@ -267,6 +268,125 @@ def test_pair_path_boundaries_match_reference(dtype):
       y, st = native_decode(out, x.size, dtype)
       assert st == 0
       assert_bits_equal(y, x)
+
+
+# ---- format version 4: fp16 symbols carry the top mantissa bit (q = 1) --------------------------------
+
+
+def test_v4_symbol_facts():
+  """The format's per-dtype facts (docs/format.md "Symbols and raw bits"): q, the
+  coded exponent's width, alphabets, raw widths and planes; every one of the 2^16
+  words splits into (symbol, raw) and joins back exactly, in both kinds."""
+  assert ref.VERSION == ent.FORMAT_VERSION == 4
+  assert ref.QBITS == {1: 0, 2: 1}
+  from zipccl_jax._src import entropy as ent_module
+  assert {ent_module._DTYPES[d][0]: ent_module._DTYPES[d][3] for d in DTYPES} == {1: 0, 2: 1}
+  assert ref.coded_bits(1) == (8, 7) and ref.coded_bits(2) == (6, 9)
+  # (byte plane?, packed width): bf16 E byte plane only, J 7 packed; fp16 E byte
+  # plane + 2 (s, m8), J byte plane + 1 (m8)
+  assert [ref.raw_layout(1, k) for k in (0, 1)] == [(True, 0), (False, 7)]
+  assert [ref.raw_layout(2, k) for k in (0, 1)] == [(True, 2), (True, 1)]
+  w = np.arange(1 << 16, dtype=np.uint16)
+  for dcode, alphabets in ((1, (256, 512)), (2, (64, 128))):
+    for kind, a in zip((0, 1), alphabets):
+      sym, raw = ref.split(w, dcode, kind)
+      assert sym.min() == 0 and sym.max() == a - 1 and np.unique(sym).size == a
+      bp, pw = ref.raw_layout(dcode, kind)
+      assert raw.max() == (1 << ((8 if bp else 0) + pw)) - 1
+      assert_bits_equal(ref.join(sym, raw, dcode, kind), w)
+  # fp16: the symbol holds e and m9 (bits 14..9), the raw value m[8:0] (+ s in kind E)
+  v = np.array([0x3E00, 0x3C00, 0xBDFF, 0x0200, 0x8001], np.uint16)
+  assert ref.split(v, 2, 0)[0].tolist() == [0x1F, 0x1E, 0x1E, 0x01, 0x00]
+  assert ref.split(v, 2, 0)[1].tolist() == [0, 0, 0x3FF, 0, 0x201]
+  assert ref.split(v, 2, 1)[0].tolist() == [0x3E, 0x3C, 0x3D, 0x02, 0x01]
+
+
+def test_v4_fp16_block_widths_in_cpp():
+  """The C++ encoder's fp16 raw planes have the v4 widths: CONST-E = 4 + len + 2 len / 8
+  (byte plane m[7:0] + packed s, m8), CONST-J = 4 + len + len / 8 (+ m8), CONST-E /
+  CONST-J symbols are coded exponents (e << 1 | m9); bytes equal the reference's."""
+  rng = np.random.default_rng(5)
+  n = 4096
+  # one coded exponent c = 0x1E << 1 | 1 (m9 = 1), both signs: CONST-E
+  low = rng.integers(0, 1 << 9, n).astype(np.uint16)
+  x = ((0x1E << 10) | (1 << 9) | low | (rng.integers(0, 2, n).astype(np.uint16) << 15)).view(F16)
+  out = _both_encode(x)
+  assert _block_modes(out, n) == [(1, 0x3D, 4 + n + 2 * n // 8)]
+  # the same with one sign: CONST-J, symbol c << 1 | s
+  x = ((0x1E << 10) | (1 << 9) | low | 0x8000).view(F16)
+  assert _block_modes(_both_encode(x), n) == [(1 | 1 << 2, 0x3D << 1 | 1, 4 + n + n // 8)]
+  # one element: CONST-J (6 bytes) ties with RAW (6 bytes) and wins (RAW comes last)
+  # (1.5 = 0x3E00: e 15, m9 1, sign +: J symbol (15 << 1 | 1) << 1 | 0)
+  assert _block_modes(_both_encode(np.array([1.5], F16)), 1) == [(1 | 1 << 2, 0xF << 2 | 1 << 1, 6)]
+
+
+def _fp16_specials(n: int, seed: int) -> np.ndarray:
+  """Gaussian fp16 words with +-0, +-inf, NaNs with distinct payloads (quiet and
+  signalling: m9 set and clear), subnormals with m9 = 0 / 1, the largest finite
+  values, each at random positions."""
+  rng = np.random.default_rng(seed)
+  w = (rng.standard_normal(n) * 0.02).astype(F16).view(np.uint16).copy()
+  pats = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7C01, 0x7D55, 0x7E00, 0x7FFF, 0xFE01, 0xFDAA, 0x0001,
+          0x01FF, 0x0200, 0x03FF, 0x8001, 0x83FF, 0x7BFF, 0xFBFF, 0x0400, 0x8400]
+  for k, i in enumerate(rng.permutation(n)[:min(n, 3 * len(pats))]):
+    w[i] = pats[k % len(pats)]
+  return w.view(F16)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 9, 4095, 4097, 2 * 4096 + 77])
+def test_v4_fp16_specials_identical_and_exact(n):
+  """fp16 specials (NaN payloads, +-inf, +-0, subnormals of either m9) in odd sizes:
+  C++ bytes == reference bytes, both decoders bit-exact."""
+  _both_encode(_fp16_specials(n, seed=n))
+
+
+def test_v4_fp16_all_kinds():
+  """fp16 blocks of every mode (CONST-E/J/Z, HUFF-E/J/Z, RAW) encode to the reference's
+  bytes and decode exactly; HUFF-Z blocks keep the raw values of elements with c != 0
+  only (m9 is in the symbol, so a ReLU block's raw planes are 9 bits an element)."""
+  rng = np.random.default_rng(8)
+  g = (rng.standard_normal(4096) * 0.02).astype(F16)
+  blocks = [
+      np.full(4096, 1.5, F16),                                   # CONST-J
+      np.where(rng.random(4096) < 0.5, 1.5, -1.5).astype(F16),  # CONST-E
+      np.zeros(4096, F16),                                       # CONST-Z
+      g,                                                         # HUFF-E
+      np.abs(g),                                                 # HUFF-J
+      np.maximum(rng.standard_normal(4096), 0).astype(F16),      # HUFF-Z
+      rng.integers(0, 1 << 16, 4096).astype(np.uint16).view(F16),  # RAW
+  ]
+  x = np.concatenate(blocks)
+  out = _both_encode(x)
+  modes = [m for m, _, _ in _block_modes(out, x.size)]
+  assert modes == [5, 1, 9, 2, 6, 10, 0], modes
+  relu = blocks[5]
+  nz = int((relu.view(np.uint16) & 0x7FFF != 0).sum())
+  _, _, size = _block_modes(out, x.size)[5]
+  nib_and_area = size - 20 - (nz + -(-nz // 8))  # kind J planes of nz values: 9 bits each
+  assert 0 < nib_and_area < 4096, size
+
+
+def test_v4_fp16_corrupted_statuses_equal():
+  """Corrupted fp16 rows (all kinds, specials) with the checksum recomputed: the C++ and
+  reference decoders report the same status and the same words."""
+  rng = np.random.default_rng(44)
+  rows = []
+  for x in (_fp16_specials(2 * 4096 + 5, 1), np.maximum(rng.standard_normal(4096 + 33), 0).astype(F16),
+            make("mixscale", 4096, F16, seed=3), make("softmax", 4096, F16, seed=4)):
+    out, _, _, used = native_encode(x)
+    rows.append((x, out, used))
+  counts = {}
+  for it in range(160):
+    x, out, used = rows[it % len(rows)]
+    b = out.copy()
+    for _ in range(int(rng.integers(1, 3))):
+      i = int(rng.integers(128, used))  # past the header: block data and directory
+      b[i] ^= np.uint8(1 << int(rng.integers(8)))
+    _fix_checksum(b)
+    st, sr = _statuses(b, x.size, F16)
+    assert st == sr, (it, st, sr)
+    counts[st] = counts.get(st, 0) + 1
+  assert counts.get(0, 0) > 0 and sum(v for s, v in counts.items() if s in (6, 7)) > 0, counts
 
 
 # ---- kind Z (zero elision, format version 3) -------------------------------------------------------
@@ -444,7 +564,7 @@ def test_kind_z_corrupted_blocks(dtype):
   (m0, _, s0), (m1, _, s1) = _block_modes(out, n)
   assert m1 == 10
   nz = int(((words(x)[4096:] & 0x7FFF) != 0).sum())
-  mb = 7 if dtype == BF16 else 10
+  mb = 7 if dtype == BF16 else 9  # kind J raw width M - q (format v4: fp16 q = 1)
   raw_j = lambda k: (k if mb >= 8 else 0) + -(-k // 8) * (mb - 8 if mb >= 8 else mb)
   r = raw_j(nz)
   for delta, want in ((0, 0), (1, 7), (-1, 7), (raw_j(4096) - r, 7), (raw_j(4096) - r + 1, 6), (-r, 7),

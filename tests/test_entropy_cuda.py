@@ -43,6 +43,11 @@ def test_entropy_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
   # (format v3: 9 CONST-Z, 10 HUFF-Z).
   modes = emulator.modes_seen(res.stdout)
   assert all(modes.get(m, 0) > 0 for m in (0, 1, 2, 5, 6, 9, 10)), modes
+  # ... and every one of them on fp16 rows alone (format v4: fp16 symbols carry the top
+  # mantissa bit, so fp16 has its own alphabets, raw widths and kind Z expansion).
+  f16 = re.search(r"fp16 rows' modes:((?: \d+:\d+)+)", res.stdout)
+  f16_modes = dict(map(int, kv.split(":")) for kv in f16.group(1).split()) if f16 else {}
+  assert all(f16_modes.get(m, 0) > 0 for m in (0, 1, 2, 5, 6, 9, 10)), f16_modes
   # The handlers' workspace size is the one the Python module allocates.
   ws = re.findall(r"workspace_nbytes n=(\d+) W=(\d+)", res.stdout)
   assert len(ws) == 5 and all(ent.workspace_nbytes(int(n)) == int(w) for n, w in ws), ws
@@ -60,9 +65,17 @@ def test_entropy_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
     # (the crafted last-block +-1 payloads must then differ from the CPU's status 7).
     ("      if (kb.rz != traits_c<D>().raw_bytes(kKindJ, kb.nz)) st = kDecBadStream;\n"
      "      else expand_z<D>(kb, lane);", "      expand_z<D>(kb, lane);"),
-], ids=["streams_barrier", "kind_z_compaction_barrier", "kind_z_raw_size_check"])
+    # Decoder join of kinds E and J with the format v3 raw width (M, not M - q): fp16 kind E
+    # rows (v4: raw = s << 9 | m[8:0]) lose their sign bit.
+    ("pmask = (1u << pw) - 1, rw = t.raw_width(kKindJ);", "pmask = (1u << pw) - 1, rw = t.mbits;"),
+    # Encoder mode choice with RAW first in ties (format v3's order; v4 puts RAW last): fp16
+    # one-element blocks then stay RAW where the CPU writes CONST-J of the same 6 bytes.
+    ("uint32_t best = max_block_bytes(len) + 1, coding = kRaw", "uint32_t best = max_block_bytes(len), coding = kRaw"),
+], ids=["streams_barrier", "kind_z_compaction_barrier", "kind_z_raw_size_check", "fp16_join_raw_width",
+        "raw_last_in_ties"])
 def test_simt_emulator_catches_broken_entropy_kernels(tmp_path, old, new):
-  """A barrier of the encoder or a check of the decoder removed: the emulator must fail."""
+  """A barrier of the encoder or a check of the decoder removed, or a format v4 rule reverted
+  to v3's: the emulator must fail."""
   cuda = tmp_path / "cuda"
   shutil.copytree(ROOT / "cuda", cuda)
   src = (cuda / "entropy.cu").read_text()

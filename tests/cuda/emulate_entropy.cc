@@ -49,6 +49,7 @@ int failures = 0, cases = 0;
 bool stop_early = false;
 int status_seen[9] = {0};
 int modes_seen[16] = {0};  // block mode bytes of the encoded rows compared (kind Z: 9 CONST-Z, 10 HUFF-Z)
+int f16_modes_seen[16] = {0};  // the same, fp16 rows only (format v4 changed fp16's symbols)
 
 void machine(std::mt19937_64& rng) {
   simt::config().resident = 1 + (unsigned)(rng() % 4);
@@ -135,6 +136,20 @@ std::vector<uint16_t> gen(DtypeCode d, const std::string& kind, uint64_t n, std:
         continue;
       }
       x = std::max(0.0, gauss(rng));
+    } else if (kind == "zerosub9") {  // ReLU, ~1/500 subnormals with m9 = 1 (format v4 fp16:
+      // coded exponent 1, so the elements with coded exponent 0 are exactly the zeros, yet
+      // the block is not Z-valid)
+      if (uni(rng) < 0.002) {
+        v[i] = (uint16_t)((1u << (mb - 1)) | (rng() % (1u << (mb - 1))));
+        continue;
+      }
+      x = std::max(0.0, gauss(rng));
+    } else if (kind == "binade") {  // +-[1, 2): one exponent, the top mantissa bit uniform
+      x = (rng() & 1 ? -1 : 1) * (1 + uni(rng));
+    } else if (kind == "halfbinade") {  // +-[1, 1.5): one exponent and top mantissa bit 0
+      x = (rng() & 1 ? -1 : 1) * (1 + 0.5 * uni(rng));
+    } else if (kind == "topbit") {  // [1.5, 2): one exponent, top mantissa bit 1, positive
+      x = 1.5 + 0.5 * uni(rng);
     } else if (kind == "constant") {
       x = -3.25;
     } else if (kind == "bits") {
@@ -241,6 +256,7 @@ void check_case(DtypeCode d, const std::string& kind, uint64_t rows, uint64_t n,
     uint64_t off = data_offset(n);
     for (uint64_t b = 0; b < num_blocks(n); ++b) {
       ++modes_seen[row[off] & 15];
+      if (d == kF16) ++f16_modes_seen[row[off] & 15];
       off += ld16(row + kHeaderBytes + 2 * b);
     }
   }
@@ -409,12 +425,12 @@ void check_handler_errors(DtypeCode d, std::mt19937_64& rng) {
 
 void suite(DtypeCode d, std::mt19937_64& rng, bool big) {
   const char* kinds[] = {"gauss", "laplace", "heavy", "gelu", "softmax", "relu", "mixscale",
-                         "zeros", "constant", "bits", "subnormal", "specials"};
+                         "zeros", "constant", "bits", "subnormal", "specials", "binade"};
   const uint64_t sizes[] = {0, 1, 7, 8, 513, 4095, 4096, 4097, 8192 + 1000};
   for (const char* k : kinds)
     for (uint64_t n : sizes) check_case(d, k, 1, n, n >= 1000 ? (big ? 4 : 2) : 1, rng);
   // Kind Z (zero elision): elements with exponent 0 and no subnormal in the block.
-  const char* zkinds[] = {"negzeros", "pmzeros", "relu_pm", "sparse", "fewzeros", "zerosub"};
+  const char* zkinds[] = {"negzeros", "pmzeros", "relu_pm", "sparse", "fewzeros", "zerosub", "zerosub9"};
   const uint64_t zsizes[] = {1, 9, 513, 4096, 8192 + 1000};
   for (const char* k : zkinds)
     for (uint64_t n : zsizes) check_case(d, k, 1, n, n >= 1000 ? (big ? 4 : 2) : 1, rng);
@@ -424,6 +440,10 @@ void suite(DtypeCode d, std::mt19937_64& rng, bool big) {
   for (uint64_t n : {(uint64_t)1, (uint64_t)4099, (uint64_t)3 * 4096 + 5})
     for (uint64_t rows : {2, 3}) check_case(d, "gauss", rows, n, 0, rng);
   check_case(d, "gelu", 3, 0, 0, rng);
+  // One (coded) exponent per block: fp16 CONST blocks with the v4 raw widths (E: byte plane
+  // + w 2, J: byte plane + w 1) and two-symbol HUFF blocks where v3 had CONST ones.
+  for (const char* k : {"halfbinade", "topbit"})
+    for (uint64_t n : {(uint64_t)9, (uint64_t)4096, (uint64_t)4096 + 513}) check_case(d, k, 1, n, n > 4096 ? 2 : 1, rng);
   check_handler_errors(d, rng);
   if (big) {
     check_case(d, "gauss", 1, (1u << 20) + 3, 0, rng);  // 257 blocks: long look-back chains
@@ -447,6 +467,9 @@ int main(int argc, char** argv) {
   printf("\nblock modes of the encoded rows:");
   for (int i = 0; i < 16; ++i)
     if (modes_seen[i]) printf(" %d:%d", i, modes_seen[i]);
+  printf("\nfp16 rows' modes:");
+  for (int i = 0; i < 16; ++i)
+    if (f16_modes_seen[i]) printf(" %d:%d", i, f16_modes_seen[i]);
   printf("\n%d cases, %d failures\n", cases, failures);
   for (int i = 1; i <= 8; ++i)
     if (!status_seen[i]) {
