@@ -341,7 +341,7 @@ template <DtypeCode D, uint32_t K>
 EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
                                       uint16_t keep) {
   constexpr Traits t = traits<D>();
-  constexpr uint32_t rw = K == kKindE ? t.mbits + 1 : t.mbits;
+  constexpr uint32_t rw = t.raw_width(K);
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   // PDEP spread: w bits into each byte; kind E with a byte plane (fp16) has the
@@ -1782,7 +1782,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
       // s.olen[P] (> kShortBits, or the sentinel) stops the scans below at the
       // short codes.
       for (uint32_t i = 0; i < P; ++i) {
-        const uint64_t l = s.olen[i], v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 10 (fp16)
+        const uint64_t l = s.olen[i], v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 9 (fp16)
         s.c2[i] = l | (v << 16) | (l << 32) | (2ull << 48);
         s.c3[i] = l | (v << 32) | (2ull << 48);
       }
