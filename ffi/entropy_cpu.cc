@@ -5,9 +5,9 @@
 // file is the reference a CUDA port must reproduce byte for byte.
 //
 // Speed: a block's 8 bit streams are decoded interleaved (5 lookups per 64-bit
-// refill in a 2048-entry table whose entries hold up to 2 symbols: about 1.9
-// symbols a lookup on Gaussian data), so the latency of one stream's lookup
-// chain hides behind the others. The encoder (AVX2 path) histograms and codes
+// refill in a 2048-entry table whose entries hold up to 3 symbols: about 2.85
+// symbols a lookup on Gaussian data, ~4.6 instructions an element on bf16), so
+// the latency of one stream's lookup chain hides behind the others. The encoder (AVX2 path) histograms and codes
 // pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
 // instructions an element on Gaussian bf16). fp16 symbols carry the top mantissa
 // bit (format version 4). Kind Z (zero elision, format version 3) compacts the
@@ -69,7 +69,7 @@ constexpr uint64_t kParallelMinElems = 1u << 20;  // below this one thread is fa
 constexpr uint64_t kMinBlocksPerThread = 32;       // 128 K elements
 constexpr uint32_t kMaxAreaBytes = kBlock * kMaxLen / 8;  // largest bit area of a block (5632)
 constexpr uint32_t kSymsPerRefill = 5;  // lookups per refill: 5 * 11 = 55 <= 57 valid bits
-constexpr uint32_t kLenMask = 15;       // a decode entry's length field (DecScratch::pair)
+constexpr uint32_t kLenMask = 15;       // a decode entry's length fields (DecScratch::tab)
 constexpr uint32_t kPfBytes = 8192;     // bytes prefetched per block, input and output each
 static_assert(kMaxLen <= kLenMask, "entry layout");
 
@@ -307,24 +307,6 @@ EZ_INLINE void write_raw(const uint16_t* x, uint32_t len, uint8_t* out) {
   }
 }
 
-#if EZ_X86
-// bf16 kind E join, 16 elements a step (AVX2): raw byte r = s << 7 | m becomes the
-// word (r | r << 8) & 0x807F (s to bit 15, m to bits 0..6), OR-ed with the
-// symbols' bits. Returns the elements done (a multiple of 16).
-EZ_TARGET_FAST uint32_t or_raw_bf16e_fast(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
-                                          uint16_t keep) {
-  const __m256i k16 = _mm256_set1_epi16((short)keep), m = _mm256_set1_epi16((short)0x807F);
-  uint32_t j = 0;
-  for (; j + 16 <= len; j += 16) {
-    const __m256i r = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + j)));
-    const __m256i raw = _mm256_and_si256(_mm256_or_si256(r, _mm256_slli_epi16(r, 8)), m);
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(v, k16), raw));
-  }
-  return j;
-}
-#endif
-
 // The W (1..8) bytes at p as a little-endian value, by one 8-byte load that ends
 // at p + W. The 8 - W bytes before p must be readable: in or_raw they are the
 // previous group, the byte plane, the block's head or, for the first block, the
@@ -338,6 +320,76 @@ EZ_INLINE uint64_t load_ending(const uint8_t* p) {
   else return load64(p + W - 8) >> (64 - 8 * W);
 }
 
+#if EZ_X86
+// The join of 32 elements a step (AVX2; returns the elements done, a multiple of
+// 32). Every kind's raw word is (high byte << 8 | low byte) (masked for bf16
+// kind E):
+//   bf16 E: low = high = the byte plane's s << 7 | m, masked by 0x807F (s to
+//           bit 15, m to bits 0..6);
+//   bf16 J: low = the packed 7-bit m, high = 0;
+//   fp16 E: low = the byte plane (m[7:0]), high = the packed mantissa bits and
+//           s spread by PDEP to bits 0.. and 7 (s to bit 15): no shifts after
+//           the join;
+//   fp16 J: low = the byte plane, high = the packed mantissa bits.
+// The 4 groups' PDEP results go to qwords in the order 0, 2, 1, 3, and the byte
+// plane is loaded permuted the same way (vpermq), so that the in-lane byte
+// unpacks give elements 0..15 (low) and 16..31 (high). Reads the byte plane at
+// in[j, j + 32) and each group's packed bytes by load_ending (bytes before it are
+// readable, see there). ~0.4 (bf16 E) to ~0.9 (fp16 E) instructions an element
+// instead of ~0.9 to ~2.2 for 16 or 8 elements a step.
+template <DtypeCode D, uint32_t K>
+EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uint16_t* sv, uint16_t* y,
+                                      uint16_t keep) {
+  constexpr Traits t = traits<D>();
+  constexpr uint32_t rw = t.raw_width(K);
+  constexpr bool bp = rw >= 8;
+  constexpr uint32_t w = bp ? rw - 8 : rw;
+  // PDEP spread: w bits into each byte; kind E with a byte plane (fp16) has the
+  // sign as the packed value's top bit, spread to bit 7 (word bit 15), the
+  // mantissa bits below it to bits 0.. (word bits 8..).
+  constexpr uint64_t spread =
+      0x0101010101010101ull *
+      (w == 0 ? 0 : (K == kKindE && bp) ? (0x80u | ((1u << (w - 1)) - 1)) : ((1u << w) - 1));
+  const uint8_t* packed = in + (bp ? len : 0);
+  const __m256i k16 = _mm256_set1_epi16((short)keep);
+  const __m256i m807f = _mm256_set1_epi16((short)0x807F);
+  uint32_t j = 0;
+  const uint8_t* g = packed;  // the 4 groups' packed bytes
+  for (; j + 32 <= len; j += 32, g += 4 * w) {
+    __m256i lo = _mm256_setzero_si256(), hi = lo;
+    if constexpr (bp) {
+      lo = _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + j)), 0xD8);
+    }
+    if constexpr (w > 0) {
+      uint64_t d0, d1, d2, d3;
+      asm("pdep %2, %1, %0" : "=r"(d0) : "r"(load_ending<w>(g)), "r"(spread));
+      asm("pdep %2, %1, %0" : "=r"(d1) : "r"(load_ending<w>(g + w)), "r"(spread));
+      asm("pdep %2, %1, %0" : "=r"(d2) : "r"(load_ending<w>(g + 2 * w)), "r"(spread));
+      asm("pdep %2, %1, %0" : "=r"(d3) : "r"(load_ending<w>(g + 3 * w)), "r"(spread));
+      const __m128i a = _mm_insert_epi64(_mm_cvtsi64_si128((long long)d0), (long long)d2, 1);
+      const __m128i c = _mm_insert_epi64(_mm_cvtsi64_si128((long long)d1), (long long)d3, 1);
+      hi = _mm256_inserti128_si256(_mm256_castsi128_si256(a), c, 1);
+      if constexpr (!bp) {  // bf16 J: the packed value is the low byte
+        lo = hi;
+        hi = _mm256_setzero_si256();
+      }
+    } else {
+      hi = lo;  // bf16 E
+    }
+    __m256i r0 = _mm256_unpacklo_epi8(lo, hi), r1 = _mm256_unpackhi_epi8(lo, hi);
+    if constexpr (w == 0) {
+      r0 = _mm256_and_si256(r0, m807f);
+      r1 = _mm256_and_si256(r1, m807f);
+    }
+    const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j));
+    const __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sv + j + 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), _mm256_or_si256(_mm256_and_si256(s0, k16), r0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j + 16), _mm256_or_si256(_mm256_and_si256(s1, k16), r1));
+  }
+  return j;
+}
+#endif
+
 // y[j] = (sv[j] & keep) | the raw bits of element j, for j < len (sv may be y).
 // keep clears what a decoded symbol entry holds besides the symbol's value bits
 // (its code length, in bits that the raw bits own: see DecScratch::tab).
@@ -348,17 +400,17 @@ EZ_INLINE void or_raw(const uint8_t* in, uint32_t len, const uint16_t* sv, uint1
   constexpr bool bp = rw >= 8;
   constexpr uint32_t w = bp ? rw - 8 : rw;
   const uint8_t* packed = in + (bp ? len : 0);
-  if (!w) {
-    uint32_t j = 0;
+  uint32_t j32 = 0;  // elements joined 32 a step
 #if EZ_X86
-    if constexpr (Fast && K == kKindE && D == kBF16) j = or_raw_bf16e_fast(in, len, sv, y, keep);
+  if constexpr (Fast) j32 = or_raw_fast32<D, K>(in, len, sv, y, keep);
 #endif
-    for (; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
+  if (!w) {
+    for (uint32_t j = j32; j < len; ++j) y[j] = (uint16_t)((sv[j] & keep) | t.raw_bits(K, in[j]));
     return;
   }
   constexpr uint64_t mask = (1ull << w) - 1;
   const uint32_t groups = (len + 7) / 8;
-  uint32_t g = 0;
+  uint32_t g = j32 / 8;
 #if EZ_X86
   if constexpr (Fast) {
     // 8 elements at a time: PDEP spreads the group's 8 w-bit values into 8 bytes,
@@ -1432,18 +1484,34 @@ EZ_INLINE int32_t read_lengths_bucketed(const uint8_t* p, uint32_t avail, uint32
 
 struct DecScratch {
   LenBuckets lb;
-  // Pair table, indexed by the next 11 bits of a stream:
-  //   bits [0, 4)   bits the entry consumes (l1, or l1 + l2 when it holds 2 symbols)
-  //   bits [4, 16)  symbol 1's value bits (sign/exponent fields: bf16 bits >= 7, fp16 >= 10)
-  //   bits [16, 20) l1 (the first symbol's own length, for a stream's last symbol)
-  //   bits [20, 32) symbol 2's value bits (zero when the entry holds one symbol)
-  //   bits [32, 64) output advance in bytes (2 or 4)
-  // The low 32 bits are stored as two 16-bit output words; the join masks the
-  // length nibbles off (they sit in bits the raw planes own). A 64-bit shift by
-  // the entry shifts by its length (x86 counts are taken mod 64; bits 4, 5 are 0).
-  uint64_t pair[kTableSize];
-  uint64_t oadd[kMaxAlphabet];  // pair-table build: canonical order (see there)
+  // Decode table, indexed by the next 11 bits of a stream; an entry holds the 1 to
+  // 3 symbols whose codes fit in those bits (their concatenation), as 4 16-bit
+  // words (stored as they are into sv; a symbol's value bits are its sign/exponent
+  // fields, bf16 bits >= 7, fp16 >= 10, so the low nibble of each word is free):
+  //   word 0  symbol 1's value bits | the bits the entry consumes (l1 [+ l2 [+ l3]])
+  //   word 1  symbol 2's value bits | l1                (value 0 with 1 symbol)
+  //   word 2  symbol 3's value bits | l1 + l2 (2+ symbols, else 0)
+  //   word 3  output advance in bytes: 2 x the symbols (2, 4 or 6)
+  // The join masks the low nibbles off (bits the raw planes own); word 3 and the
+  // words past the entry's symbols land on output slots that the stream's next
+  // entry (or the tail) overwrites. A 64-bit shift by the entry shifts by its
+  // length (x86 counts are taken mod 64; bits 4, 5 are 0). Gaussian bf16/fp16:
+  // ~2.85 symbols a lookup (1.99 with at most 2; see the table build for the
+  // pairs and triples left out).
+  uint64_t tab[kTableSize];
+  // Table build (decode_block_impl), per symbol in canonical order: its length
+  // (then a sentinel > 11) and its parts of an entry as symbol 1, 2 and 3
+  // (entries are sums of these: no field carries into the next).
   uint8_t olen[kMaxAlphabet + 1];
+  uint64_t c1[kMaxAlphabet], c2[kMaxAlphabet], c3[kMaxAlphabet];
+  // third[2^m + i], m = 3..9, i < 2^m: c3 of the symbol whose code prefixes the
+  // m-bit value i, or 0 when none fits (the entries of an (s1, s2) region are
+  // c1[s1] + c2[s2] + third[2^m + i], m = 11 - l1 - l2).
+  uint64_t third[1u << (kMaxLen - 1)];
+  // The c1 list of the codes of <= 6 bits whose regions s.tab holds (see the
+  // table build); sig_n = ~0u: none yet.
+  uint64_t sig[64];
+  uint32_t sig_n;
   uint8_t area[kMaxAreaBytes + kStreamLen * kMaxLen / 8 + 8];
   uint16_t sv[kBlock];       // decoded symbol values (L1), merged with the raw planes into y
   uint16_t zraw[kBlock + 8];  // kind Z: the block's raw values (elements with e != 0), in order
@@ -1453,9 +1521,7 @@ struct DecScratch {
   uint8_t* pf_out;
 };
 
-inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-
-// Fills dst[0, cnt) with v, cnt a power of two (runs of 1 and 2 are common). GCC
+// Fills dst[0, cnt) with v, cnt a power of two or a multiple of 8. GCC
 // vector types: 32-byte stores where the caller is compiled for AVX2.
 typedef uint64_t u64x4 __attribute__((vector_size(32)));
 EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
@@ -1475,6 +1541,142 @@ EZ_INLINE void fill64(uint64_t* dst, uint32_t cnt, uint64_t v) {
     std::memcpy(dst + i, &v4, sizeof v4);
     std::memcpy(dst + i + 4, &v4, sizeof v4);
   }
+}
+
+// dst[i] = b + src[i] for i < cnt, cnt 8 or a multiple of 16 (16 entries an
+// iteration: four 32-byte adds and stores where the caller is compiled for AVX2).
+EZ_INLINE void add_fill64(uint64_t* dst, const uint64_t* src, uint32_t cnt, uint64_t b) {
+  const u64x4 b4 = {b, b, b, b};
+  uint32_t i = 0;
+  if (cnt & 8) {
+    u64x4 v0, v1;
+    std::memcpy(&v0, src, sizeof v0);
+    std::memcpy(&v1, src + 4, sizeof v1);
+    v0 += b4;
+    v1 += b4;
+    std::memcpy(dst, &v0, sizeof v0);
+    std::memcpy(dst + 4, &v1, sizeof v1);
+    i = 8;
+  }
+  for (; i < cnt; i += 16) {
+    u64x4 v0, v1, v2, v3;
+    std::memcpy(&v0, src + i, sizeof v0);
+    std::memcpy(&v1, src + i + 4, sizeof v1);
+    std::memcpy(&v2, src + i + 8, sizeof v2);
+    std::memcpy(&v3, src + i + 12, sizeof v3);
+    v0 += b4;
+    v1 += b4;
+    v2 += b4;
+    v3 += b4;
+    std::memcpy(dst + i, &v0, sizeof v0);
+    std::memcpy(dst + i + 4, &v1, sizeof v1);
+    std::memcpy(dst + i + 8, &v2, sizeof v2);
+    std::memcpy(dst + i + 12, &v3, sizeof v3);
+  }
+}
+
+// The hot loop's constants (decode_block_impl: shift counts in registers).
+struct DecodeRegs {
+  const uint8_t* p;    // the bit area
+  const uint64_t* tab; // DecScratch::tab
+  uint8_t* out;        // DecScratch::sv as bytes
+  uint32_t top, c3, c48, not7;  // 64 - 11, 3, 48, ~7
+};
+
+// 5 lookups from one refill at bit q (55 bits <= the 57 valid), output at byte
+// oo. The refill sets bit 0 as a marker (the window's bit 63 - q % 8 >= 56,
+// never read): after the shifts its position is the bits consumed. Returns the
+// new q. (Values, not references to the caller's locals: the asm's memory
+// clobber would reload anything reached through memory.)
+template <bool Fast>
+EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
+  uint64_t buf;
+  uint32_t oo = oo_ref;
+#if EZ_X86
+  if constexpr (Fast) {
+    // The bit offset q % 8 by one ANDN (GCC otherwise copies q and ANDs).
+    uint32_t sh;
+    asm("andn %[q], %[not7], %[sh]" : [sh] "=r"(sh) : [q] "r"(q), [not7] "r"(r.not7));
+    buf = (__builtin_bswap64(load64(r.p + (q >> r.c3))) << sh) | 1;
+  } else
+#endif
+  {
+    buf = (__builtin_bswap64(load64(r.p + (q >> r.c3))) << (~r.not7 & q)) | 1;
+  }
+#if EZ_X86
+  if constexpr (Fast) {
+    // 5 instructions a lookup: the output advance (word 3) is added straight
+    // from the entry's memory by a 16-bit add (oo < 2^14, so the register's
+    // upper bits stay 0 for the addressing).
+    uint64_t oo64 = oo, idx, e;
+    const uint64_t top64 = r.top;
+#pragma GCC unroll 5
+    for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+      asm("shrx %[top], %[buf], %[idx]\n\t"
+          "movq (%[tab],%[idx],8), %[e]\n\t"
+          "movq %[e], (%[out],%[oo],1)\n\t"
+          "shlx %[e], %[buf], %[buf]\n\t"
+          "addw 6(%[tab],%[idx],8), %w[oo]"
+          : [buf] "+r"(buf), [oo] "+r"(oo64), [idx] "=&r"(idx), [e] "=&r"(e)
+          : [top] "r"(top64), [tab] "r"(r.tab), [out] "r"(r.out)
+          : "memory", "cc");
+    }
+    oo = (uint32_t)oo64;
+  } else
+#endif
+  {
+#pragma GCC unroll 5
+    for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
+      const uint64_t e = r.tab[buf >> r.top];
+      buf <<= (e & 63);
+      std::memcpy(r.out + oo, &e, 8);
+      oo += (uint32_t)(e >> r.c48);
+    }
+  }
+  oo_ref = oo;
+  return q + (uint32_t)__builtin_ctzll(buf);
+}
+
+// Rounds over the 8 streams of 5 lookups each. A lookup emits <= 3 symbols and
+// stores 4 words, so R rounds stay inside a stream's output (and decode no more
+// than its symbols) while every stream has >= 15 R + 1 symbols left. (Two
+// groups a stream a round, q and oo kept in registers between them, ran ~7%
+// slower at 64 MiB despite fewer instructions: one stream's longer dependency
+// chain.)
+template <bool Fast>
+EZ_INLINE void decode_rounds(const DecodeRegs r, uint32_t* pos, uint32_t* o, const uint32_t* oend,
+                             const uint8_t*& pf_in_ref, uint8_t*& pf_out_ref) {
+  constexpr uint32_t kRoundSyms = 3 * kSymsPerRefill;
+  const uint8_t* pf_in = pf_in_ref;
+  uint8_t* pf_out = pf_out_ref;
+  for (;;) {
+    uint32_t left = kStreamLen;
+    for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
+    uint32_t rounds = left ? (left - 1) / kRoundSyms : 0;
+    if (!rounds) break;
+    for (; rounds; --rounds) {
+      // 4 + 3 lines a round (~2.85 symbols a lookup on Gaussian data: ~35
+      // rounds a block): ~9 KiB of the output a block (the next block's 8 KiB)
+      // and ~6.7 KiB of a later block's payload (~5.4 KiB).
+      __builtin_prefetch(pf_out, 1, 2);
+      __builtin_prefetch(pf_out + 64, 1, 2);
+      __builtin_prefetch(pf_out + 128, 1, 2);
+      __builtin_prefetch(pf_out + 192, 1, 2);
+      __builtin_prefetch(pf_in, 0, 2);
+      __builtin_prefetch(pf_in + 64, 0, 2);
+      __builtin_prefetch(pf_in + 128, 0, 2);
+      pf_out += 256;
+      pf_in += 192;
+#pragma GCC unroll 8
+      for (uint32_t st = 0; st < kStreams; ++st) {
+        uint32_t oo = o[st];
+        pos[st] = lookups5<Fast>(r, pos[st], oo);
+        o[st] = oo;
+      }
+    }
+  }
+  pf_in_ref = pf_in;
+  pf_out_ref = pf_out;
 }
 
 // Decodes one block of `size` bytes at blk (avail = readable bytes from blk on,
@@ -1543,32 +1745,93 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // Padding bits after the last code (the low bits of the last byte) are zero.
   if ((total & 7) && (blk[area_off + ab - 1] & ((1u << (8 - (total & 7))) - 1))) return kDecBadStream;
 
-  // Pair table: symbol s1 (canonical order) owns the 2^(11 - l1) indexes after
-  // its code; inside them the remaining 11 - l1 bits start with the code of each
-  // s2 with l2 <= 11 - l1, in canonical order (2^(11 - l1 - l2) indexes each),
-  // and the indexes after those (longer codes) hold s1 alone.
+  // Decode table: symbol s1 (canonical order) owns the 2^m1 indexes after its
+  // code (m1 = 11 - l1); inside them the remaining bits start with the code of
+  // each s2 with l1 + l2 <= kPairBits, in canonical order (2^m2 indexes each, m2
+  // = m1 - l2 >= 3), and the indexes after those (longer codes) hold s1 alone.
+  // An (s1, s2) region is c1 + c2 + the third-symbol table of its m2 bits. Rarer
+  // pairs (l1 + l2 > kPairBits: < 3% of lookups on Gaussian data, 2.85 instead
+  // of 2.92 symbols a lookup) would cost more to build than they save: they keep
+  // 1 symbol, so every region is a multiple of 8 entries (vector stores). The
+  // s1 of one length have regions that differ only by c1: the first is built,
+  // the others are it plus the difference.
+  //
+  // Only codes of <= kShortBits bits take part in pairs and triples, so the
+  // regions of those codes (the table's first `pre` entries: ~97% of it on
+  // Gaussian data) depend only on their (length, value) list, kept in s.sig:
+  // when a block's list equals the previous block's (1/3 to 2/3 of Gaussian
+  // blocks), they are still in s.tab and only the longer codes' regions (single
+  // symbols) are written again.
   {
-    // Canonical order flattened: each symbol's length and its entry bits as the
-    // second symbol (value bits << 16 + its length + one more output word).
-    uint32_t k = 0;
-    for (uint32_t l = 1; l <= kMaxLen; ++l)
+    constexpr uint32_t kPairBits = 8, kShortBits = 6;
+    uint32_t k = 0, pre = 0, P = 0;
+    for (uint32_t l = 1; l <= kMaxLen; ++l) {
       for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
+        const uint64_t v = t.sym_bits(kind, lb.sym[l][i]);
         s.olen[k] = (uint8_t)l;
-        s.oadd[k] = ((uint64_t)t.sym_bits(kind, lb.sym[l][i]) << 16) + l + (2ull << 32);
+        s.c1[k] = v | l | (l << 16) | ((uint64_t)l << 32) | (2ull << 48);
       }
-    uint64_t* dst = s.pair;
-    for (uint32_t i = 0; i < k; ++i) {
-      const uint32_t l1 = s.olen[i], m = kMaxLen - l1;
-      // s.oadd[i] - l1 - 2^33 = value bits << 16; as symbol 1: value bits | l1 | l1 << 16.
-      const uint64_t v = (s.oadd[i] >> 16) & 0xFFFF;
-      const uint64_t b1 = v | l1 | (l1 << 16) | (2ull << 32);
-      uint64_t* const end = dst + (1u << m);
-      for (uint32_t i2 = 0; i2 < k && s.olen[i2] <= m; ++i2) {
-        const uint32_t cnt = 1u << (m - s.olen[i2]);
-        fill64(dst, cnt, b1 + s.oadd[i2]);
-        dst += cnt;
+      if (l == kShortBits) {
+        P = k;
+        pre = 0;
+        for (uint32_t l2 = 1; l2 <= kShortBits; ++l2) pre += lb.n[l2] << (kMaxLen - l2);
       }
-      for (; dst < end; ++dst) *dst = b1;
+    }
+    s.olen[k] = kMaxLen + 1;  // stops the "length <= m" scans
+    if (!(P == s.sig_n && std::memcmp(s.sig, s.c1, sizeof(uint64_t) * P) == 0)) {
+      // s.olen[P] (> kShortBits, or the sentinel) stops the scans below at the
+      // short codes.
+      for (uint32_t i = 0; i < P; ++i) {
+        const uint64_t l = s.olen[i], v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 9 (fp16)
+        s.c2[i] = l | (v << 16) | (l << 32) | (2ull << 48);
+        s.c3[i] = l | (v << 32) | (2ull << 48);
+      }
+      const uint32_t lmin = s.olen[0];
+      // The third-symbol tables that regions use: m2 = 11 - l1 - l2 in
+      // [11 - kPairBits, 11 - 2 lmin].
+      for (uint32_t m = kMaxLen - kPairBits; m + 2 * lmin <= kMaxLen; ++m) {
+        uint64_t* d = s.third + (1u << m);
+        uint64_t* const end = d + (1u << m);
+        for (uint32_t i = 0; s.olen[i] <= std::min(m, kShortBits); ++i) {
+          const uint32_t cnt = 1u << (m - s.olen[i]);
+          fill64(d, cnt, s.c3[i]);
+          d += cnt;
+        }
+        for (; d < end; ++d) *d = 0;
+      }
+      uint64_t* dst = s.tab;
+      const uint64_t* built = nullptr;  // the region of the first s1 of length prev_l
+      uint32_t prev_l = 0;
+      uint64_t prev_c1 = 0;
+      for (uint32_t i1 = 0; i1 < P; ++i1) {
+        const uint32_t l1 = s.olen[i1], m1 = kMaxLen - l1;
+        const uint64_t c1 = s.c1[i1];
+        uint64_t* const end = dst + (1u << m1);
+        if (l1 + lmin > kPairBits) {
+          fill64(dst, 1u << m1, c1);
+        } else if (l1 == prev_l) {
+          add_fill64(dst, built, 1u << m1, c1 - prev_c1);
+        } else {
+          built = dst;
+          prev_l = l1;
+          prev_c1 = c1;
+          for (uint32_t i2 = 0; s.olen[i2] + l1 <= kPairBits && s.olen[i2] <= kShortBits; ++i2) {
+            const uint32_t cnt = 1u << (m1 - s.olen[i2]);
+            add_fill64(dst, s.third + cnt, cnt, c1 + s.c2[i2]);
+            dst += cnt;
+          }
+          if (dst < end) fill64(dst, (uint32_t)(end - dst), c1);
+        }
+        dst = end;
+      }
+      std::memcpy(s.sig, s.c1, sizeof(uint64_t) * P);
+      s.sig_n = P;
+    }
+    uint64_t* dst = s.tab + pre;
+    for (uint32_t i1 = P; i1 < k; ++i1) {
+      const uint32_t cnt = 1u << (kMaxLen - s.olen[i1]);
+      fill64(dst, cnt, s.c1[i1]);
+      dst += cnt;
     }
   }
   // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
@@ -1582,16 +1845,17 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     std::memset(s.area + ab, 0, kOverrun);
     p = s.area;
   }
-  const uint64_t* tab = s.pair;
+  const uint64_t* tab = s.tab;
   // The shift counts (and the mask) live in registers so that BMI2 code shifts
   // with one non-destructive shrx instead of mov + shr (the entry is still needed
-  // after `e >> 32`, q after `q >> 3`): 6 instead of 7 instructions a lookup, one
-  // fewer a refill (bf16 decode 7.15 -> 6.99 instructions an element).
-  uint32_t top = 64 - kMaxLen, c3 = 3, c32 = 32, not7 = ~7u;
+  // after the shift, q after `q >> 3`): one instruction fewer a lookup and a
+  // refill (measured with 2-symbol entries: bf16 decode 7.15 -> 6.99
+  // instructions an element).
+  uint32_t top = 64 - kMaxLen, c3 = 3, c48 = 48, not7 = ~7u;
   if (Fast) {
     opaque(top);
     opaque(c3);
-    opaque(c32);
+    opaque(c48);
     opaque(not7);
   }
   auto refill = [p, c3, not7](uint32_t q) -> uint64_t {
@@ -1608,85 +1872,50 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   const uint8_t* pf_in = s.pf_in;
   uint8_t* pf_out = s.pf_out;
   if (len == kBlock) {
-    // Rounds of 5 lookups per stream after one refill (5 * 11 = 55 bits <= 57
-    // valid). A round writes <= 10 symbols a stream, so R rounds are safe while
-    // every stream has >= 10 R symbols left. The refill sets bit 0 as a marker
-    // (the window's bit 63 - q % 8 >= 56, never read): after the shifts its
-    // position is the bits consumed.
-    for (;;) {
-      uint32_t left = kStreamLen;
-      for (uint32_t st = 0; st < kStreams; ++st) left = std::min(left, (oend[st] - o[st]) / 2);
-      uint32_t rounds = left / (2 * kSymsPerRefill);
-      if (!rounds) break;
-      for (; rounds; --rounds) {
-        // 3 + 2 lines a round, ~54 rounds a block on Gaussian data: ~10 KiB of
-        // the output (the next block's 8 KiB; 2 lines a round were ~6% slower at
-        // 64 MiB, 4 no better) and ~7 KiB of a later block's payload (~5.4 KiB).
-        __builtin_prefetch(pf_out, 1, 2);
-        __builtin_prefetch(pf_out + 64, 1, 2);
-        __builtin_prefetch(pf_out + 128, 1, 2);
-        __builtin_prefetch(pf_in, 0, 2);
-        __builtin_prefetch(pf_in + 64, 0, 2);
-        pf_out += 192;
-        pf_in += 128;
-#pragma GCC unroll 8
-        for (uint32_t st = 0; st < kStreams; ++st) {
-          const uint32_t q = pos[st];
-          uint32_t oo = o[st];
-          uint64_t buf = refill(q) | 1;
-#if EZ_X86
-          if constexpr (Fast) {
-            // The same steps in 5 instructions a lookup: the output advance is
-            // added straight from the entry's high word (a second load of the same
-            // line) instead of shifting the entry (GCC also added a register copy
-            // of oo a lookup). A 32-bit add zero-extends oo for the addressing.
-            uint64_t oo64 = oo, idx, e;
-            const uint64_t top64 = top;
-#pragma GCC unroll 5
-            for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-              asm("shrx %[top], %[buf], %[idx]\n\t"
-                  "movq (%[tab],%[idx],8), %[e]\n\t"
-                  "movl %k[e], (%[out],%[oo],1)\n\t"
-                  "shlx %[e], %[buf], %[buf]\n\t"
-                  "addl 4(%[tab],%[idx],8), %k[oo]"
-                  : [buf] "+r"(buf), [oo] "+r"(oo64), [idx] "=&r"(idx), [e] "=&r"(e)
-                  : [top] "r"(top64), [tab] "r"(tab), [out] "r"(out)
-                  : "memory");
-            }
-            oo = (uint32_t)oo64;
-          } else
-#endif
-          {
-#pragma GCC unroll 5
-            for (uint32_t i = 0; i < kSymsPerRefill; ++i) {
-              const uint64_t e = tab[buf >> top];
-              buf <<= (e & 63);
-              store32(out + oo, (uint32_t)e);
-              oo += (uint32_t)(e >> c32);
-            }
-          }
-          pos[st] = q + (uint32_t)__builtin_ctzll(buf);
-          o[st] = oo;
-        }
+    DecodeRegs r{p, tab, out, top, c3, c48, not7};
+    decode_rounds<Fast>(r, pos, o, oend, pf_in, pf_out);
+  }
+  // The rest of each stream (all of it in a short block): 5 lookups a refill
+  // while the stream has >= 16 symbols left (the rounds stop at the slowest
+  // stream), then one whole entry a refill while 4 output words remain, then one
+  // symbol a lookup (symbol 1's length is word 1's nibble). Each phase takes the
+  // streams in turn, so that their lookup chains overlap (one stream after
+  // another, the tail was ~7% of the decode time on Gaussian bf16).
+  const DecodeRegs regs{p, tab, out, top, c3, c48, not7};
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (oend[st] - o[st] >= 2 * (3 * kSymsPerRefill + 1)) {
+        uint32_t oo = o[st];
+        pos[st] = lookups5<Fast>(regs, pos[st], oo);
+        o[st] = oo;
+        more = true;
       }
-    }
   }
-  for (uint32_t st = 0; st < kStreams; ++st) {
-    uint32_t q = pos[st], oo = o[st];
-    const uint32_t oe = oend[st];
-    while (oe - oo >= 4) {
-      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
-      store32(out + oo, (uint32_t)e);
-      q += (uint32_t)e & kLenMask;
-      oo += (uint32_t)(e >> 32);
-    }
-    if (oo < oe) {
-      const uint64_t e = tab[refill(q) >> (64 - kMaxLen)];
-      std::memcpy(out + oo, &e, 2);
-      q += (uint32_t)(e >> 16) & kLenMask;
-    }
-    if (q != start[st + 1]) return kDecBadStream;
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (oend[st] - o[st] >= 8) {
+        const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
+        std::memcpy(out + o[st], &e, 8);
+        pos[st] += (uint32_t)e & kLenMask;
+        o[st] += (uint32_t)(e >> 48);
+        more = true;
+      }
   }
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (o[st] < oend[st]) {
+        const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
+        std::memcpy(out + o[st], &e, 2);
+        pos[st] += (uint32_t)(e >> 16) & kLenMask;
+        o[st] += 2;
+        more = true;
+      }
+  }
+  for (uint32_t st = 0; st < kStreams; ++st)
+    if (pos[st] != start[st + 1]) return kDecBadStream;
   if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s.sv, s.zraw, y);
   or_raw_kind<D, Fast>(kind, blk + area_off + ab, len, s.sv, y, (uint16_t)~kLenMask);
   return kDecOk;
@@ -1852,6 +2081,7 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
   std::vector<uint64_t> tcs(nt, 0), traws(nt, 0);
   par::parallel_for(nt, [&](int t) {
     std::unique_ptr<DecScratch> s(new DecScratch);
+    s->sig_n = ~0u;
     const uint64_t b0 = nb * (uint64_t)t / nt, b1 = nb * (uint64_t)(t + 1) / nt;
     uint64_t acc = 0, raws = 0;
     int32_t worst = kDecOk;
