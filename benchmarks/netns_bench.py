@@ -350,7 +350,7 @@ class _Sync:
 def worker(cfg_path: str, pid: int) -> int:
   cfg = json.loads(Path(cfg_path).read_text())
   rundir = Path(cfg["rundir"])
-  out = {"pid": pid, "samples": [], "events": [], "bytes": [], "calibrations": {},
+  out = {"pid": pid, "samples": [], "events": [], "bytes": [], "taken": [], "calibrations": {},
          "errors": []}
   try:
     _worker(cfg, pid, rundir, out)
@@ -424,9 +424,9 @@ def _worker(cfg, pid, rundir, out):
   if cal is not None and any(codec_variant(c)[1] == "auto" for c in codecs):
     cm.set_calibration(cal)   # chunks="auto" asks the model (the last link's numbers)
 
-  def body(coll, codec):
+  def body(coll, codec, stats=False):
     name, chunks = codec_variant(codec)
-    kw = dict(codec=name, policy="always")
+    kw = dict(codec=name, policy="always", stats=stats)
     if chunks is not None:
       kw["chunks"] = chunks
     if coll == "all_gather":
@@ -469,6 +469,17 @@ def _worker(cfg, pid, rundir, out):
         fns[coll, codec] = compiled
         out["bytes"].append(dict(mib=mib, collective=coll, codec=str(codec),
                                  sent=wire.common_sent, operand=wire.common))
+        if codec is not None:
+          # The rung each data kind takes (untimed, with stats): the bytes that
+          # matter, where the smallest rung (common_sent) may be one that dense
+          # data never takes (the entropy codec's low rungs).
+          fs = jax.jit(jax.shard_map(body(coll, codec, stats=True), mesh=mesh, in_specs=P("dp"),
+                                     out_specs=(P("dp"), P())))
+          for kind in cfg["data"]:
+            st = jax.block_until_ready(fs(xs[kind]))[1]
+            out["taken"].append(dict(mib=mib, collective=coll, codec=str(codec), data=kind,
+                                     wire=int(np.asarray(st.wire_bytes).reshape(-1)[0]),
+                                     raw=int(st.raw_bytes)))
     wlog(f"{mib:g} MiB: {len(fns)} programs compiled")
     first = True
     for link in cfg["links"]:
@@ -787,6 +798,7 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
   med = {k: statistics.median(max(ts) for ts in v.values()) for k, v in cells.items()}
   nrounds = {k: len(v) for k, v in cells.items()}
   byts = {}
+  taken = {}
   cals = {}
   pinned = {}
   for r in results:
@@ -794,6 +806,8 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
     if r["pid"] == 0:
       for b in r["bytes"]:
         byts[(r["procs"], b["mib"], b["collective"], b["codec"])] = b["sent"]
+      for b in r.get("taken", []):
+        taken[(r["procs"], b["mib"], b["collective"], b["codec"], b["data"])] = b["wire"]
       for link, c in r["calibrations"].items():
         cals[(r["procs"], link)] = c
   events = [e for r in results for e in r["events"]]
@@ -813,6 +827,12 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
     raw_b = byts.get((procs, mib, coll, "raw"))
     row["byte_ratio"] = {c: byts[(procs, mib, coll, c)] / raw_b for c in [str(x) for x in codecs]
                          if raw_b and (procs, mib, coll, c) in byts}
+    # the rung the data took, where measured (over raw's own bytes, same stats)
+    raw_t = taken.get((procs, mib, coll, "raw", data))
+    for c in [str(x) for x in codecs]:
+      k = (procs, mib, coll, c, data)
+      if raw_t and k in taken:
+        row["byte_ratio"][c] = taken[k] / raw_t
     row["time_ratio"] = {c: tt / t for c, tt in row["times"].items()}
     # What policy="auto" with this link's calibration would do (bf16 rows).
     cal_d = cals.get((procs, link))
@@ -882,7 +902,8 @@ def write_report(args, doc) -> None:
            "Each time is the median over rounds of the slowest process's wall time of one call "
            "(variants interleaved within each round, a barrier before every call). "
            "'x raw' columns: time / time of codec='raw' (< 1 is faster); 'bytes': bytes one "
-           "process sends by the compiled HLO (`hlo_wire_bytes(...).common_sent`) / raw's. "
+           "process sends on the rung its data takes (`CollectiveStats.wire_bytes` of an untimed call "
+           "with stats=True) / raw's; the compiled HLO's smallest rung where not measured. "
            "'auto': what `decide` (policy='auto') picks with the calibration measured on that "
            "link by `zipccl_jax.calibrate` in the same processes; 'auto/best': the measured "
            "time of that pick over the faster of raw and the compressed codecs.", ""]
