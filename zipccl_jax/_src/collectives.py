@@ -307,6 +307,18 @@ class _Item(NamedTuple):
   post: object          # rows of the result, this leaf's slice -> the leaf's result
 
 
+def _flat_item(fn, leaf, opts, axes):
+  """The _Item of a leaf whose rows are its flattened elements (psum, ppermute), or
+  None for a leaf that is not bucketed (plain lax, codec None, empty)."""
+  if _takes_lax(fn, leaf) or opts.codec is None:
+    return None
+  leaf = options.check_x(fn, leaf)
+  if leaf.size == 0:
+    return None
+  shape = leaf.shape
+  return _Item(compat.pvary(leaf, axes).reshape(-1), lambda r: r.reshape(shape))
+
+
 def _bucket_groups(items, limit: int) -> list:
   """Indices of the buckets: leaves of one dtype, in leaf order, greedily filled up
   to `limit` raw bytes; a leaf of `limit` bytes or more travels alone."""
@@ -607,13 +619,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
     return _psum(compat.pvary(leaf, axes), cfg)
 
   def item(leaf):
-    if _takes_lax(fn, leaf) or opts.codec is None:
-      return None
-    leaf = options.check_x(fn, leaf)
-    if leaf.size == 0:
-      return None
-    shape = leaf.shape
-    return _Item(compat.pvary(leaf, axes).reshape(-1), lambda r: r.reshape(shape))
+    return _flat_item(fn, leaf, opts, axes)
 
   def run(rows):
     return _bpsum(rows, _Cfg(axes, n_peers, opts, False, fn))[0]
@@ -721,13 +727,7 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
     return _pp(compat.pvary(leaf, axes), cfg)
 
   def item(leaf):
-    if _takes_lax(fn, leaf) or opts.codec is None:
-      return None
-    leaf = options.check_x(fn, leaf)
-    if leaf.size == 0:
-      return None
-    shape = leaf.shape
-    return _Item(compat.pvary(leaf, axes).reshape(-1), lambda r: r.reshape(shape))
+    return _flat_item(fn, leaf, opts, axes)
 
   def run(rows):
     return _bpp(rows, _Cfg(axes, n_peers, opts, False, fn, perm=perm))[0]

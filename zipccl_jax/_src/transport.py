@@ -10,14 +10,16 @@ ppermute). For one call, a device
   2. agrees with its peers on the largest used size: ONE int32 pmax over the axes
      (an all-gather of (used, count) pairs when stats are asked for);
   3. rounds it up to the next rung of a static ladder of slot sizes (`ladder`),
-     from the codec's min_nbytes to below the raw row size, ~2% apart; the rung
+     from the codec's min_nbytes (or its floor, with low rungs below) to below
+     the raw row size, 1% apart for gathers / permutes, 2-4% for all-to-all
+     rows; the rung
      index is identical everywhere after the agreement;
   4. runs that rung's branch of a `lax.switch`: slice payload[:, :slot], move it
      with the XLA collective, decode it. The top rung moves the raw words
      (same-width uint16/uint32 bitcasts: XLA:CPU widens bf16 collectives to f32).
 
 So no capacity is tuned and nothing falls back for a whole call: the wire is the
-largest used size among the participants plus < 2%, or raw when the data does
+largest used size among the participants plus ~1-4%, or raw when the data does
 not compress. The decoder's per-row status is kept: rows that fail to decode
 (only a corrupted wire can cause it) are NaN (all-one bits, written by the
 decoder), counted in the stats, and raise when `check_decode` is on.
@@ -85,8 +87,8 @@ def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False,
   """Compressed slot sizes (bytes per row) for rows whose raw size is raw_row.
 
   Ascending multiples of 128 from align128(min_nbytes), all below raw_row: the
-  first FINE_RUNGS 2% (at least 128 bytes) apart, the rest 5% apart, so that a
-  used size u near the codec's best case lands on a rung at most 2% above u.
+  first FINE_RUNGS 1% (at least 128 bytes) apart, the rest 5% apart, so that a
+  used size u near the codec's best case lands on a rung at most 1% above u.
   Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
   listed). With all_to_all (the rows of an all-to-all transport) the ladder is
   ALL_TO_ALL_LADDER: 8 rungs 2% apart, then 5%, at most 12. A ladder longer than
