@@ -5,6 +5,10 @@
 #pragma once
 
 #include <stdint.h>
+#include <stdio.h>
+
+#include <string>
+#include <vector>
 
 namespace zbase {
 namespace ent {
@@ -19,4 +23,17 @@ RowStats encode_row(zbase::ent::DtypeCode d, const uint16_t* x, uint64_t n, uint
 int32_t decode_row(zbase::ent::DtypeCode d, const uint8_t* in, uint64_t nbytes, uint64_t n, uint16_t* y);
 }  // namespace cpu
 }  // namespace ent
+
+// A row file written by entropy_base.sh's write_rows: little-endian u16 words, its
+// dtype in the name's suffix (".fp16", else bf16). False when it cannot be read.
+inline bool read_row(const std::string& path, bool* fp16, std::vector<uint16_t>* x) {
+  *fp16 = path.size() > 5 && path.substr(path.size() - 5) == ".fp16";
+  FILE* f = fopen(path.c_str(), "rb");
+  if (!f) return false;
+  uint16_t w;
+  x->clear();
+  while (fread(&w, 2, 1, f) == 1) x->push_back(w);
+  fclose(f);
+  return true;
+}
 }  // namespace zbase

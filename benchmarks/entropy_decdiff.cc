@@ -36,13 +36,10 @@ int main(int argc, char** argv) {
   std::mt19937_64 g(12345);
   for (int a = 2; a < argc; ++a) {
     const std::string path = argv[a];
-    const DtypeCode d = path.size() > 5 && path.substr(path.size() - 5) == ".fp16" ? kF16 : kBF16;
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) { printf("cannot read %s\n", path.c_str()); return 2; }
+    bool fp16;
     std::vector<uint16_t> x;
-    uint16_t w;
-    while (fread(&w, 2, 1, f) == 1) x.push_back(w);
-    fclose(f);
+    if (!zbase::read_row(path, &fp16, &x)) { printf("cannot read %s\n", path.c_str()); return 2; }
+    const DtypeCode d = fp16 ? kF16 : kBF16;
     const uint64_t n = x.size(), M = max_nbytes(d, n);
     std::vector<uint8_t> enc(M);
     const auto r = cpu::encode_row(d, x.data(), n, enc.data());

@@ -14,15 +14,5 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 . benchmarks/entropy_base.sh
 build_against_base "$BASE" O2 entropy_decdiff "$TMP/entropy_decdiff"
-mkdir "$TMP/rows"
-.venv/bin/python - "$TMP/rows" $SIZES <<'PY'
-import sys
-import numpy as np
-from tests.test_entropy import BF16, DISTS, F16, make
-out, sizes = sys.argv[1], [int(s) for s in sys.argv[2:]]
-for dtype, ext in ((BF16, "bf16"), (F16, "fp16")):
-  for dist in DISTS:
-    for k, n in enumerate(sizes):
-      make(dist, n, dtype, seed=7 + k).view(np.uint16).astype("<u2").tofile(f"{out}/{dist}_{n}.{ext}")
-PY
+write_rows "$TMP/rows" $SIZES
 ZIPCCL_NUM_THREADS=${ZIPCCL_NUM_THREADS:-1} ${RUNNER:-} "$TMP/entropy_decdiff" "$TRIALS" "$TMP"/rows/*

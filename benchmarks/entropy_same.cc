@@ -22,13 +22,10 @@ int main(int argc, char** argv) {
   int bad = 0;
   for (int a = 1; a < argc; ++a) {
     const std::string path = argv[a];
-    const DtypeCode d = path.size() > 5 && path.substr(path.size() - 5) == ".fp16" ? kF16 : kBF16;
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f) { printf("cannot read %s\n", path.c_str()); return 2; }
+    bool fp16;
     std::vector<uint16_t> x;
-    uint16_t w;
-    while (fread(&w, 2, 1, f) == 1) x.push_back(w);
-    fclose(f);
+    if (!zbase::read_row(path, &fp16, &x)) { printf("cannot read %s\n", path.c_str()); return 2; }
+    const DtypeCode d = fp16 ? kF16 : kBF16;
     const uint64_t n = x.size(), M = max_nbytes(d, n);
     std::vector<uint8_t> oa(M + 1, 0x11), ob(M + 1, 0x22);
     const auto ra = zbase::ent::cpu::encode_row((zbase::ent::DtypeCode)d, x.data(), n, oa.data());
