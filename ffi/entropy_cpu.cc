@@ -354,6 +354,56 @@ EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uin
   const __m256i k16 = _mm256_set1_epi16((short)keep);
   const __m256i m807f = _mm256_set1_epi16((short)0x807F);
   uint32_t j = 0;
+  if constexpr (D == kF16) {
+    // fp16 (byte plane + w = 2 (E) or 1 (J) packed bits an element): no PDEP.
+    // The 32 elements' packed bits are one u64 X (element j's at bits [w j, w j +
+    // w)), broadcast; u32 lane i of the two vectors holds elements 2i, 2i + 1
+    // (words lo, hi), whose 2w bits VPSHUFB brings from X's byte 2wi / 8 to the
+    // lane's byte 0, masked to them (at bit p = 2wi % 8). One VPMULLD by a sum of
+    // powers of two then copies each bit to its word position (E: m8 to 8, s to
+    // 15, hi's to 24, 31; J: m8 to 8, hi's m8 to 24); no two partial products
+    // share a bit (no carries), and a mask keeps the targets.
+    //   E (bits m8, s, m8', s' at p..p+3): K = 2^(8-p) + 2^(14-p) + 2^(22-p) + 2^(28-p)
+    //   J (bits m8, m8' at p, p+1):         K = 2^(8-p) + 2^(23-p)
+    constexpr bool E = K == kKindE;
+    static_assert(bp && w == (E ? 2u : 1u), "fp16 planes");
+    auto kv = [](uint32_t lane) -> int {
+      const uint32_t p = (2 * w * lane) % 8;
+      return E ? (int)((1u << (8 - p)) + (1u << (14 - p)) + (1u << (22 - p)) + (1u << (28 - p)))
+               : (int)((1u << (8 - p)) + (1u << (23 - p)));
+    };
+    auto mv = [](uint32_t lane) -> int { return (int)(((1u << (2 * w)) - 1) << ((2 * w * lane) % 8)); };
+    // VPSHUFB indexes within each 128-bit half; X is in both halves.
+    auto bidx = [](uint32_t lane) -> int { return (int)(0x80808000u | ((2 * w * lane) / 8)); };
+    const __m256i shA = _mm256_setr_epi32(bidx(0), bidx(1), bidx(2), bidx(3), bidx(4), bidx(5), bidx(6), bidx(7));
+    const __m256i shB = _mm256_setr_epi32(bidx(8), bidx(9), bidx(10), bidx(11), bidx(12), bidx(13), bidx(14),
+                                          bidx(15));
+    const __m256i mA = _mm256_setr_epi32(mv(0), mv(1), mv(2), mv(3), mv(4), mv(5), mv(6), mv(7));
+    const __m256i kA = _mm256_setr_epi32(kv(0), kv(1), kv(2), kv(3), kv(4), kv(5), kv(6), kv(7));
+    const __m256i keepbits = _mm256_set1_epi32(E ? (int)0x81008100u : 0x01000100);
+    // Pointers stepped (indexes made GCC recompute addresses each step).
+    const uint32_t steps = len / 32;
+    const uint8_t* b = in;
+    const uint8_t* g = packed;
+    const uint16_t* sp = sv;
+    uint16_t* yp = y;
+    for (uint32_t i = 0; i < steps; ++i, b += 32, g += 4 * w, sp += 32, yp += 32) {
+      const __m256i x = _mm256_set1_epi64x((long long)load_ending<4 * w>(g));
+      __m256i h0 = _mm256_and_si256(_mm256_shuffle_epi8(x, shA), mA);
+      __m256i h1 = _mm256_and_si256(_mm256_shuffle_epi8(x, shB), mA);
+      h0 = _mm256_and_si256(_mm256_mullo_epi32(h0, kA), keepbits);
+      h1 = _mm256_and_si256(_mm256_mullo_epi32(h1, kA), keepbits);
+      const __m256i l0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+      const __m256i l1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+      const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp));
+      const __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(yp),
+                          _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(s0, k16), l0), h0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(yp + 16),
+                          _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(s1, k16), l1), h1));
+    }
+    return 32 * steps;
+  }
   const uint8_t* g = packed;  // the 4 groups' packed bytes
   for (; j + 32 <= len; j += 32, g += 4 * w) {
     __m256i lo = _mm256_setzero_si256(), hi = lo;
@@ -1575,6 +1625,105 @@ EZ_INLINE void add_fill64(uint64_t* dst, const uint64_t* src, uint32_t cnt, uint
   }
 }
 
+// Runs of the table build, one call per code length (the symbols of one length
+// take equal-sized regions, in canonical order): a loop over the symbols with the
+// region size a constant per case (small regions were ~20 instructions of call
+// and loop overhead each, more than their stores).
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+// nv regions of 2^lg entries, region i = v[i] repeated. Returns the end.
+EZ_INLINE uint64_t* fill_runs(uint64_t* d, uint32_t lg, const uint64_t* v, uint32_t nv) {
+  switch (lg) {
+    case 0:
+      for (uint32_t i = 0; i < nv; ++i) d[i] = v[i];
+      return d + nv;
+    case 1:
+      for (uint32_t i = 0; i < nv; ++i, d += 2) {
+        const u64x2 x = {v[i], v[i]};
+        std::memcpy(d, &x, sizeof x);
+      }
+      return d;
+    case 2:
+      for (uint32_t i = 0; i < nv; ++i, d += 4) {
+        const u64x4 x = {v[i], v[i], v[i], v[i]};
+        std::memcpy(d, &x, sizeof x);
+      }
+      return d;
+    default:
+      for (uint32_t i = 0; i < nv; ++i, d += 1u << lg) fill64(d, 1u << lg, v[i]);
+      return d;
+  }
+}
+
+// nv regions of 2^lg entries, region i = src[0, 2^lg) + b + v[i] (the pair
+// regions of one s2 length: the same third-symbol table, c1 + c2 added). Returns
+// the end.
+EZ_INLINE uint64_t* add_runs(uint64_t* d, uint32_t lg, const uint64_t* src, const uint64_t* v, uint32_t nv,
+                             uint64_t b) {
+  switch (lg) {
+    case 0: {
+      const uint64_t x = src[0] + b;
+      for (uint32_t i = 0; i < nv; ++i) d[i] = x + v[i];
+      return d + nv;
+    }
+    case 1: {
+      u64x2 x;
+      std::memcpy(&x, src, sizeof x);
+      x += b;
+      for (uint32_t i = 0; i < nv; ++i, d += 2) {
+        const u64x2 y = x + v[i];
+        std::memcpy(d, &y, sizeof y);
+      }
+      return d;
+    }
+    case 2: {
+      u64x4 x;
+      std::memcpy(&x, src, sizeof x);
+      x += b;
+      for (uint32_t i = 0; i < nv; ++i, d += 4) {
+        const u64x4 y = x + v[i];
+        std::memcpy(d, &y, sizeof y);
+      }
+      return d;
+    }
+    case 3: {
+      u64x4 x0, x1;
+      std::memcpy(&x0, src, sizeof x0);
+      std::memcpy(&x1, src + 4, sizeof x1);
+      x0 += b;
+      x1 += b;
+      for (uint32_t i = 0; i < nv; ++i, d += 8) {
+        const u64x4 y0 = x0 + v[i], y1 = x1 + v[i];
+        std::memcpy(d, &y0, sizeof y0);
+        std::memcpy(d + 4, &y1, sizeof y1);
+      }
+      return d;
+    }
+    case 4: {
+      u64x4 x0, x1, x2, x3;
+      std::memcpy(&x0, src, sizeof x0);
+      std::memcpy(&x1, src + 4, sizeof x1);
+      std::memcpy(&x2, src + 8, sizeof x2);
+      std::memcpy(&x3, src + 12, sizeof x3);
+      x0 += b;
+      x1 += b;
+      x2 += b;
+      x3 += b;
+      for (uint32_t i = 0; i < nv; ++i, d += 16) {
+        const u64x4 y0 = x0 + v[i], y1 = x1 + v[i], y2 = x2 + v[i], y3 = x3 + v[i];
+        std::memcpy(d, &y0, sizeof y0);
+        std::memcpy(d + 4, &y1, sizeof y1);
+        std::memcpy(d + 8, &y2, sizeof y2);
+        std::memcpy(d + 12, &y3, sizeof y3);
+      }
+      return d;
+    }
+    default:
+      for (uint32_t i = 0; i < nv; ++i, d += 1u << lg) add_fill64(d, src, 1u << lg, b + v[i]);
+      return d;
+  }
+}
+
 // The hot loop's constants (decode_block_impl: shift counts in registers).
 struct DecodeRegs {
   const uint8_t* p;    // the bit area
@@ -1583,24 +1732,34 @@ struct DecodeRegs {
   uint32_t top, c3, c48, not7;  // 64 - 11, 3, 48, ~7
 };
 
-// 5 lookups from one refill at bit q (55 bits <= the 57 valid), output at byte
-// oo. The refill sets bit 0 as a marker (the window's bit 63 - q % 8 >= 56,
-// never read): after the shifts its position is the bits consumed. Returns the
-// new q. (Values, not references to the caller's locals: the asm's memory
-// clobber would reload anything reached through memory.)
+// 5 lookups from one refill at bit *qp (55 bits <= the 57 valid), output at
+// byte oo. The refill sets bit 0 as a marker (the window's bit 63 - q % 8 >= 56,
+// never read): after the shifts its position is the bits consumed, added to *qp.
+// (oo by value, not a reference to the caller's local: the asm's memory clobber
+// would reload anything reached through memory.)
 template <bool Fast>
-EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
+EZ_INLINE void lookups5(const DecodeRegs r, uint32_t* qp, uint32_t& oo_ref) {
   uint64_t buf;
   uint32_t oo = oo_ref;
 #if EZ_X86
   if constexpr (Fast) {
-    // The bit offset q % 8 by one ANDN (GCC otherwise copies q and ANDs).
-    uint32_t sh;
-    asm("andn %[q], %[not7], %[sh]" : [sh] "=r"(sh) : [q] "r"(q), [not7] "r"(r.not7));
-    buf = (__builtin_bswap64(load64(r.p + (q >> r.c3))) << sh) | 1;
+    // The bit position stays in memory (the 8 streams' positions and output
+    // offsets do not fit in registers): the refill reads it as the memory
+    // operand of SHRX and ANDN (q / 8 and q % 8) and the end adds the bits
+    // consumed to it in place (2 instructions fewer than a load and a store).
+    uint64_t t, sh;
+    asm("shrx %k[c3], %[qm], %k[t]\n\t"
+        "andn %[qm], %k[not7], %k[sh]\n\t"
+        "movbe (%[p],%[t]), %[buf]\n\t"
+        "shlx %[sh], %[buf], %[buf]\n\t"
+        "or $1, %[buf]"
+        : [buf] "=r"(buf), [t] "=&r"(t), [sh] "=&r"(sh)
+        : [qm] "m"(*qp), [c3] "r"(r.c3), [not7] "r"(r.not7), [p] "r"(r.p)
+        : "cc");
   } else
 #endif
   {
+    const uint32_t q = *qp;
     buf = (__builtin_bswap64(load64(r.p + (q >> r.c3))) << (~r.not7 & q)) | 1;
   }
 #if EZ_X86
@@ -1622,6 +1781,11 @@ EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
           : "memory", "cc");
     }
     oo = (uint32_t)oo64;
+    asm("tzcnt %[buf], %[buf]\n\t"
+        "add %k[buf], %[qm]"
+        : [buf] "+r"(buf), [qm] "+m"(*qp)
+        :
+        : "cc");
   } else
 #endif
   {
@@ -1632,9 +1796,9 @@ EZ_INLINE uint32_t lookups5(const DecodeRegs r, uint32_t q, uint32_t& oo_ref) {
       std::memcpy(r.out + oo, &e, 8);
       oo += (uint32_t)(e >> r.c48);
     }
+    *qp += (uint32_t)__builtin_ctzll(buf);
   }
   oo_ref = oo;
-  return q + (uint32_t)__builtin_ctzll(buf);
 }
 
 // Rounds over the 8 streams of 5 lookups each. A lookup emits <= 3 symbols and
@@ -1670,7 +1834,7 @@ EZ_INLINE void decode_rounds(const DecodeRegs r, uint32_t* pos, uint32_t* o, con
 #pragma GCC unroll 8
       for (uint32_t st = 0; st < kStreams; ++st) {
         uint32_t oo = o[st];
-        pos[st] = lookups5<Fast>(r, pos[st], oo);
+        lookups5<Fast>(r, pos + st, oo);
         o[st] = oo;
       }
     }
@@ -1748,13 +1912,14 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // Decode table: symbol s1 (canonical order) owns the 2^m1 indexes after its
   // code (m1 = 11 - l1); inside them the remaining bits start with the code of
   // each s2 with l1 + l2 <= kPairBits, in canonical order (2^m2 indexes each, m2
-  // = m1 - l2 >= 3), and the indexes after those (longer codes) hold s1 alone.
-  // An (s1, s2) region is c1 + c2 + the third-symbol table of its m2 bits. Rarer
-  // pairs (l1 + l2 > kPairBits: < 3% of lookups on Gaussian data, 2.85 instead
-  // of 2.92 symbols a lookup) would cost more to build than they save: they keep
-  // 1 symbol, so every region is a multiple of 8 entries (vector stores). The
-  // s1 of one length have regions that differ only by c1: the first is built,
-  // the others are it plus the difference.
+  // = m1 - l2 >= 11 - kPairBits), and the indexes after those (longer codes)
+  // hold s1 alone. An (s1, s2) region is c1 + c2 + the third-symbol table of its
+  // m2 bits. Rarer pairs (l1 + l2 > kPairBits: bf16 < 3% of lookups on Gaussian
+  // data, 2.85 instead of 2.92 symbols a lookup) would cost more to build than
+  // they save: they keep 1 symbol. The s1 of one length have regions that differ
+  // only by c1: the first is built, the others are it plus the difference. The
+  // regions are written by length (fill_runs, add_runs): the symbols of one
+  // length take regions of one size.
   //
   // Only codes of <= kShortBits bits take part in pairs and triples, so the
   // regions of those codes (the table's first `pre` entries: ~97% of it on
@@ -1763,9 +1928,17 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // blocks), they are still in s.tab and only the longer codes' regions (single
   // symbols) are written again.
   {
-    constexpr uint32_t kPairBits = 8, kShortBits = 6;
+    // Pairs of up to kPairBits bits from codes of up to kShortBits bits. fp16's
+    // codes are longer (~3.5 bits an element on Gaussian data against bf16's
+    // ~2.6: its symbols carry m9), so its pairs go up to 10 bits (2.46 instead
+    // of 2.31 symbols a lookup; the runs below keep the small regions cheap).
+    // bf16 gained nothing from longer pairs (4.64 -> 4.64 instructions an
+    // element at 9 bits, 4.66 at 10).
+    constexpr uint32_t kPairBits = D == kF16 ? 10 : 8, kShortBits = 6;
     uint32_t k = 0, pre = 0, P = 0;
+    uint32_t kst[kMaxLen + 1];  // canonical index of the first symbol of each length
     for (uint32_t l = 1; l <= kMaxLen; ++l) {
+      kst[l] = k;
       for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
         const uint64_t v = t.sym_bits(kind, lb.sym[l][i]);
         s.olen[k] = (uint8_t)l;
@@ -1777,62 +1950,53 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
         for (uint32_t l2 = 1; l2 <= kShortBits; ++l2) pre += lb.n[l2] << (kMaxLen - l2);
       }
     }
-    s.olen[k] = kMaxLen + 1;  // stops the "length <= m" scans
+    uint32_t lmin = 1;
+    while (!lb.n[lmin]) ++lmin;  // (a complete code has a shortest length <= 11)
     if (!(P == s.sig_n && std::memcmp(s.sig, s.c1, sizeof(uint64_t) * P) == 0)) {
-      // s.olen[P] (> kShortBits, or the sentinel) stops the scans below at the
-      // short codes.
       for (uint32_t i = 0; i < P; ++i) {
         const uint64_t l = s.olen[i], v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 9 (fp16)
         s.c2[i] = l | (v << 16) | (l << 32) | (2ull << 48);
         s.c3[i] = l | (v << 32) | (2ull << 48);
       }
-      const uint32_t lmin = s.olen[0];
       // The third-symbol tables that regions use: m2 = 11 - l1 - l2 in
       // [11 - kPairBits, 11 - 2 lmin].
       for (uint32_t m = kMaxLen - kPairBits; m + 2 * lmin <= kMaxLen; ++m) {
         uint64_t* d = s.third + (1u << m);
         uint64_t* const end = d + (1u << m);
-        for (uint32_t i = 0; s.olen[i] <= std::min(m, kShortBits); ++i) {
-          const uint32_t cnt = 1u << (m - s.olen[i]);
-          fill64(d, cnt, s.c3[i]);
-          d += cnt;
-        }
+        for (uint32_t l3 = lmin; l3 <= std::min(m, kShortBits); ++l3)
+          d = fill_runs(d, m - l3, s.c3 + kst[l3], lb.n[l3]);
         for (; d < end; ++d) *d = 0;
       }
       uint64_t* dst = s.tab;
-      const uint64_t* built = nullptr;  // the region of the first s1 of length prev_l
-      uint32_t prev_l = 0;
-      uint64_t prev_c1 = 0;
-      for (uint32_t i1 = 0; i1 < P; ++i1) {
-        const uint32_t l1 = s.olen[i1], m1 = kMaxLen - l1;
-        const uint64_t c1 = s.c1[i1];
-        uint64_t* const end = dst + (1u << m1);
+      for (uint32_t l1 = lmin; l1 <= kShortBits; ++l1) {
+        const uint32_t n1 = lb.n[l1], m1 = kMaxLen - l1;
+        if (!n1) continue;
+        const uint64_t* const c1 = s.c1 + kst[l1];
         if (l1 + lmin > kPairBits) {
-          fill64(dst, 1u << m1, c1);
-        } else if (l1 == prev_l) {
-          add_fill64(dst, built, 1u << m1, c1 - prev_c1);
-        } else {
-          built = dst;
-          prev_l = l1;
-          prev_c1 = c1;
-          for (uint32_t i2 = 0; s.olen[i2] + l1 <= kPairBits && s.olen[i2] <= kShortBits; ++i2) {
-            const uint32_t cnt = 1u << (m1 - s.olen[i2]);
-            add_fill64(dst, s.third + cnt, cnt, c1 + s.c2[i2]);
-            dst += cnt;
-          }
-          if (dst < end) fill64(dst, (uint32_t)(end - dst), c1);
+          dst = fill_runs(dst, m1, c1, n1);
+          continue;
         }
+        // The first s1 of this length: its pair regions by s2 length, then s1
+        // alone; the others are it plus the difference of c1.
+        uint64_t* const built = dst;
+        uint64_t* const end = dst + (1u << m1);
+        for (uint32_t l2 = lmin; l2 <= std::min(kShortBits, kPairBits - l1); ++l2)
+          dst = add_runs(dst, m1 - l2, s.third + (1u << (m1 - l2)), s.c2 + kst[l2], lb.n[l2], c1[0]);
+        uint32_t left = (uint32_t)(end - dst);
+        for (; left & 7; left &= left - 1) {  // pairs of > 8 bits leave regions of 1, 2 or 4
+          const uint32_t cnt = left & (0u - left);
+          fill64(dst, cnt, c1[0]);
+          dst += cnt;
+        }
+        if (left) fill64(dst, left, c1[0]);
         dst = end;
+        for (uint32_t i = 1; i < n1; ++i, dst += 1u << m1) add_fill64(dst, built, 1u << m1, c1[i] - c1[0]);
       }
       std::memcpy(s.sig, s.c1, sizeof(uint64_t) * P);
       s.sig_n = P;
     }
     uint64_t* dst = s.tab + pre;
-    for (uint32_t i1 = P; i1 < k; ++i1) {
-      const uint32_t cnt = 1u << (kMaxLen - s.olen[i1]);
-      fill64(dst, cnt, s.c1[i1]);
-      dst += cnt;
-    }
+    for (uint32_t l = kShortBits + 1; l <= kMaxLen; ++l) dst = fill_runs(dst, kMaxLen - l, s.c1 + kst[l], lb.n[l]);
   }
   // Reads take 8 bytes at p + bitpos / 8. A stream decodes at most kStreamLen codes
   // of <= kMaxLen bits from its start (<= T), so even a corrupt one reads inside
@@ -1887,7 +2051,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     for (uint32_t st = 0; st < kStreams; ++st)
       if (oend[st] - o[st] >= 2 * (3 * kSymsPerRefill + 1)) {
         uint32_t oo = o[st];
-        pos[st] = lookups5<Fast>(regs, pos[st], oo);
+        lookups5<Fast>(regs, pos + st, oo);
         o[st] = oo;
         more = true;
       }
