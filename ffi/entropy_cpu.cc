@@ -1549,12 +1549,11 @@ struct DecScratch {
   // ~2.85 symbols a lookup (1.99 with at most 2; see the table build for the
   // pairs and triples left out).
   uint64_t tab[kTableSize];
-  // Table build (decode_block_impl), per symbol in canonical order: its length
-  // (then a sentinel > 11) and its parts of an entry as symbol 1, 2 and 3
-  // (entries are sums of these: no field carries into the next).
-  uint8_t olen[kMaxAlphabet + 1];
+  // Table build (decode_block_impl), per symbol in canonical order: its parts of
+  // an entry as symbol 1, 2 and 3 (entries are sums of these: no field carries
+  // into the next; c1's low nibble is the symbol's length).
   uint64_t c1[kMaxAlphabet], c2[kMaxAlphabet], c3[kMaxAlphabet];
-  // third[2^m + i], m = 3..9, i < 2^m: c3 of the symbol whose code prefixes the
+  // third[2^m + i], m = 1..9, i < 2^m: c3 of the symbol whose code prefixes the
   // m-bit value i, or 0 when none fits (the entries of an (s1, s2) region are
   // c1[s1] + c2[s2] + third[2^m + i], m = 11 - l1 - l2).
   uint64_t third[1u << (kMaxLen - 1)];
@@ -1608,7 +1607,10 @@ EZ_INLINE void add_fill64(uint64_t* dst, const uint64_t* src, uint32_t cnt, uint
     std::memcpy(dst + 4, &v1, sizeof v1);
     i = 8;
   }
-  for (; i < cnt; i += 16) {
+  // 16 entries, then 32 an iteration (the copies of whole regions, 32 to 512
+  // entries, are most of a table's entries: half the loop overhead).
+  const uint32_t step = cnt - i >= 32 && (cnt & 16) == 0 ? 32 : 16;
+  for (; i < cnt; i += step) {
     u64x4 v0, v1, v2, v3;
     std::memcpy(&v0, src + i, sizeof v0);
     std::memcpy(&v1, src + i + 4, sizeof v1);
@@ -1622,6 +1624,20 @@ EZ_INLINE void add_fill64(uint64_t* dst, const uint64_t* src, uint32_t cnt, uint
     std::memcpy(dst + i + 4, &v1, sizeof v1);
     std::memcpy(dst + i + 8, &v2, sizeof v2);
     std::memcpy(dst + i + 12, &v3, sizeof v3);
+    if (step == 32) {
+      std::memcpy(&v0, src + i + 16, sizeof v0);
+      std::memcpy(&v1, src + i + 20, sizeof v1);
+      std::memcpy(&v2, src + i + 24, sizeof v2);
+      std::memcpy(&v3, src + i + 28, sizeof v3);
+      v0 += b4;
+      v1 += b4;
+      v2 += b4;
+      v3 += b4;
+      std::memcpy(dst + i + 16, &v0, sizeof v0);
+      std::memcpy(dst + i + 20, &v1, sizeof v1);
+      std::memcpy(dst + i + 24, &v2, sizeof v2);
+      std::memcpy(dst + i + 28, &v3, sizeof v3);
+    }
   }
 }
 
@@ -1938,12 +1954,17 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     uint32_t k = 0, pre = 0, P = 0;
     uint32_t kst[kMaxLen + 1];  // canonical index of the first symbol of each length
     for (uint32_t l = 1; l <= kMaxLen; ++l) {
-      kst[l] = k;
-      for (uint32_t i = 0; i < lb.n[l]; ++i, ++k) {
-        const uint64_t v = t.sym_bits(kind, lb.sym[l][i]);
-        s.olen[k] = (uint8_t)l;
-        s.c1[k] = v | l | (l << 16) | ((uint64_t)l << 32) | (2ull << 48);
+      // (Locals: stores through s would make GCC reload lb.n[l] and k.)
+      const uint32_t n = lb.n[l];
+      const uint16_t* const sym = lb.sym[l];
+      uint64_t* const c1 = s.c1 + k;
+      const uint64_t part = l | (l << 16) | ((uint64_t)l << 32) | (2ull << 48);
+      for (uint32_t i = 0; i < n; ++i) {
+        asm("" : "+r"(i));  // a few symbols a length: not worth GCC's vector loop
+        c1[i] = t.sym_bits(kind, sym[i]) | part;
       }
+      kst[l] = k;
+      k += n;
       if (l == kShortBits) {
         P = k;
         pre = 0;
@@ -1954,7 +1975,7 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
     while (!lb.n[lmin]) ++lmin;  // (a complete code has a shortest length <= 11)
     if (!(P == s.sig_n && std::memcmp(s.sig, s.c1, sizeof(uint64_t) * P) == 0)) {
       for (uint32_t i = 0; i < P; ++i) {
-        const uint64_t l = s.olen[i], v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 9 (fp16)
+        const uint64_t l = s.c1[i] & kLenMask, v = s.c1[i] & 0xFFF0;  // value bits >= 7 (bf16), >= 9 (fp16)
         s.c2[i] = l | (v << 16) | (l << 32) | (2ull << 48);
         s.c3[i] = l | (v << 32) | (2ull << 48);
       }
