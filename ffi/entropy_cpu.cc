@@ -357,30 +357,30 @@ EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uin
   if constexpr (D == kF16) {
     // fp16 (byte plane + w = 2 (E) or 1 (J) packed bits an element): no PDEP.
     // The 32 elements' packed bits are one u64 X (element j's at bits [w j, w j +
-    // w)), broadcast; u32 lane i of the two vectors holds elements 2i, 2i + 1
-    // (words lo, hi), whose 2w bits VPSHUFB brings from X's byte 2wi / 8 to the
-    // lane's byte 0, masked to them (at bit p = 2wi % 8). One VPMULLD by a sum of
-    // powers of two then copies each bit to its word position (E: m8 to 8, s to
-    // 15, hi's to 24, 31; J: m8 to 8, hi's m8 to 24); no two partial products
-    // share a bit (no carries), and a mask keeps the targets.
-    //   E (bits m8, s, m8', s' at p..p+3): K = 2^(8-p) + 2^(14-p) + 2^(22-p) + 2^(28-p)
-    //   J (bits m8, m8' at p, p+1):         K = 2^(8-p) + 2^(23-p)
+    // w)), broadcast; VPSHUFB brings each element's byte (w j / 8) to its word's
+    // low byte, masked to its w bits (at bit p = w j % 8), and one VPMULLW by a
+    // sum of powers of two copies each bit to its place in the word: E (m8 at p,
+    // s at p + 1) by 2^(8-p) + 2^(14-p): m8 to bit 8, s to 15 (the other two
+    // partial products, bits 9 and 14, are masked off; no two share a bit, so no
+    // carries); J (m8 at p) by 2^(8-p): m8 to bit 8.
     constexpr bool E = K == kKindE;
     static_assert(bp && w == (E ? 2u : 1u), "fp16 planes");
-    auto kv = [](uint32_t lane) -> int {
-      const uint32_t p = (2 * w * lane) % 8;
-      return E ? (int)((1u << (8 - p)) + (1u << (14 - p)) + (1u << (22 - p)) + (1u << (28 - p)))
-               : (int)((1u << (8 - p)) + (1u << (23 - p)));
+    auto kv = [](uint32_t j) -> short {
+      const uint32_t p = (w * j) % 8;
+      return (short)(E ? (1u << (8 - p)) + (1u << (14 - p)) : 1u << (8 - p));
     };
-    auto mv = [](uint32_t lane) -> int { return (int)(((1u << (2 * w)) - 1) << ((2 * w * lane) % 8)); };
+    auto mv = [](uint32_t j) -> short { return (short)(((1u << w) - 1) << ((w * j) % 8)); };
     // VPSHUFB indexes within each 128-bit half; X is in both halves.
-    auto bidx = [](uint32_t lane) -> int { return (int)(0x80808000u | ((2 * w * lane) / 8)); };
-    const __m256i shA = _mm256_setr_epi32(bidx(0), bidx(1), bidx(2), bidx(3), bidx(4), bidx(5), bidx(6), bidx(7));
-    const __m256i shB = _mm256_setr_epi32(bidx(8), bidx(9), bidx(10), bidx(11), bidx(12), bidx(13), bidx(14),
-                                          bidx(15));
-    const __m256i mA = _mm256_setr_epi32(mv(0), mv(1), mv(2), mv(3), mv(4), mv(5), mv(6), mv(7));
-    const __m256i kA = _mm256_setr_epi32(kv(0), kv(1), kv(2), kv(3), kv(4), kv(5), kv(6), kv(7));
-    const __m256i keepbits = _mm256_set1_epi32(E ? (int)0x81008100u : 0x01000100);
+    auto bi = [](uint32_t j) -> short { return (short)(0x8000u | ((w * j) / 8)); };
+    const __m256i shA = _mm256_setr_epi16(bi(0), bi(1), bi(2), bi(3), bi(4), bi(5), bi(6), bi(7), bi(8), bi(9),
+                                          bi(10), bi(11), bi(12), bi(13), bi(14), bi(15));
+    const __m256i shB = _mm256_setr_epi16(bi(16), bi(17), bi(18), bi(19), bi(20), bi(21), bi(22), bi(23), bi(24),
+                                          bi(25), bi(26), bi(27), bi(28), bi(29), bi(30), bi(31));
+    const __m256i mA = _mm256_setr_epi16(mv(0), mv(1), mv(2), mv(3), mv(4), mv(5), mv(6), mv(7), mv(8), mv(9),
+                                         mv(10), mv(11), mv(12), mv(13), mv(14), mv(15));
+    const __m256i kA = _mm256_setr_epi16(kv(0), kv(1), kv(2), kv(3), kv(4), kv(5), kv(6), kv(7), kv(8), kv(9),
+                                         kv(10), kv(11), kv(12), kv(13), kv(14), kv(15));
+    const __m256i keepbits = _mm256_set1_epi16(E ? (short)0x8100 : (short)0x0100);
     // Pointers stepped (indexes made GCC recompute addresses each step).
     const uint32_t steps = len / 32;
     const uint8_t* b = in;
@@ -391,8 +391,12 @@ EZ_TARGET_FAST uint32_t or_raw_fast32(const uint8_t* in, uint32_t len, const uin
       const __m256i x = _mm256_set1_epi64x((long long)load_ending<4 * w>(g));
       __m256i h0 = _mm256_and_si256(_mm256_shuffle_epi8(x, shA), mA);
       __m256i h1 = _mm256_and_si256(_mm256_shuffle_epi8(x, shB), mA);
-      h0 = _mm256_and_si256(_mm256_mullo_epi32(h0, kA), keepbits);
-      h1 = _mm256_and_si256(_mm256_mullo_epi32(h1, kA), keepbits);
+      h0 = _mm256_mullo_epi16(h0, kA);
+      h1 = _mm256_mullo_epi16(h1, kA);
+      if constexpr (E) {
+        h0 = _mm256_and_si256(h0, keepbits);
+        h1 = _mm256_and_si256(h1, keepbits);
+      }
       const __m256i l0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
       const __m256i l1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
       const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp));
