@@ -1669,6 +1669,13 @@ EZ_INLINE uint64_t* fill_runs(uint64_t* d, uint32_t lg, const uint64_t* v, uint3
         std::memcpy(d, &x, sizeof x);
       }
       return d;
+    case 3:
+      for (uint32_t i = 0; i < nv; ++i, d += 8) {
+        const u64x4 x = {v[i], v[i], v[i], v[i]};
+        std::memcpy(d, &x, sizeof x);
+        std::memcpy(d + 4, &x, sizeof x);
+      }
+      return d;
     default:
       for (uint32_t i = 0; i < nv; ++i, d += 1u << lg) fill64(d, 1u << lg, v[i]);
       return d;
