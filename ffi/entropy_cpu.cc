@@ -2076,42 +2076,40 @@ EZ_INLINE int32_t decode_block_impl(const uint8_t* blk, uint32_t size, uint64_t 
   // stream), then one whole entry a refill while 4 output words remain, then one
   // symbol a lookup (symbol 1's length is word 1's nibble). Each phase takes the
   // streams in turn, so that their lookup chains overlap (one stream after
-  // another, the tail was ~7% of the decode time on Gaussian bf16); a bit mask
-  // of the streams still in the phase is walked instead of testing all 8 on
-  // every pass (a phase ends with 1 or 2 streams left for several passes).
+  // another, the tail was ~7% of the decode time on Gaussian bf16).
   const DecodeRegs regs{p, tab, out, top, c3, c48, not7};
-  auto streams_with = [&](uint32_t bytes) {
-    uint32_t act = 0;
-    for (uint32_t st = 0; st < kStreams; ++st) act |= (uint32_t)(oend[st] - o[st] >= bytes) << st;
-    return act;
-  };
-  constexpr uint32_t kGroupBytes = 2 * (3 * kSymsPerRefill + 1);
-  for (uint32_t act = streams_with(kGroupBytes); act;)
-    for (uint32_t m = act; m; m &= m - 1) {
-      const uint32_t st = (uint32_t)__builtin_ctz(m);
-      uint32_t oo = o[st];
-      lookups5<Fast>(regs, pos + st, oo);
-      o[st] = oo;
-      if (oend[st] - oo < kGroupBytes) act &= ~(1u << st);
-    }
-  for (uint32_t act = streams_with(8); act;)
-    for (uint32_t m = act; m; m &= m - 1) {
-      const uint32_t st = (uint32_t)__builtin_ctz(m);
-      const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
-      std::memcpy(out + o[st], &e, 8);
-      pos[st] += (uint32_t)e & kLenMask;
-      o[st] += (uint32_t)(e >> 48);
-      if (oend[st] - o[st] < 8) act &= ~(1u << st);
-    }
-  for (uint32_t act = streams_with(1); act;)
-    for (uint32_t m = act; m; m &= m - 1) {
-      const uint32_t st = (uint32_t)__builtin_ctz(m);
-      const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
-      std::memcpy(out + o[st], &e, 2);
-      pos[st] += (uint32_t)(e >> 16) & kLenMask;
-      o[st] += 2;
-      if (o[st] == oend[st]) act &= ~(1u << st);
-    }
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (oend[st] - o[st] >= 2 * (3 * kSymsPerRefill + 1)) {
+        uint32_t oo = o[st];
+        lookups5<Fast>(regs, pos + st, oo);
+        o[st] = oo;
+        more = true;
+      }
+  }
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (oend[st] - o[st] >= 8) {
+        const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
+        std::memcpy(out + o[st], &e, 8);
+        pos[st] += (uint32_t)e & kLenMask;
+        o[st] += (uint32_t)(e >> 48);
+        more = true;
+      }
+  }
+  for (bool more = true; more;) {
+    more = false;
+    for (uint32_t st = 0; st < kStreams; ++st)
+      if (o[st] < oend[st]) {
+        const uint64_t e = tab[refill(pos[st]) >> (64 - kMaxLen)];
+        std::memcpy(out + o[st], &e, 2);
+        pos[st] += (uint32_t)(e >> 16) & kLenMask;
+        o[st] += 2;
+        more = true;
+      }
+  }
   for (uint32_t st = 0; st < kStreams; ++st)
     if (pos[st] != start[st + 1]) return kDecBadStream;
   if (zk) return zero_join<D, Fast>(blk + area_off + ab, size - (area_off + ab), len, s.sv, s.zraw, y);
