@@ -1549,9 +1549,10 @@ struct DecScratch {
   // The join masks the low nibbles off (bits the raw planes own); word 3 and the
   // words past the entry's symbols land on output slots that the stream's next
   // entry (or the tail) overwrites. A 64-bit shift by the entry shifts by its
-  // length (x86 counts are taken mod 64; bits 4, 5 are 0). Gaussian bf16/fp16:
-  // ~2.85 symbols a lookup (1.99 with at most 2; see the table build for the
-  // pairs and triples left out).
+  // length (x86 counts are taken mod 64; bits 4, 5 are 0). Gaussian bf16:
+  // ~2.85 symbols a lookup (1.99 with at most 2), fp16 ~2.46 (its codes are
+  // ~3.5 bits against bf16's ~2.6; see the table build for the pairs and
+  // triples left out).
   uint64_t tab[kTableSize];
   // Table build (decode_block_impl), per symbol in canonical order: its parts of
   // an entry as symbol 1, 2 and 3 (entries are sums of these: no field carries
