@@ -167,12 +167,55 @@ def _one_rung(transport):
   return patched()
 
 
-def compile_times(runs: int) -> dict:
+# One compile of one collective by another checkout's Python (`--then-python`): the
+# program compile_times builds, in the API every version of the library has had.
+_THEN_PROGRAM = r"""
+import json, sys, time
+import jax, jax.numpy as jnp
+import zipccl_jax as zc
+from jax.sharding import PartitionSpec as P
+N, name = int(sys.argv[1]), sys.argv[2]
+jax.config.update("jax_num_cpu_devices", N)
+mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+ring = [(i, (i + 1) % N) for i in range(N)]
+kw = dict(codec="zipccl", policy="always")
+def call():
+  return {"all_gather": (lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw), P("x")),
+          "psum_scatter": (lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, **kw), P("x")),
+          "psum": (lambda v: zc.compressed_psum(v, "x", **kw), P()),
+          "all_to_all": (lambda v: zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw), P("x")),
+          "ppermute": (lambda v: zc.compressed_ppermute(v, "x", ring, **kw), P("x"))}[name]
+x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
+ts = []
+for _ in range(2):   # the first compile warms XLA up, as the first round does in-process
+  f, spec = call()
+  lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
+  t0 = time.perf_counter()
+  lowered.compile()
+  ts.append(time.perf_counter() - t0)
+print(json.dumps(ts[-1]))
+"""
+
+
+def _then_compile(python: str, name: str) -> float:
+  """Seconds of one compile of `name` by another checkout's library (its Python)."""
+  import subprocess
+  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([python, "-c", _THEN_PROGRAM, str(N), name], env=env, check=True,
+                       capture_output=True, text=True, cwd="/")
+  return float(out.stdout.strip().splitlines()[-1])
+
+
+def compile_times(runs: int, then_python: str | None = None) -> dict:
   """Compile time and program size of one compressed collective, three programs per
   collective compiled in the same run, interleaved (the load of a shared machine
   changes by the minute): the ladder ("zipccl"), the same transport with a one-rung
   ladder ("fixed": one compressed slot + the raw rung, the structure of the
-  fixed-slot transport before the ladder) and codec="raw"."""
+  fixed-slot transport before the ladder) and codec="raw". With then_python (the
+  Python of a checkout of commit 0817424, the fixed-slot transport itself, with its
+  native module built), each round also compiles that library's program in a
+  subprocess ("then"): the issue's "today's" compile, in the same run."""
   import contextlib
   import jax
   import jax.numpy as jnp
@@ -199,6 +242,7 @@ def compile_times(runs: int) -> dict:
   for name in calls("raw"):
     times = {v: [] for v in variants}
     texts = {}
+    then = []
     for r in range(runs + 1):
       for v, (codec, ctx) in variants.items():
         with ctx():
@@ -209,6 +253,10 @@ def compile_times(runs: int) -> dict:
         if r:
           times[v].append(time.perf_counter() - t0)
         texts[v] = comp.as_text()
+      if r and then_python:
+        then.append(_then_compile(then_python, name))
+    if then:
+      out[f"then/{name}"] = dict(compile_s=statistics.median(then), runs=then)
     for v in variants:
       text = texts[v]
       out[f"{v}/{name}"] = dict(compile_s=statistics.median(times[v]), runs=times[v],
@@ -216,7 +264,7 @@ def compile_times(runs: int) -> dict:
                                 kernels=kernel_count(text))
     common.log(f"compile {name}: " + ", ".join(
         f"{v} {1e3 * out[f'{v}/{name}']['compile_s']:.0f} ms ({out[f'{v}/{name}']['kernels']} kernels)"
-        for v in variants))
+        for v in variants) + (f", then {1e3 * out[f'then/{name}']['compile_s']:.0f} ms" if then else ""))
   return out
 
 
@@ -407,22 +455,27 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
               "ladder); *raw*: codec=\"raw\". *kernels*: ops of the compiled module that "
               "XLA:CPU compiles to a kernel (outside fusion bodies; not views, collectives, "
               "custom calls); *HLO*: compiled HLO text, chars. *then*: the fixed-slot "
-              "transport itself, measured on this machine before the ladder under another load "
-              "(results/ladder_compile_baseline.json), for reference only.", "",
+              "transport itself (commit 0817424, the issue's \"today's\"): "
+              + ("compiled by that checkout's library in a subprocess in every round of this "
+                 "run (`--then-python`), medians" if any(k.startswith("then/") for k in comp)
+                 else "measured on this machine before the ladder under another load "
+                 "(results/ladder_compile_baseline.json), for reference only") + ".", "",
               "| collective | ladder ms | fixed ms | raw ms | ladder/fixed | ladder/raw | "
-              "kernels ladder / fixed / raw | HLO chars ladder / fixed / raw | then ms |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "kernels ladder / fixed / raw | HLO chars ladder / fixed / raw | then ms | "
+              "ladder/then |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name in ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute"):
       z, f, r = (comp.get(f"{v}/{name}") for v in ("zipccl", "fixed", "raw"))
       if not z:
         continue
-      then = base.get(f"zipccl/{name}", {}).get("compile_s")
+      then = (comp.get(f"then/{name}") or base.get(f"zipccl/{name}", {})).get("compile_s")
+      vs_then = "" if then is None else f"**{z['compile_s'] / then:.2f}**"
       lines.append(
           f"| {name} | {1e3 * z['compile_s']:.0f} | {1e3 * f['compile_s']:.0f} | "
           f"{1e3 * r['compile_s']:.0f} | **{z['compile_s'] / f['compile_s']:.2f}** | "
           f"{z['compile_s'] / r['compile_s']:.2f} | {z['kernels']} / {f['kernels']} / "
           f"{r['kernels']} | {z['hlo_chars']} / {f['hlo_chars']} / {r['hlo_chars']} | "
-          f"{'' if then is None else f'{1e3 * then:.0f}'} |")
+          f"{'' if then is None else f'{1e3 * then:.0f}'} | {vs_then} |")
     lines.append("")
   if sweep:
     lines += ["### Program size vs rungs", "",
@@ -482,6 +535,8 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
             + (" --example-full" if args.example_full else "")
             + (f" --codecs {args.codecs}" if args.codecs != "zipccl" else "")
             + (" --skip-compile" if args.skip_compile else "")
+            + (" --then-python OLD/.venv/bin/python (OLD: a checkout of 0817424)"
+               if args.then_python else "")
             + (" --skip-spacing" if args.skip_spacing else "") + "`", ""]
   return lines
 
@@ -502,6 +557,11 @@ def main(argv=None) -> int:
   ap.add_argument("--codecs", default="zipccl",
                   help="comma-separated codecs for the wire-ratio table (e.g. zipccl,entropy); "
                        "other than the default, the report is ladder_codecs_<date>.md")
+  ap.add_argument("--then-python", default=None,
+                  help="Python of a checkout of commit 0817424 (the fixed-slot transport) "
+                       "with its native module built: its compile times join the table, "
+                       "measured in the same run (e.g. git worktree add ../old 0817424 && "
+                       "make -C ../old setup ZIPCCL_CUDA=OFF, then ../old/.venv/bin/python)")
   ap.add_argument("--out", default=common.RESULTS)
   args = ap.parse_args(argv)
   import jax
@@ -509,7 +569,7 @@ def main(argv=None) -> int:
   info = common.machine_info()
   codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
   rows = [r for c in codecs for r in wire_ratios(args.elements, c)]
-  comp = {} if args.skip_compile else compile_times(args.compile_runs)
+  comp = {} if args.skip_compile else compile_times(args.compile_runs, args.then_python)
   with open(os.path.join(HERE, "results", "ladder_compile_baseline.json")) as f:
     base = json.load(f)
   sweep = [] if args.skip_compile or args.skip_spacing else rung_sweep()
