@@ -104,12 +104,15 @@ def wire_ratios(n: int, codec: str = "zipccl") -> list:
       y_raw, _ = compiled["raw"](xb)
       same = np.array_equal(np.asarray(y).view(np.uint16), np.asarray(y_raw).view(np.uint16))
       rung = [int(r) for r in np.asarray(s.rung).reshape(-1)]
-      # which HLO switch is which transport: psum has the all-to-all one first
-      order = {("all-to-all",): 0, ("all-gather",): len(rung) - 1}
+      # which HLO switch is which transport: psum has the all-to-all one first (on
+      # CPU its rungs are collective permutes: transport.a2a_slot)
+      order = {("all-to-all",): 0, ("collective-permute",): 0, ("all-gather",): len(rung) - 1}
       choice = [rung[order[c.opcodes]] for c in hlo[codec].conditionals]
       wire_hlo = hlo[codec].taken(choice) if s.compressed else hlo[codec].common
       wire = int(s.wire_bytes)
-      raw = hlo["raw"].common
+      # the raw rung of the same transports (on CPU an all-to-all transport's rungs
+      # hand over N - 1 rows, codec="raw"'s lax all-to-all N)
+      raw = sum(int(t[-1]) for t in s.slots) if s.compressed else hlo["raw"].common
       rows.append(dict(codec=codec, collective=name, data=kind, n=n, compressed=bool(s.compressed), rung=rung,
                        rungs=[len(t) for t in s.slots], raw_rung=bool(np.any(s.raw_rung)),
                        used=[int(u) for u in np.asarray(s.used_bytes).reshape(-1)],
