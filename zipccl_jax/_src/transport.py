@@ -11,15 +11,32 @@ ppermute). For one call, a device
      (an all-gather of (used, count) pairs when stats are asked for);
   3. rounds it up to the next rung of a static ladder of slot sizes (`ladder`),
      from the codec's min_nbytes (or its floor, with low rungs below) to below
-     the raw row size, 1% apart for gathers / permutes, 2-4% for all-to-all
-     rows; the rung
-     index is identical everywhere after the agreement;
-  4. runs that rung's branch of a `lax.switch`: slice payload[:, :slot], move it
+     the raw row size, 1% apart (`ladder`); the rung index is identical
+     everywhere after the agreement;
+  4. runs that rung's branch of a `lax.switch`: cut payload[:, :slot], move it
      with the XLA collective, decode it. The top rung moves the raw words
      (same-width uint16/uint32 bitcasts: XLA:CPU widens bf16 collectives to f32).
 
+How a rung moves its rows depends on the backend (`lax.platform_dependent`), so
+that on XLA:CPU a rung compiles to custom calls and collective thunks only, no
+kernel (every kernel is LLVM compile time, per rung):
+  * all-gather / ppermute rungs: the slot is cut by a custom call (`row_prefix`,
+    "zipccl_row_prefix") on CPU, by a slice elsewhere;
+  * all-to-all rungs (psum_scatter, all_to_all, psum's reduce-scatter): on CPU
+    N - 1 collective permutes, shift k = 1..N-1 moving every device's row for
+    peer (me + k) mod N, the rows cut by one custom call ("zipccl_row_split") and
+    put back in peer order by another ("zipccl_row_join"; the own row never
+    leaves the device) -- `a2a_slot`, `a2a_words`. XLA:CPU would turn an array
+    all-to-all into N per-peer slice kernels and a concatenate per rung. The raw
+    rung moves its words by the same permutes: every branch of a switch issues
+    the same collectives in the same order, because XLA:CPU's collective-permute
+    rendezvous spans all devices named in its pairs, so groups of a transport
+    over one axis of a larger mesh that agree on different rungs must meet in
+    the same ops. Other backends (NCCL) keep lax.all_to_all. Stats count the
+    rows each rung hands to XLA: N - 1 on CPU, N elsewhere.
+
 So no capacity is tuned and nothing falls back for a whole call: the wire is the
-largest used size among the participants plus ~1-4%, or raw when the data does
+largest used size among the participants plus ~1%, or raw when the data does
 not compress. The decoder's per-row status is kept: rows that fail to decode
 (only a corrupted wire can cause it) are NaN (all-one bits, written by the
 decoder), counted in the stats, and raise when `check_decode` is on.
@@ -50,25 +67,27 @@ from zipccl_jax._src import stats
 _ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
 # The ladder: FINE_RUNGS rungs 1% apart from the codec's min_nbytes (where data that
 # compresses lands: weights, most gradients), then COARSE growth up to the raw
-# size, at most MAX_RUNGS compressed rungs: each is a switch branch. A gather or
-# permute rung cuts its slot with a custom call and compiles in ~1 ms on XLA:CPU,
-# so their ladder is fine; an all-to-all branch costs N slice copies to compile
-# (~50 ms), so all-to-all transports (psum_scatter, all_to_all, psum's
-# reduce-scatter) get a shorter ladder (docs/design.md, "Transport").
+# size, at most MAX_RUNGS compressed rungs: each is a switch branch. Every rung
+# compiles to custom calls and collectives only on XLA:CPU (a gather or permute
+# rung cuts its slot with `row_prefix`, an all-to-all rung is N - 1 permutes of
+# `a2a_slot`), ~0 kernels and a few ms of compile time per rung, so all
+# transports get the same fine ladder (docs/design.md, "Transport"). It was 8
+# rungs 2% apart, then 5%, at most 12 for the all-to-all transports while their
+# rungs were XLA all-to-alls (~10 kernels each).
 LADDER_GROWTH = ((1, 100), (1, 20))   # (fine, coarse) growth per rung, exact fractions
 FINE_RUNGS = 24
 MAX_RUNGS = 32
-ALL_TO_ALL_LADDER = (8, ((1, 50), (1, 20)), 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
+ALL_TO_ALL_LADDER = (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS)   # the same as the gathers'
 UNIFORM_DEN = 1000     # a too-long ladder is respaced uniformly, growth in 0.1% steps
 # A ladder that starts above the codec's min_nbytes (a codec's `ladder_floor`, where
 # typical rows land) gets LOW_RUNGS more rungs below its start, each LOW_STEP
 # smaller than the one above (at least min_nbytes): rows that compress much
 # better than typical (zero-heavy activations and embedding gradients under the
 # entropy codec's zero elision: ratios 2-10) then move within 25% of their size
-# instead of on the first rung. Fewer for all-to-all transports (each of their
-# rungs costs N slice copies to compile on XLA:CPU).
+# instead of on the first rung. The same for all-to-all transports (2 while their
+# rungs cost N slice kernels each on XLA:CPU).
 LOW_RUNGS = 4
-ALL_TO_ALL_LOW_RUNGS = 2
+ALL_TO_ALL_LOW_RUNGS = LOW_RUNGS
 LOW_STEP = (5, 4)       # 1.25x apart: ratios 2.0, 2.5, 3.1, 3.9 below a 1.6 floor
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 # Chunks: at most MAX_CHUNKS per row (each is a switch of the whole ladder: compile
@@ -95,7 +114,7 @@ def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False,
   used size u near the codec's best case lands on a rung at most 1% above u.
   Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
   listed). With all_to_all (the rows of an all-to-all transport) the ladder is
-  ALL_TO_ALL_LADDER: 8 rungs 2% apart, then 5%, at most 12. A ladder longer than
+  ALL_TO_ALL_LADDER, now the same as the others. A ladder longer than
   its maximum (one that starts low, as the entropy codec's floor does) is
   respaced with one uniform growth, the smallest in steps of 0.1% that fits: the
   rows' band is not known in advance, and a uniform ladder bounds the slack
