@@ -375,8 +375,9 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   chunk's rung, so that XLA cannot combine the chunks' agreements into one
   all-reduce, which would wait for every chunk's encode). prefix(payload, slot)
   cuts the slot out of the encoded rows; move_slot(payload, slot), when given,
-  replaces move(prefix(payload, slot)) on the compressed rungs. own: (sent, received, fill) for a
-  transport whose own row never leaves the device: sent bool[R] marks it among
+  replaces move(prefix(payload, slot)) on the compressed rungs. own: (sent,
+  received, fill) for a transport whose own row never leaves the device: sent
+  bool[R] marks it among
   the rows sent (or None), received bool[R'] among the rows received, fill[F, m]
   its values (F dividing R': received row i takes fill row i // (R' // F)). A
   codec with SKIP_ROWS then neither encodes nor decodes it: the decoder copies
