@@ -750,7 +750,7 @@ EZ_INLINE uint32_t code_lengths_fast(const uint32_t* counts, uint32_t a0, uint32
 
 #if EZ_X86
 // code_lengths_fast's lists by sorting networks (AVX2), for k <= 8 NR leaves (NR =
-// 2 or 4 registers of 8 u32 per input). Every item is a key, weight << 7 | tag:
+// 2, 4 or 8 registers of 8 u32 per input). Every item is a key, weight << 7 | tag:
 // a leaf's tag is its index i < 64 in (count, symbol) order, a package's is 64.
 // Keys order items exactly as the merge does: by weight, a leaf before a package
 // of equal weight, leaves of equal weight by index; packages of equal weight have
@@ -777,7 +777,7 @@ constexpr uint8_t kNetSlot[16] = {0, 8, 2, 10, 1, 9, 3, 11, 4, 12, 6, 14, 5, 13,
 
 template <uint32_t NR>
 EZ_TARGET_FAST void pm_lists_net(uint32_t k, PMFast& s) {
-  static_assert(NR == 2 || NR == 4, "leaves in 2 or 4 registers");
+  static_assert(NR == 2 || NR == 4 || NR == 8, "leaves in 2, 4 or 8 registers");
   constexpr uint32_t NM = 2 * NR;
   constexpr uint32_t kSentKey = kNetSentW << 7;
   for (uint32_t i = 0; i < 8 * NR; ++i) s.lk[i] = i < k ? s.leaf_w[i] << 7 | i : kSentKey;
@@ -866,6 +866,11 @@ EZ_INLINE uint32_t code_lengths_pick(const uint32_t* counts, uint32_t a0, uint32
     }
     if (k <= 32) {
       pm_lists_net<4>(k, s);
+      pm_assign(k, len, s);
+      return k;
+    }
+    if (k <= 64) {  // kind J of sign-skewed data (GELU, softmax): 16 registers a list, some spilled
+      pm_lists_net<8>(k, s);
       pm_assign(k, len, s);
       return k;
     }

@@ -273,7 +273,7 @@ def test_pair_path_boundaries_match_reference(dtype):
 
 def test_code_lengths_network_equals_merge(tmp_path):
   """The encoder's AVX2 package-merge (sorting networks over keys weight << 7 | tag,
-  used for 2..32 present symbols) gives the same code lengths as the scalar merge
+  used for 2..64 present symbols) gives the same code lengths as the scalar merge
   and the normative code_lengths of entropy_format.h on random and adversarial
   histograms (ties of leaves with leaves and with packages, powers of two,
   geometric and Fibonacci counts, sparse symbols): benchmarks/entropy_pm_check.cc
