@@ -659,9 +659,9 @@ struct PMFast {
   uint32_t w[2][2 * kMaxAlphabet];         // the previous and the current list's weights
   uint16_t cl[kMaxLen][2 * kMaxAlphabet];  // level L: leaves among its first o + 1 items
   uint32_t d[kMaxAlphabet + 1];
-  alignas(32) uint32_t lk[64];            // the network's leaf keys (code_lengths_net)
-  alignas(32) uint32_t pk0[64];           // its first packages
-  alignas(32) uint32_t net[kMaxLen][128];  // its merged lists (keys, in network order)
+  uint32_t lk[64];            // the sorting networks' leaf keys (pm_lists_net)
+  uint32_t pk0[64];           // their first packages
+  uint32_t net[kMaxLen][128];  // their lists (keys, in network order: kNetSlot)
 };
 
 // Symbols below a0 have count 0 (their counts and lengths are not read or written:
@@ -788,8 +788,8 @@ EZ_TARGET_FAST void pm_lists_net(uint32_t k, PMFast& s) {
   __m256i A[NR], B[NR];
   const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
   for (uint32_t r = 0; r < NR; ++r) {
-    A[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(s.lk + 8 * r));
-    B[r] = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(s.pk0 + 8 * (NR - 1 - r))), rev);
+    A[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.lk + 8 * r));
+    B[r] = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.pk0 + 8 * (NR - 1 - r))), rev);
   }
   const __m256i bperm = _mm256_setr_epi32(7, 5, 6, 4, 3, 1, 2, 0);
   const __m256i sentw = _mm256_set1_epi32((int)kNetSentW), ptag = _mm256_set1_epi32(64);
@@ -820,8 +820,8 @@ EZ_TARGET_FAST void pm_lists_net(uint32_t k, PMFast& s) {
       const __m256i f = _mm256_castps_si256(
           _mm256_shuffle_ps(_mm256_castsi256_ps(lo2), _mm256_castsi256_ps(hi2), _MM_SHUFFLE(3, 1, 3, 1)));
       const __m256i lo3 = _mm256_min_epu32(e, f), hi3 = _mm256_max_epu32(e, f);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16 * p), lo3);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16 * p + 8), hi3);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * p), lo3);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * p + 8), hi3);
       __m256i w = _mm256_add_epi32(_mm256_srli_epi32(lo3, 7), _mm256_srli_epi32(hi3, 7));
       w = _mm256_or_si256(_mm256_slli_epi32(_mm256_min_epu32(w, sentw), 7), ptag);
       B[NR - 1 - p] = _mm256_permutevar8x32_epi32(w, bperm);
