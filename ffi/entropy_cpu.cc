@@ -1394,6 +1394,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
   // The pair writer runs exactly when the histogram was by pairs and the block
   // is HUFF-E; the single-code writers read u per element.
   const bool pair_writer = pair_hist;  // HUFF-E or HUFF-J
+  uint8_t* const area_out = nib_out + nib[ck];
   if (!pair_writer && !have_sym)
     for (uint32_t j = 0; j < len; ++j) s.sym[j] = (uint16_t)(x[j] >> t.lbits());
 #if EZ_X86
@@ -1471,7 +1472,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     const uint32_t p0a = P_a, p0b = P_b;              \
     EZ_PUSH2(acc_a, P_a, pa[q]);                      \
     EZ_PUSH2(acc_a, P_a, pa[(q) + 1]);                \
-    EZ_FLUSH(acc_a, p0a, P_a, s.bits);                \
+    EZ_FLUSH(acc_a, p0a, P_a, area_out);              \
     EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + (q)]);       \
     EZ_PUSH2(acc_b, P_b, pa[kHalfPairs + (q) + 1]);   \
     EZ_FLUSH(acc_b, p0b, P_b, s.bits2);               \
@@ -1490,7 +1491,12 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     }
 #undef EZ_PUSH2
 #undef EZ_FLUSH
-    bits_total = join_writers(s.bits, before_a, s.bits2, P_b, before_b);
+    // The first writer wrote streams 0..3 in place (no copy of the area): its
+    // flushes and the join store up to 16 bytes past the area's end, into the
+    // raw planes written below or, for a HUFF-Z block with few raw values, past
+    // the block into bytes a later block, the zero padding or the zeroed tail
+    // rewrite (the block is smaller than RAW, which the row's layout leaves room for).
+    bits_total = join_writers(area_out, before_a, s.bits2, P_b, before_b);
   } else
 #endif
   if (len == kBlock) {
@@ -1570,8 +1576,7 @@ EZ_INLINE uint32_t encode_block_impl(const uint16_t* x, uint32_t len, uint8_t* o
     bits_total = before;
   }
   (void)bits_total;
-  uint8_t* area_out = nib_out + nib[ck];
-  std::memcpy(area_out, s.bits, area[ck]);
+  if (!pair_writer) std::memcpy(area_out, s.bits, area[ck]);
   if (kind == kKindZ) {
     // Kind Z: the kind J planes of the words with e != 0 (|v| != 0 in a Z-valid
     // block), compacted in element order into s.sym (the bit writers are done with
