@@ -8,8 +8,9 @@
 // refill in a 2048-entry table whose entries hold up to 3 symbols: about 2.85
 // symbols a lookup on Gaussian data, ~4.6 instructions an element on bf16), so
 // the latency of one stream's lookup chain hides behind the others. The encoder (AVX2 path) histograms and codes
-// pairs of elements where a block's exponents span <= 32 values (kPairMaxR: ~10.6
-// instructions an element on Gaussian bf16). fp16 symbols carry the top mantissa
+// pairs of elements where a block's exponents span <= 32 values (kPairMaxR) and
+// runs package-merge by sorting networks (pm_lists_net): ~8.6 instructions an
+// element on Gaussian bf16. fp16 symbols carry the top mantissa
 // bit (format version 4). Kind Z (zero elision, format version 3) compacts the
 // raw words of nonzero elements and expands the decoded raw values by 8-lane
 // byte shuffles (kZShuffles). Rows of >= kParallelMinElems elements are split
