@@ -3,7 +3,8 @@
 // entry points. Built and run by benchmarks/entropy_instr.sh (callgrind
 // --toggle-collect on encode_row / decode_row gives instructions per element).
 // Usage: entropy_instr [n = 2^21] [reps = 1] [dtype 1 bf16 / 2 fp16] [data: gauss
-// (default) / relu = max(gauss, 0), about half the elements +0]; prints the
+// (default) / relu = max(gauss, 0), about half the elements +0 / skew = |gauss|
+// with every 10th element negated: sign-skewed, HUFF-J blocks]; prints the
 // payload size, a hash of its bytes (equal hashes = identical encodings across
 // builds and ISA paths), round-trip status and the best-of-reps GB/s.
 #include <cmath>
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   int reps = argc > 2 ? atoi(argv[2]) : 1;
   int dt = argc > 3 ? atoi(argv[3]) : 1;
   const bool relu = argc > 4 && strcmp(argv[4], "relu") == 0;
+  const bool skew = argc > 4 && strcmp(argv[4], "skew") == 0;  // every 10th element negative: HUFF-J blocks
   DtypeCode d = (DtypeCode)dt;
   std::mt19937_64 g(1);
   std::normal_distribution<float> nd(0.f, 0.02f);
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
   for (uint64_t i = 0; i < n; ++i) {
     float f = nd(g);
     if (relu && f < 0) f = 0;
+    if (skew) f = i % 10 == 0 ? -std::fabs(f) : std::fabs(f);
     uint32_t u; memcpy(&u, &f, 4);
     if (d == kBF16) x[i] = (uint16_t)(u >> 16);
     else { _Float16 h = (_Float16)f; memcpy(&x[i], &h, 2); }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Instructions per element of the entropy codec's CPU row encoder and decoder
 # (valgrind --tool=callgrind, one thread), independent of machine load.
-# Usage: benchmarks/entropy_instr.sh [n = 2097152] [dtype 1 bf16 / 2 fp16] [gauss / relu]
+# Usage: benchmarks/entropy_instr.sh [n = 2097152] [dtype 1 bf16 / 2 fp16] [gauss / relu / skew]
 # (ZIPCCL_DISABLE_SIMD=1 measures the portable path.) Needs g++, valgrind and the
 # project's .venv (for the XLA FFI headers).
 set -euo pipefail

@@ -104,12 +104,15 @@ def wire_ratios(n: int, codec: str = "zipccl") -> list:
       y_raw, _ = compiled["raw"](xb)
       same = np.array_equal(np.asarray(y).view(np.uint16), np.asarray(y_raw).view(np.uint16))
       rung = [int(r) for r in np.asarray(s.rung).reshape(-1)]
-      # which HLO switch is which transport: psum has the all-to-all one first
-      order = {("all-to-all",): 0, ("all-gather",): len(rung) - 1}
+      # which HLO switch is which transport: psum has the all-to-all one first (on
+      # CPU its rungs are collective permutes: transport.a2a_slot)
+      order = {("all-to-all",): 0, ("collective-permute",): 0, ("all-gather",): len(rung) - 1}
       choice = [rung[order[c.opcodes]] for c in hlo[codec].conditionals]
       wire_hlo = hlo[codec].taken(choice) if s.compressed else hlo[codec].common
       wire = int(s.wire_bytes)
-      raw = hlo["raw"].common
+      # the raw rung of the same transports (on CPU an all-to-all transport's rungs
+      # hand over N - 1 rows, codec="raw"'s lax all-to-all N)
+      raw = sum(int(t[-1]) for t in s.slots) if s.compressed else hlo["raw"].common
       rows.append(dict(codec=codec, collective=name, data=kind, n=n, compressed=bool(s.compressed), rung=rung,
                        rungs=[len(t) for t in s.slots], raw_rung=bool(np.any(s.raw_rung)),
                        used=[int(u) for u in np.asarray(s.used_bytes).reshape(-1)],
@@ -167,12 +170,76 @@ def _one_rung(transport):
   return patched()
 
 
-def compile_times(runs: int) -> dict:
+# One compile of one collective by another checkout's Python (`--then-python`): the
+# program compile_times builds, in the API every version of the library has had.
+_THEN_PROGRAM = r"""
+import json, sys, time
+import jax, jax.numpy as jnp
+import zipccl_jax as zc
+from jax.sharding import PartitionSpec as P
+N, name = int(sys.argv[1]), sys.argv[2]
+jax.config.update("jax_num_cpu_devices", N)
+mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+ring = [(i, (i + 1) % N) for i in range(N)]
+kw = dict(codec="zipccl", policy="always")
+def call():
+  return {"all_gather": (lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw), P("x")),
+          "psum_scatter": (lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, **kw), P("x")),
+          "psum": (lambda v: zc.compressed_psum(v, "x", **kw), P()),
+          "all_to_all": (lambda v: zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw), P("x")),
+          "ppermute": (lambda v: zc.compressed_ppermute(v, "x", ring, **kw), P("x"))}[name]
+x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
+ts = []
+for _ in range(2):   # the first compile warms XLA up, as the first round does in-process
+  f, spec = call()
+  lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
+  t0 = time.perf_counter()
+  lowered.compile()
+  ts.append(time.perf_counter() - t0)
+print(json.dumps(ts[-1]))
+"""
+
+
+def _then_compile(python: str, name: str) -> float:
+  """Seconds of one compile of `name` by another checkout's library (its Python)."""
+  import subprocess
+  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([python, "-c", _THEN_PROGRAM, str(N), name], env=env, check=True,
+                       capture_output=True, text=True, cwd="/")
+  return float(out.stdout.strip().splitlines()[-1])
+
+
+def _before_permutes(transport):
+  """The program before all-to-all rungs became permutes on CPU (2026-12-01): XLA
+  all-to-all rungs (N slice kernels and a concatenate each) and their short ladder
+  (8 rungs 2% apart, then 5%, at most 12; 2 low rungs)."""
+  import contextlib
+  names = ("_A2A_PERMUTES", "ALL_TO_ALL_LADDER", "ALL_TO_ALL_LOW_RUNGS")
+
+  @contextlib.contextmanager
+  def patched():
+    old = tuple(getattr(transport, k) for k in names)
+    transport._A2A_PERMUTES = False   # pylint: disable=protected-access
+    transport.ALL_TO_ALL_LADDER, transport.ALL_TO_ALL_LOW_RUNGS = (8, ((1, 50), (1, 20)), 12), 2
+    try:
+      yield
+    finally:
+      for k, v in zip(names, old):
+        setattr(transport, k, v)
+  return patched()
+
+
+def compile_times(runs: int, then_python: str | None = None) -> dict:
   """Compile time and program size of one compressed collective, three programs per
   collective compiled in the same run, interleaved (the load of a shared machine
   changes by the minute): the ladder ("zipccl"), the same transport with a one-rung
   ladder ("fixed": one compressed slot + the raw rung, the structure of the
-  fixed-slot transport before the ladder) and codec="raw"."""
+  fixed-slot transport before the ladder), codec="raw", and the ladder before the
+  all-to-all rungs became permutes ("before", `_before_permutes`). With then_python (the
+  Python of a checkout of commit 0817424, the fixed-slot transport itself, with its
+  native module built), each round also compiles that library's program in a
+  subprocess ("then"): the issue's "today's" compile, in the same run."""
   import contextlib
   import jax
   import jax.numpy as jnp
@@ -193,12 +260,14 @@ def compile_times(runs: int) -> dict:
     }
 
   variants = {"zipccl": ("zipccl", contextlib.nullcontext), "fixed": ("zipccl", lambda: _one_rung(transport)),
-              "raw": ("raw", contextlib.nullcontext)}
+              "raw": ("raw", contextlib.nullcontext),
+              "before": ("zipccl", lambda: _before_permutes(transport))}
   x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
   out = {}
   for name in calls("raw"):
     times = {v: [] for v in variants}
     texts = {}
+    then = []
     for r in range(runs + 1):
       for v, (codec, ctx) in variants.items():
         with ctx():
@@ -209,14 +278,20 @@ def compile_times(runs: int) -> dict:
         if r:
           times[v].append(time.perf_counter() - t0)
         texts[v] = comp.as_text()
+      if r and then_python:
+        then.append(_then_compile(then_python, name))
+    if then:
+      out[f"then/{name}"] = dict(compile_s=statistics.median(then), runs=then)
     for v in variants:
       text = texts[v]
       out[f"{v}/{name}"] = dict(compile_s=statistics.median(times[v]), runs=times[v],
                                 hlo_chars=len(text), hlo_lines=text.count("\n"),
-                                kernels=kernel_count(text))
+                                kernels=kernel_count(text),
+                                rungs="+".join(str(len(c.branch_bytes) - 1)
+                                               for c in zc.hlo_wire_bytes(text).conditionals))
     common.log(f"compile {name}: " + ", ".join(
         f"{v} {1e3 * out[f'{v}/{name}']['compile_s']:.0f} ms ({out[f'{v}/{name}']['kernels']} kernels)"
-        for v in variants))
+        for v in variants) + (f", then {1e3 * out[f'then/{name}']['compile_s']:.0f} ms" if then else ""))
   return out
 
 
@@ -375,7 +450,8 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
            f"{args.elements:,} bf16 elements per device. *wire* = operand bytes this device "
            "hands to XLA on the rungs its stats report, agreement included, equal to the "
            "compiled HLO's switch branches (`hlo_wire_bytes(text).taken(rungs)`); *raw* = the "
-           "codec=\"raw\" program (uint16 words). *used* = the largest used row size of the "
+           "raw rungs of the same transports (uint16 words; on CPU an all-to-all transport's "
+           "rungs hand N - 1 rows to XLA, the own row stays). *used* = the largest used row size of the "
            "participants, *slot* = the rung's row size.", "",
            "| codec | collective | data | escapes | rung / rungs | used B | slot B | wire B | raw B | "
            "ratio | HLO = stats | bit-identical to raw |",
@@ -407,28 +483,40 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
               "ladder); *raw*: codec=\"raw\". *kernels*: ops of the compiled module that "
               "XLA:CPU compiles to a kernel (outside fusion bodies; not views, collectives, "
               "custom calls); *HLO*: compiled HLO text, chars. *then*: the fixed-slot "
-              "transport itself, measured on this machine before the ladder under another load "
-              "(results/ladder_compile_baseline.json), for reference only.", "",
-              "| collective | ladder ms | fixed ms | raw ms | ladder/fixed | ladder/raw | "
-              "kernels ladder / fixed / raw | HLO chars ladder / fixed / raw | then ms |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "transport itself (commit 0817424, the issue's \"today's\"): "
+              + ("compiled by that checkout's library in a subprocess in every round of this "
+                 "run (`--then-python`), medians" if any(k.startswith("then/") for k in comp)
+                 else "measured on this machine before the ladder under another load "
+                 "(results/ladder_compile_baseline.json), for reference only") + ". *before*: the "
+              "ladder before all-to-all rungs became N - 1 permutes on CPU (XLA all-to-all "
+              "rungs, 8 @ 2% then 5%, <= 12), compiled in the same run.", "",
+              "| collective | ladder ms | fixed ms | raw ms | before ms | ladder/fixed | "
+              "ladder/raw | ladder/then | kernels ladder / fixed / raw / before | rungs ladder / "
+              "before | HLO chars ladder / fixed / raw | then ms |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute"):
-      z, f, r = (comp.get(f"{v}/{name}") for v in ("zipccl", "fixed", "raw"))
+      z, f, r, b = (comp.get(f"{v}/{name}") for v in ("zipccl", "fixed", "raw", "before"))
       if not z:
         continue
-      then = base.get(f"zipccl/{name}", {}).get("compile_s")
+      then = (comp.get(f"then/{name}") or base.get(f"zipccl/{name}", {})).get("compile_s")
+      vs_then = "" if then is None else f"**{z['compile_s'] / then:.2f}**"
       lines.append(
           f"| {name} | {1e3 * z['compile_s']:.0f} | {1e3 * f['compile_s']:.0f} | "
-          f"{1e3 * r['compile_s']:.0f} | **{z['compile_s'] / f['compile_s']:.2f}** | "
-          f"{z['compile_s'] / r['compile_s']:.2f} | {z['kernels']} / {f['kernels']} / "
-          f"{r['kernels']} | {z['hlo_chars']} / {f['hlo_chars']} / {r['hlo_chars']} | "
+          f"{1e3 * r['compile_s']:.0f} | {1e3 * b['compile_s']:.0f} | "
+          f"**{z['compile_s'] / f['compile_s']:.2f}** | "
+          f"{z['compile_s'] / r['compile_s']:.2f} | {vs_then} | "
+          f"{z['kernels']} / {f['kernels']} / {r['kernels']} / {b['kernels']} | "
+          f"{z['rungs']} / {b['rungs']} | "
+          f"{z['hlo_chars']} / {f['hlo_chars']} / {r['hlo_chars']} | "
           f"{'' if then is None else f'{1e3 * then:.0f}'} |")
     lines.append("")
   if sweep:
     lines += ["### Program size vs rungs", "",
               "The library's ladder cut to its first k rungs (one compile each, same "
-              "shapes): every rung adds its slice kernel(s): one for an all-gather, N slices "
-              "and a concatenation for an all-to-all on XLA:CPU.", "",
+              "shapes). On XLA:CPU a rung is custom calls and collectives only (row_prefix; "
+              "an all-to-all rung N - 1 permutes of row_split / row_join): ~no kernel per "
+              "rung. Until 2026-12-01 an all-to-all rung cost N slices and a concatenation.",
+              "",
               "| collective | rungs | kernels | HLO chars | compile ms (one) |", "|---|---|---|---|---|"]
     for r in sweep:
       lines.append(f"| {r['collective']} | {r['rungs']} | {r['kernels']} | {r['hlo_chars']} | "
@@ -482,6 +570,8 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
             + (" --example-full" if args.example_full else "")
             + (f" --codecs {args.codecs}" if args.codecs != "zipccl" else "")
             + (" --skip-compile" if args.skip_compile else "")
+            + (" --then-python OLD/.venv/bin/python (OLD: a checkout of 0817424)"
+               if args.then_python else "")
             + (" --skip-spacing" if args.skip_spacing else "") + "`", ""]
   return lines
 
@@ -502,6 +592,11 @@ def main(argv=None) -> int:
   ap.add_argument("--codecs", default="zipccl",
                   help="comma-separated codecs for the wire-ratio table (e.g. zipccl,entropy); "
                        "other than the default, the report is ladder_codecs_<date>.md")
+  ap.add_argument("--then-python", default=None,
+                  help="Python of a checkout of commit 0817424 (the fixed-slot transport) "
+                       "with its native module built: its compile times join the table, "
+                       "measured in the same run (e.g. git worktree add ../old 0817424 && "
+                       "make -C ../old setup ZIPCCL_CUDA=OFF, then ../old/.venv/bin/python)")
   ap.add_argument("--out", default=common.RESULTS)
   args = ap.parse_args(argv)
   import jax
@@ -509,7 +604,7 @@ def main(argv=None) -> int:
   info = common.machine_info()
   codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
   rows = [r for c in codecs for r in wire_ratios(args.elements, c)]
-  comp = {} if args.skip_compile else compile_times(args.compile_runs)
+  comp = {} if args.skip_compile else compile_times(args.compile_runs, args.then_python)
   with open(os.path.join(HERE, "results", "ladder_compile_baseline.json")) as f:
     base = json.load(f)
   sweep = [] if args.skip_compile or args.skip_spacing else rung_sweep()

@@ -32,6 +32,8 @@ NB_MODULE(_zipccl_cuda, m) {
     d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCuda);
     d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCuda);
     d[zipccl::transport::kRowPrefixTarget] = encapsulate(ZipcclRowPrefixCuda);
+    d[zipccl::transport::kRowSplitTarget] = encapsulate(ZipcclRowSplitCuda);
+    d[zipccl::transport::kRowJoinTarget] = encapsulate(ZipcclRowJoinCuda);
     return d;
   });
   m.def(

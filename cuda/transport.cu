@@ -1,7 +1,9 @@
-// The slot ladder's row-prefix copy on a GPU (target and shapes: ffi/transport.h):
-// one strided device-to-device copy on XLA's stream. zipccl_jax slices on GPUs;
-// this handler exists so that a program lowered for CPU and GPU at once (whose CPU
-// branch holds the custom call) compiles on the GPU too.
+// The slot ladder's row copies on a GPU (targets and shapes: ffi/transport.h).
+// zipccl_jax slices and uses lax.all_to_all on GPUs; these handlers exist so that a
+// program lowered for CPU and GPU at once (whose CPU branch holds the custom calls)
+// compiles on the GPU too. row_prefix: one strided device-to-device copy on XLA's
+// stream; row_split / row_join: one small copy kernel per peer row, which reads
+// `me` on the device (no host synchronisation).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -30,7 +32,104 @@ ffi::Error RowPrefixCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload,
   return ffi::Error::Success();
 }
 
+// dst[0, slen) = src row ((me + shift) mod peers) [0, slen) (src rows of len
+// bytes). When me is out of range (the host checks cannot read it) dst is zeros:
+// deterministic, never out of bounds.
+__global__ void copy_peer_row(uint8_t* dst, const uint8_t* src, const int32_t* me, uint64_t peers, uint64_t len,
+                              uint64_t slen, uint64_t shift) {
+  const int32_t my = *me;
+  const bool ok = my >= 0 && (uint64_t)my < peers;
+  const uint8_t* row = src + (ok ? ((uint64_t)my + shift) % peers * len : 0);
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < slen; i += (uint64_t)gridDim.x * blockDim.x)
+    dst[i] = ok ? row[i] : 0;
+}
+
+// dst row ((me + shift) mod peers) of [peers, slen] = src [0, slen) (zeros when me
+// is out of range: then every call writes row `shift`, covering all rows once).
+__global__ void place_peer_row(uint8_t* dst, const uint8_t* src, uint64_t src_stride, const int32_t* me,
+                               uint64_t peers, uint64_t slen, uint64_t shift) {
+  const int32_t my = *me;
+  const bool ok = my >= 0 && (uint64_t)my < peers;
+  uint8_t* row = dst + (ok ? ((uint64_t)my + shift) % peers : shift) * slen;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < slen; i += (uint64_t)gridDim.x * blockDim.x)
+    row[i] = ok ? src[i] : 0;
+}
+
+unsigned grid_for(uint64_t bytes) {
+  const uint64_t blocks = (bytes + 255) / 256;
+  return (unsigned)(blocks < 1024 ? (blocks ? blocks : 1) : 1024);
+}
+
+ffi::Error launch_status(const char* target) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(target) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+ffi::Error RowSplitCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me,
+                            ffi::RemainingRets pieces) {
+  namespace zt = zipccl::transport;
+  const char* t = zt::kRowSplitTarget;
+  uint64_t peers, len, slen = 0;
+  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+    return e;
+  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto r = pieces.get<ffi::Buffer<ffi::U8>>(k);
+    if (!r.has_value()) return zipccl::handler::invalid(t, "result " + zipccl::handler::str(k) + " must be u8");
+    if (ffi::Error e = zt::piece_shape(t, "result", k, (*r)->dimensions(), len, &slen); e.failure()) return e;
+  }
+  if (slen == 0) return ffi::Error::Success();
+  for (uint64_t k = 1; k < peers; ++k)
+    copy_peer_row<<<grid_for(slen), 256, 0, stream>>>((*pieces.get<ffi::Buffer<ffi::U8>>(k - 1))->typed_data(),
+                                                      payload.typed_data(), me.typed_data(), peers, len, slen, k);
+  return launch_status(t);
+}
+
+ffi::Error RowJoinCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me,
+                           ffi::RemainingArgs pieces, ffi::Result<ffi::Buffer<ffi::U8>> out) {
+  namespace zt = zipccl::transport;
+  const char* t = zt::kRowJoinTarget;
+  uint64_t peers, len, slen = 0;
+  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+    return e;
+  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto a = pieces.get<ffi::Buffer<ffi::U8>>(k);
+    if (!a.has_value()) return zipccl::handler::invalid(t, "operand " + zipccl::handler::str(k) + " must be u8");
+    if (ffi::Error e = zt::piece_shape(t, "operand", k, a->dimensions(), len, &slen); e.failure()) return e;
+  }
+  if (ffi::Error e = zt::join_out_shape(out->dimensions(), peers, slen); e.failure()) return e;
+  if (slen == 0) return ffi::Error::Success();
+  uint8_t* dst = out->typed_data();
+  // the own row (shift 0) from the payload; piece k - 1 came from peer (me - k)
+  // mod N = (me + N - k) mod N
+  place_peer_row<<<grid_for(slen), 256, 0, stream>>>(dst, payload.typed_data(), len, me.typed_data(), peers, slen,
+                                                     0);
+  for (uint64_t k = 1; k < peers; ++k)
+    place_peer_row<<<grid_for(slen), 256, 0, stream>>>(dst, pieces.get<ffi::Buffer<ffi::U8>>(k - 1)->typed_data(),
+                                                       slen, me.typed_data(), peers, slen, peers - k);
+  return launch_status(t);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowSplitCuda, RowSplitCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [N, L]
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // me []
+                                  .RemainingRets(),                          // N - 1 x u8 [S]
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowJoinCuda, RowJoinCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [N, L]
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // me []
+                                  .RemainingArgs()                           // N - 1 x u8 [S]
+                                  .Ret<ffi::Buffer<ffi::U8>>(),              // out [N, S]
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowPrefixCuda, RowPrefixCudaImpl,
                               ffi::Ffi::Bind()

@@ -1,6 +1,8 @@
-// The slot ladder's row-prefix copy on a GPU (cuda/transport.cu; ffi/transport.h).
+// The slot ladder's row copies on a GPU (cuda/transport.cu; ffi/transport.h).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowPrefixCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowSplitCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowJoinCuda);

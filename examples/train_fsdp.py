@@ -273,7 +273,8 @@ def unit_capacities(units, cfg=None, codec: str = "zipccl") -> dict:
   for u in units:
     raw = 2 * u.shard
     # gather rows and gradient rows hold shard elements each; the gradient rows go
-    # over an all-to-all, which has a shorter ladder
+    # over an all-to-all (the same spacing as the gathers since its rungs compile to
+    # no kernel on CPU)
     out[u.name] = (zipccl_jax.codec_ladder(codec, COMPUTE, u.shard) + (raw,),
                    zipccl_jax.codec_ladder(codec, COMPUTE, u.shard, all_to_all=True) + (raw,))
   return out

@@ -57,6 +57,8 @@ NB_MODULE(_zipccl_cpu, m) {
     d["zipccl_entropy_encode"] = encapsulate(ZipcclEntropyEncodeCpu);
     d["zipccl_entropy_decode"] = encapsulate(ZipcclEntropyDecodeCpu);
     d[zipccl::transport::kRowPrefixTarget] = encapsulate(ZipcclRowPrefixCpu);
+    d[zipccl::transport::kRowSplitTarget] = encapsulate(ZipcclRowSplitCpu);
+    d[zipccl::transport::kRowJoinTarget] = encapsulate(ZipcclRowJoinCpu);
     return d;
   });
   m.attr("ENCODE_TARGET") = zipccl::handler::kEncodeTarget;

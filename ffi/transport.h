@@ -1,12 +1,24 @@
-// The slot ladder's row-prefix copy: XLA FFI target "zipccl_row_prefix", what its CPU
-// (ffi/transport_cpu.cc) and CUDA (cuda/transport.cu) handlers share.
+// The slot ladder's transport helpers: XLA FFI targets "zipccl_row_prefix",
+// "zipccl_row_split" and "zipccl_row_join", what their CPU (ffi/transport_cpu.cc)
+// and CUDA (cuda/transport.cu) handlers share.
 //
 //   zipccl_row_prefix: payload u8 [..., L] -> slot u8 [..., S], S <= L:
 //                      slot[r, :] = payload[r, :S] for every row r
+//   zipccl_row_split:  payload u8 [N, L], me s32 [] -> N - 1 results u8 [S], S <= L:
+//                      result k - 1 = payload[(me + k) mod N, :S], k = 1 .. N - 1
+//   zipccl_row_join:   payload u8 [N, L], me s32 [], N - 1 operands u8 [S]
+//                      -> out u8 [N, S]: out[(me - k) mod N, :] = operand k - 1,
+//                      out[me, :] = payload[me, :S]
 //
-// zipccl_jax/_src/transport.py calls it on CPU backends (where it saves a slice
-// kernel per ladder rung) and slices on others; the CUDA handler exists so that a
-// program lowered for several platforms at once compiles everywhere.
+// zipccl_jax/_src/transport.py calls them on CPU backends and slices / uses
+// lax.all_to_all on others. row_split and row_join make an all-to-all of slot-sized
+// rows out of N - 1 collective permutes (shift k: device j sends its row for peer
+// (j + k) mod N): split cuts the rows to send, join puts the received rows and the
+// own row back in peer order, so join(permutes(split(p))) is exactly
+// all_to_all(p[:, :S]). XLA:CPU would compile the all-to-all into N per-peer slice
+// kernels plus a concatenate per ladder rung; custom calls compile to nothing.
+// The CUDA handlers exist so that a program lowered for CPU and GPU at once compiles
+// everywhere. `me` is this device's linear index over the collective's axes.
 #pragma once
 
 #include <stdint.h>
@@ -18,6 +30,8 @@ namespace zipccl {
 namespace transport {
 
 constexpr const char* kRowPrefixTarget = "zipccl_row_prefix";
+constexpr const char* kRowSplitTarget = "zipccl_row_split";
+constexpr const char* kRowJoinTarget = "zipccl_row_join";
 
 // Checks the shapes; sets rows, the payload row length and the slot length (bytes).
 inline xla::ffi::Error row_prefix_shape(xla::ffi::Span<const int64_t> in, xla::ffi::Span<const int64_t> out,
@@ -32,7 +46,73 @@ inline xla::ffi::Error row_prefix_shape(xla::ffi::Span<const int64_t> in, xla::f
   return xla::ffi::Error::Success();
 }
 
+// row_split / row_join: payload [N, L] with N >= 2 (one row per peer) and N - 1
+// pieces (results of split, operands of join); sets N and L.
+inline xla::ffi::Error peer_rows_shape(const char* target, xla::ffi::Span<const int64_t> payload, size_t pieces,
+                                       uint64_t* peers, uint64_t* len) {
+  if (payload.size() != 2)
+    return handler::invalid(target, "payload must be u8 [N, L] (one row per peer), got rank " +
+                                        handler::str(payload.size()));
+  *peers = (uint64_t)payload[0];
+  *len = (uint64_t)payload[1];
+  if (*peers < 2)
+    return handler::invalid(target, "payload must have N >= 2 rows (peers), got " + handler::str(*peers));
+  if (pieces != *peers - 1)
+    return handler::invalid(target, "expected N - 1 = " + handler::str(*peers - 1) + " rows u8 [S], got " +
+                                        handler::str(pieces));
+  return xla::ffi::Error::Success();
+}
+
+// Piece k (0-based) of row_split / row_join: u8 [S] with S <= L, the same S for
+// every piece (*slen is set from piece 0). `what` names pieces in messages.
+inline xla::ffi::Error piece_shape(const char* target, const char* what, size_t k,
+                                   xla::ffi::Span<const int64_t> dims, uint64_t len, uint64_t* slen) {
+  if (dims.size() != 1)
+    return handler::invalid(target, std::string(what) + " " + handler::str(k) + " must be u8 [S], got rank " +
+                                        handler::str(dims.size()));
+  const uint64_t s = (uint64_t)dims[0];
+  if (k == 0) {
+    if (s > len)
+      return handler::invalid(target, std::string(what) + " 0 must be u8 [S] with S <= " + handler::str(len) +
+                                          ", got [" + handler::str(s) + "]");
+    *slen = s;
+  } else if (s != *slen) {
+    return handler::invalid(target, std::string(what) + " " + handler::str(k) + " must be u8 [" +
+                                        handler::str(*slen) + "] like " + what + " 0, got [" + handler::str(s) +
+                                        "]");
+  }
+  return xla::ffi::Error::Success();
+}
+
+// me: one s32 element (checked against N on the host; the CUDA handlers, which
+// cannot read it without a synchronisation, write zeros when it is out of range).
+inline xla::ffi::Error me_shape(const char* target, size_t count) {
+  if (count != 1) return handler::invalid(target, "me must be one s32 (this device's index), got " +
+                                                      handler::str(count) + " elements");
+  return xla::ffi::Error::Success();
+}
+
+inline xla::ffi::Error me_value(const char* target, int32_t me, uint64_t peers) {
+  if (me < 0 || (uint64_t)me >= peers)
+    return handler::invalid(target, "me must be in [0, " + handler::str(peers) + "), got " +
+                                        std::to_string(me));
+  return xla::ffi::Error::Success();
+}
+
+// join's output: u8 [N, S].
+inline xla::ffi::Error join_out_shape(xla::ffi::Span<const int64_t> out, uint64_t peers, uint64_t slen) {
+  if (out.size() != 2 || (uint64_t)out[0] != peers || (uint64_t)out[1] != slen) {
+    std::string got = "rank " + handler::str(out.size());
+    if (out.size() == 2) got = "[" + handler::str((uint64_t)out[0]) + ", " + handler::str((uint64_t)out[1]) + "]";
+    return handler::invalid(kRowJoinTarget, "out must be u8 [" + handler::str(peers) + ", " + handler::str(slen) +
+                                                "], got " + got);
+  }
+  return xla::ffi::Error::Success();
+}
+
 }  // namespace transport
 }  // namespace zipccl
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowPrefixCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowSplitCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowJoinCpu);

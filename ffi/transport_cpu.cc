@@ -1,4 +1,4 @@
-// The slot ladder's row-prefix copy on the CPU (target and shapes: transport.h).
+// The slot ladder's row copies on the CPU (targets and shapes: transport.h).
 //
 // Why a custom call for what `payload[:, :S]` also does: every rung of the ladder is
 // a switch branch that needs its own slot-sized operand for the collective, and
@@ -16,6 +16,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// The row-prefix copy (zipccl_row_prefix).
 ffi::Error RowPrefixCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::Buffer<ffi::U8>> slot) {
   uint64_t rows, len, slen;
   if (ffi::Error e = zipccl::transport::row_prefix_shape(payload.dimensions(), slot->dimensions(), &rows,
@@ -32,7 +33,73 @@ ffi::Error RowPrefixCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::Buffe
   return ffi::Error::Success();
 }
 
+// An all-to-all rung as N - 1 collective permutes (zipccl_row_split, zipccl_row_join):
+// why custom calls, see row_prefix above; an XLA:CPU all-to-all of an array is N
+// per-peer slice kernels and a concatenate, ~10 kernels to compile per rung.
+ffi::Error RowSplitCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me, ffi::RemainingRets pieces) {
+  namespace zt = zipccl::transport;
+  const char* t = zt::kRowSplitTarget;
+  uint64_t peers, len, slen = 0;
+  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+    return e;
+  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
+  const int32_t my = *me.typed_data();
+  if (ffi::Error e = zt::me_value(t, my, peers); e.failure()) return e;
+  // Every shape first: nothing is written unless the whole call is valid.
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto r = pieces.get<ffi::Buffer<ffi::U8>>(k);
+    if (!r.has_value()) return zipccl::handler::invalid(t, "result " + zipccl::handler::str(k) + " must be u8");
+    if (ffi::Error e = zt::piece_shape(t, "result", k, (*r)->dimensions(), len, &slen); e.failure()) return e;
+  }
+  const uint8_t* in = payload.typed_data();
+  for (uint64_t k = 1; k < peers; ++k) {
+    uint8_t* out = (*pieces.get<ffi::Buffer<ffi::U8>>(k - 1))->typed_data();
+    if (slen) std::memcpy(out, in + ((uint64_t)my + k) % peers * len, slen);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error RowJoinCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me, ffi::RemainingArgs pieces,
+                          ffi::Result<ffi::Buffer<ffi::U8>> out) {
+  namespace zt = zipccl::transport;
+  const char* t = zt::kRowJoinTarget;
+  uint64_t peers, len, slen = 0;
+  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+    return e;
+  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
+  const int32_t my = *me.typed_data();
+  if (ffi::Error e = zt::me_value(t, my, peers); e.failure()) return e;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto a = pieces.get<ffi::Buffer<ffi::U8>>(k);
+    if (!a.has_value()) return zipccl::handler::invalid(t, "operand " + zipccl::handler::str(k) + " must be u8");
+    if (ffi::Error e = zt::piece_shape(t, "operand", k, a->dimensions(), len, &slen); e.failure()) return e;
+  }
+  if (ffi::Error e = zt::join_out_shape(out->dimensions(), peers, slen); e.failure()) return e;
+  if (slen == 0) return ffi::Error::Success();
+  uint8_t* dst = out->typed_data();
+  // piece k - 1 came from peer (me - k) mod N; the own row is the payload's
+  std::memcpy(dst + (uint64_t)my * slen, payload.typed_data() + (uint64_t)my * len, slen);
+  for (uint64_t k = 1; k < peers; ++k) {
+    const uint64_t from = ((uint64_t)my + peers - k) % peers;
+    std::memcpy(dst + from * slen, pieces.get<ffi::Buffer<ffi::U8>>(k - 1)->typed_data(), slen);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowSplitCpu, RowSplitCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U8>>()      // payload [N, L]
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // me []
+                                  .RemainingRets());                // N - 1 x u8 [S]
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowJoinCpu, RowJoinCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U8>>()      // payload [N, L]
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // me []
+                                  .RemainingArgs()                  // N - 1 x u8 [S]
+                                  .Ret<ffi::Buffer<ffi::U8>>());    // out [N, S]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowPrefixCpu, RowPrefixCpuImpl,
                               ffi::Ffi::Bind()

@@ -25,6 +25,7 @@ from zipccl_jax import costmodel as cm
 
 GBIT = 1e9 / 8   # bytes per second of 1 Gbit/s
 BF16_NP = np.dtype(ml_dtypes.bfloat16)
+RESIDUAL_ALGOS = ("all_gather", "all_to_all", "ppermute")
 
 
 def _cal(link_gbit=1.0, enc_GBps=3.0, dec_GBps=3.5, ratio=1.40, alpha=50e-6, n_peers=2,
@@ -362,6 +363,23 @@ def test_calibrate_on_8_devices(mesh8, tmp_path):
   assert fit.encode_s_per_byte > 0 and fit.decode_s_per_byte > 0
   assert cm.Calibration.load(path) == cal
   assert cm.resolve_calibration(None) == cal     # activate=True
+  # The residuals: each codec's compressed transports timed end to end at the
+  # largest row size; with them the model reproduces that measured call (unless
+  # clamped at -0.5 x the model), on every dtype of the codec.
+  for codec, per in cal.codecs.items():
+    f = per["bfloat16"]
+    for algo in RESIDUAL_ALGOS:
+      (wire, t, t_model), = points[f"{algo}/{codec}"]
+      assert wire == (1 if algo == "ppermute" else 7) * 2**13 and t > 0 and t_model > 0
+      extra = f.extra_s_per_byte(algo)
+      assert extra == max((t - t_model) / wire, -0.5 * t_model / wire)
+      probe = dataclasses.replace(cal, codecs={codec: {"bfloat16": dataclasses.replace(
+          f, ratio=f.ratio_gaussian)}})
+      assert cm.model_time(algo, "bfloat16", 2**12, 8, probe, codec) == pytest.approx(
+          t_model + extra * wire, rel=1e-9)
+      assert cm.model_time(algo, "bfloat16", 2**12, 8, probe, codec, residual=False) == (
+          pytest.approx(t_model, rel=1e-9))
+  assert "residual ns per received byte" in cal.summary()
   # The user's own tensors set the assumed ratio: Gaussian alone compresses better
   # than the synthetic mix; a row of all-distinct exponents does not fit (ratio 1).
   gauss = cm.synthetic("gaussian", 2**15, BF16_NP, seed=3)
@@ -378,7 +396,12 @@ def test_calibrate_on_8_devices(mesh8, tmp_path):
   # Re-measuring the links only keeps the codec numbers.
   again = zc.calibrate(mesh8, "x", link_row_bytes=(2**10, 2**13), reps=1, save=False,
                        activate=False, reuse_codecs=cal)
-  assert again.codecs == cal.codecs and again.reduce == cal.reduce
+  # (but the residuals belong to the links: measured again)
+  def speeds(c):
+    return {k: {d: dataclasses.replace(f, **{f"extra_{a}_s_per_byte": 0.0 for a in RESIDUAL_ALGOS})
+                for d, f in per.items()} for k, per in c.codecs.items()}
+  assert speeds(again) == speeds(cal) and again.reduce == cal.reduce
+  assert again.meta["link_points"]["all_gather/zipccl"] != points["all_gather/zipccl"]
   with pytest.raises(TypeError, match="calibrate: reuse_codecs"):
     zc.calibrate(mesh8, "x", save=False, reuse_codecs={"codecs": {}})
   with pytest.raises(ValueError, match="calibrate: axis_name"):
@@ -432,3 +455,40 @@ def test_calibrate_across_two_processes_agrees(tmp_path):
   # sleeps 50 ms per call): both processes get the same median, >= 50 ms.
   assert dec[0]["skewed_s"] == dec[1]["skewed_s"] >= 0.05, dec
   assert dec[0] == dec[1] and dec[0]["agree"] is True
+
+
+def test_residual_enters_the_compressed_model_per_received_byte():
+  """CodecFit.extra_<algo>_s_per_byte adds per received raw byte of each algorithm
+  the collective uses (psum: its all-to-all and its all-gather), only to the
+  compressed path; projecting another codec speed drops it; old files load as 0."""
+  cal = _cal(link_gbit=2.0, n_peers=4)
+  f = cal.codecs["zipccl"]["bfloat16"]
+  extra = {"all_gather": 0.3e-9, "all_to_all": 0.2e-9, "ppermute": -0.1e-9}
+  with_extra = dataclasses.replace(cal, codecs={"zipccl": {"bfloat16": dataclasses.replace(
+      f, **{f"extra_{a}_s_per_byte": v for a, v in extra.items()})}})
+  m = 2**20
+  for coll, algos in (("all_gather", ("all_gather",)), ("psum_scatter", ("all_to_all",)),
+                      ("all_to_all", ("all_to_all",)), ("psum", ("all_to_all", "all_gather")),
+                      ("ppermute", ("ppermute",))):
+    base = cm.model_time(coll, "bfloat16", m, 4, cal, "zipccl")
+    got = cm.model_time(coll, "bfloat16", m, 4, with_extra, "zipccl")
+    want = base + sum(extra[a] * (1 if a == "ppermute" else 3) * 2 * m for a in algos)
+    assert got == pytest.approx(want, rel=1e-12), coll
+    assert cm.model_time(coll, "bfloat16", m, 4, with_extra, "zipccl", residual=False) == base
+    assert cm.model_time(coll, "bfloat16", m, 4, with_extra, None) == cm.model_time(
+        coll, "bfloat16", m, 4, cal, None)
+  # a positive residual can turn a decision around
+  assert cm.decide("all_gather", "bfloat16", m, 4, cal)[0]
+  big = dataclasses.replace(cal, codecs={"zipccl": {"bfloat16": dataclasses.replace(
+      f, extra_all_gather_s_per_byte=1e-9)}})
+  assert not cm.decide("all_gather", "bfloat16", m, 4, big)[0]
+  # another codec speed (e.g. a GPU's) has its own residual: dropped
+  proj = cm.projected_calibration(with_extra, encode_GBps=300.0, decode_GBps=300.0)
+  assert all(proj.codecs["zipccl"]["bfloat16"].extra_s_per_byte(a) == 0 for a in extra)
+  assert cm.projected_calibration(with_extra, link_gbit=25.0).codecs == with_extra.codecs
+  # round trip, and a file written before the residuals loads with 0
+  assert cm.Calibration.from_json(with_extra.to_json()) == with_extra
+  d = json.loads(with_extra.to_json())
+  for a in extra:
+    del d["codecs"]["zipccl"]["bfloat16"][f"extra_{a}_s_per_byte"]
+  assert cm.Calibration.from_dict(d) == dataclasses.replace(cal, codecs={"zipccl": {"bfloat16": f}})

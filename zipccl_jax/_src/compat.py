@@ -95,3 +95,28 @@ def all_gather_invariant(x, axes: tuple, *, axis: int = 0, tiled: bool = False):
 def axis_size(axes: tuple) -> int:
   """Static size of the (product of the) named mesh axes; NameError when unbound."""
   return int(lax.axis_size(axes))
+
+
+def mesh_platform() -> str:
+  """The platform ("cpu", "gpu", ...) of the devices of the mesh being traced.
+
+  Inside shard_map over a concrete Mesh the abstract mesh names its devices'
+  platform; otherwise (an abstract mesh, outside shard_map, or a JAX that does
+  not say) the default backend's. Read at trace time for static bookkeeping only
+  (the bytes stats report); what runs is chosen by lax.platform_dependent.
+  """
+  try:
+    dev = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    plat = getattr(dev, "platform", None)
+  except (AttributeError, ValueError):  # pragma: no cover - older / future JAX
+    plat = None
+  plat = str(plat or jax.default_backend()).lower()
+  return "gpu" if plat in ("cuda", "rocm", "gpu") else plat
+
+
+def mesh_axis_names() -> tuple:
+  """The axis names of the mesh being traced, in mesh order (empty when unknown)."""
+  try:
+    return tuple(jax.sharding.get_abstract_mesh().axis_names)
+  except (AttributeError, ValueError):  # pragma: no cover - older / future JAX
+    return ()

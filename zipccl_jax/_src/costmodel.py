@@ -117,6 +117,16 @@ class CodecFit:
       measured Gaussian and heavy-tailed ratios (the bytes of a 50/50 mix of both;
       pulled towards the worse one, conservative against Gaussian alone).
     ratio_gaussian, ratio_heavy: the measured ratios (informative).
+    extra_all_gather_s_per_byte, extra_all_to_all_s_per_byte,
+      extra_ppermute_s_per_byte: the compressed transport's end-to-end residual
+      per received raw byte on that algorithm: what a compressed call of this
+      codec measured above (or below) the model's encode + agreement + wire +
+      decode, at the largest link size on Gaussian data with the Gaussian ratio
+      (`calibrate`; e.g. on XLA:CPU a gather's own-row copy and fresh result
+      buffers, ~10-20% of a 10 Gbit/s all-gather). Measured on one dtype per
+      codec (bf16 when calibrated) and shared by its dtypes; local to the
+      machine and link (dropped by `projected_calibration` when it replaces the
+      codec speeds); 0 if unmeasured.
   """
   encode_latency_s: float
   encode_s_per_byte: float
@@ -125,6 +135,13 @@ class CodecFit:
   ratio: float
   ratio_gaussian: float = 0.0
   ratio_heavy: float = 0.0
+  extra_all_gather_s_per_byte: float = 0.0
+  extra_all_to_all_s_per_byte: float = 0.0
+  extra_ppermute_s_per_byte: float = 0.0
+
+  def extra_s_per_byte(self, algo: str) -> float:
+    """The residual of `algo` (0 for algorithms without one, e.g. all_reduce)."""
+    return float(getattr(self, f"extra_{algo}_s_per_byte", 0.0))
 
   @property
   def encode_GBps(self) -> float:
@@ -252,6 +269,10 @@ class Calibration:
         lines.append(f"  {c:8s} {d:9s} encode {f.encode_GBps:6.2f} GB/s  decode "
                      f"{f.decode_GBps:6.2f} GB/s  ratio {f.ratio:.3f} "
                      f"(gaussian {f.ratio_gaussian:.3f}, heavy {f.ratio_heavy:.3f})")
+        extra = [f"{a} {f.extra_s_per_byte(a) * 1e9:+.3f}" for a in _RESIDUAL_ALGOS
+                 if f.extra_s_per_byte(a)]
+        if extra:
+          lines.append(f"  {'':8s} {'':9s} residual ns per received byte: " + ", ".join(extra))
     return "\n".join(lines)
 
 
@@ -422,6 +443,11 @@ def compressed_row_bytes(raw_row_bytes: int, ratio: float) -> int:
   return int(min(math.ceil(used * LADDER_SLACK), raw_row_bytes))
 
 
+# Algorithms whose compressed transport `calibrate` measures end to end (the
+# residual over the model, CodecFit.extra_s_per_byte).
+_RESIDUAL_ALGOS = ("all_gather", "all_to_all", "ppermute")
+
+
 # Platforms whose codec handlers skip the transport's own row (docs/design.md,
 # "The own row is not coded"); the CUDA handlers code every row.
 SKIPS_OWN_ROW = frozenset({"cpu"})
@@ -507,7 +533,7 @@ def _pipeline(stages: Sequence[float], chunks: int, overlap: float) -> float:
 def model_time(collective: str, dtype, row_elements: int, n_peers: int,
                calibration: Calibration | None = None, codec: str | None = None, *,
                chunks: int = 1, agreement: bool = True,
-               overlap: float | None = None) -> float:
+               overlap: float | None = None, residual: bool = True) -> float:
   """Modelled seconds of one collective call (None codec: the raw row transport).
 
   Args:
@@ -526,6 +552,8 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
       sending (the slot ladder's size agreement).
     overlap: fraction of the pipelined ideal the chunks reach, in [0, 1]; None:
       `overlap_fraction(calibration)` (0 on XLA:CPU, measured).
+    residual: add the codec's measured end-to-end residual per received byte
+      (`CodecFit.extra_s_per_byte`; `calibrate` turns it off to measure it).
   """
   fn = "model_time"
   if collective not in COLLECTIVES:
@@ -566,6 +594,8 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
     dec = f.decode_latency_s + f.decode_s_per_byte * dec_rows * raw_chunk
     wire = agree + a + b * _wire_rows(algo, n) * wire_row
     t += _pipeline([enc, wire, dec], k, overlap)
+    if residual:
+      t += f.extra_s_per_byte(algo) * _wire_rows(algo, n) * raw_row
   return t
 
 
@@ -735,6 +765,10 @@ def projected_calibration(calibration: Calibration | None = None, *,
         f = dataclasses.replace(f, encode_s_per_byte=1e-9 / encode_GBps)
       if decode_GBps is not None:
         f = dataclasses.replace(f, decode_s_per_byte=1e-9 / decode_GBps)
+      if encode_GBps is not None or decode_GBps is not None:
+        # the residual was measured with this machine's codec: another codec
+        # (e.g. a GPU's) has its own, unknown
+        f = dataclasses.replace(f, **{f"extra_{a}_s_per_byte": 0.0 for a in _RESIDUAL_ALGOS})
       codecs[c][d] = f
   meta = dict(cal.meta, projected_from=cal.fingerprint, link_gbit=link_gbit,
               encode_GBps=encode_GBps, decode_GBps=decode_GBps, alpha_s=alpha_s)
@@ -1139,6 +1173,55 @@ def _measure_reduce(meter: _Meter, dtype: str, n_rows: int, sizes: Sequence[int]
   return fit
 
 
+def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
+                       points: dict | None = None) -> dict:
+  """cal.codecs with each codec's end-to-end residual per algorithm filled in.
+
+  For every codec, on one dtype (bf16 when calibrated): a compressed all_gather,
+  all_to_all and ppermute (policy="always", one chunk) of Gaussian rows of
+  `row_bytes` per peer, timed like the links, against `model_time` of the same
+  call with the codec's Gaussian ratio and no residual. The difference per
+  received raw byte is the residual (what the model does not see: on XLA:CPU a
+  gather's own-row copy, fresh result buffers, the switch); it is bounded below
+  by -0.5 x the modelled time, so that one noisy call cannot make compression
+  look free. The same numbers go to the codec's other dtypes (per byte).
+  `points` receives [received bytes, measured s, modelled s] under
+  "<algo>/<codec>".
+  """
+  import zipccl_jax as zc
+  n = cal.n_peers
+  axes = meter.axes
+  ring = [(i, (i + 1) % n) for i in range(n)]
+  out = {}
+  for c, per in sorted(cal.codecs.items()):
+    dt = "bfloat16" if "bfloat16" in per else sorted(per)[0]
+    f = per[dt]
+    m = max(row_bytes // _ITEMSIZE[dt], 1)
+    kw = dict(codec=c, policy="always", chunks=1)
+    programs = {
+        "all_gather": ((m,), lambda v: zc.compressed_all_gather(v[0], axes, tiled=True, **kw)[None]),
+        "all_to_all": ((n, m), lambda v: zc.compressed_all_to_all(v[0], axes, 0, 0, tiled=True,
+                                                                  **kw)[None]),
+        "ppermute": ((m,), lambda v: zc.compressed_ppermute(v[0], axes, ring, **kw)[None]),
+    }
+    probe = dataclasses.replace(cal, codecs={c: {dt: dataclasses.replace(
+        f, ratio=f.ratio_gaussian or f.ratio)}})
+    extras = {}
+    for algo, (shape, body) in programs.items():
+      x = synthetic("gaussian", int(np.prod(shape)), dt, seed=3).reshape(shape)
+      t = meter.time(meter.smap(body), meter.array(x))
+      t_model = model_time(algo, dt, m, n, probe, c, residual=False)
+      wire = _wire_rows(algo, n) * m * _ITEMSIZE[dt]
+      extra = max((t - t_model) / wire, -0.5 * t_model / wire)
+      extras[f"extra_{algo}_s_per_byte"] = extra
+      if points is not None:
+        points.setdefault(f"{algo}/{c}", []).append([int(wire), float(t), float(t_model)])
+      log(f"  {c:8s} {algo:10s} row {_fmt_bytes(m * _ITEMSIZE[dt]):>9s}: {t * 1e3:8.3f} ms, "
+          f"model {t_model * 1e3:8.3f} ms ({extra * 1e9:+.3f} ns per received byte)")
+    out[c] = {d: dataclasses.replace(fd, **extras) for d, fd in per.items()}
+  return out
+
+
 def agree_across_processes(cal: Calibration, *, process_index: int | None = None,
                            broadcast: Callable[[np.ndarray], np.ndarray] | None = None
                            ) -> Calibration:
@@ -1201,7 +1284,7 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
               reps: int = 5, warmup: int = 1, path: str | os.PathLike | None = None,
               save: bool = True, activate: bool = True, verbose: bool = False,
               reuse_codecs: Calibration | None = None,
-              samples: Sequence | None = None) -> Calibration:
+              samples: Sequence | None = None, residuals: bool = True) -> Calibration:
   """Measures the codecs and the link on this machine; the basis of policy="auto".
 
   Every process of a multi-process job must call it (it runs collectives). The
@@ -1235,6 +1318,10 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
       ratio the model assumes for their dtypes is then their measured ratio,
       instead of the mix of synthetic Gaussian and heavy-tailed data. Process
       0's samples decide (its numbers are broadcast).
+    residuals: also time each codec's compressed all_gather, all_to_all and
+      ppermute at the largest `link_row_bytes` and keep what the model misses
+      (`CodecFit.extra_s_per_byte`; on the links measured now, also with
+      `reuse_codecs`). Costs their compiles (~1-5 s per codec on CPU).
 
   Returns:
     The agreed Calibration.
@@ -1294,6 +1381,9 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
     links = dict(default_calibration(plat).links)
   if reuse_codecs is not None:
     fits = {c: dict(per) for c, per in reuse_codecs.codecs.items()}
+    if not residuals:   # the reused residuals belong to the links measured then
+      fits = {c: {d: dataclasses.replace(f, **{f"extra_{a}_s_per_byte": 0.0 for a in _RESIDUAL_ALGOS})
+                  for d, f in per.items()} for c, per in fits.items()}
     reduce = dict(reuse_codecs.reduce)
   else:
     log("calibrate: codecs")
@@ -1314,6 +1404,11 @@ def calibrate(mesh=None, axis_name=None, *, dtypes: Sequence[str] = DTYPES,
   }
   cal = Calibration(platform=plat, n_peers=n_peers, links=links, codecs=fits, reduce=reduce,
                     source="measured" if n_peers >= 2 else "measured-codecs", meta=meta)
+  if residuals and n_peers >= 2 and fits:
+    log("calibrate: compressed transports end to end (the model's residual)")
+    fits = _measure_residuals(meter, cal, max(link_row_bytes), log, link_points)
+    meta["seconds"] = round(time.perf_counter() - t0, 1)
+    cal = dataclasses.replace(cal, codecs=fits, meta=meta)
   cal = agree_across_processes(cal)
   if save:
     p = cal.save(path)

@@ -191,7 +191,7 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
 
   `collective` ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute")
   and `n_peers` feed policy="auto"; `all_to_all`: the rows go over an all-to-all
-  (a shorter ladder, transport.ALL_TO_ALL_LADDER)."""
+  (transport.ALL_TO_ALL_LADDER, now the same spacing as the others)."""
   dtype = np.dtype(dtype)
   if m >= 2**31:
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "

@@ -44,7 +44,10 @@ class CollectiveStats:
       "ppermute".
     codec: static, the codec name, "raw" or None (plain lax).
     compressed: static, the compressed ladder was tried (codec and policy).
-    raw_bytes: static, operand bytes of the uncompressed path for this device.
+    raw_bytes: static, operand bytes of the uncompressed path for this device (of
+      a compressed call: its raw rungs'; on CPU an all-to-all transport's rungs,
+      the raw one included, hand N - 1 rows to XLA, the own row staying on the
+      device, elsewhere N).
     elements: static, elements encoded for this call over all participants.
     slots: static, per transport the bytes this device hands to XLA on each rung
       (the last entry is the raw rung).

@@ -11,15 +11,32 @@ ppermute). For one call, a device
      (an all-gather of (used, count) pairs when stats are asked for);
   3. rounds it up to the next rung of a static ladder of slot sizes (`ladder`),
      from the codec's min_nbytes (or its floor, with low rungs below) to below
-     the raw row size, 1% apart for gathers / permutes, 2-4% for all-to-all
-     rows; the rung
-     index is identical everywhere after the agreement;
-  4. runs that rung's branch of a `lax.switch`: slice payload[:, :slot], move it
+     the raw row size, 1% apart (`ladder`); the rung index is identical
+     everywhere after the agreement;
+  4. runs that rung's branch of a `lax.switch`: cut payload[:, :slot], move it
      with the XLA collective, decode it. The top rung moves the raw words
      (same-width uint16/uint32 bitcasts: XLA:CPU widens bf16 collectives to f32).
 
+How a rung moves its rows depends on the backend (`lax.platform_dependent`), so
+that on XLA:CPU a rung compiles to custom calls and collective thunks only, no
+kernel (every kernel is LLVM compile time, per rung):
+  * all-gather / ppermute rungs: the slot is cut by a custom call (`row_prefix`,
+    "zipccl_row_prefix") on CPU, by a slice elsewhere;
+  * all-to-all rungs (psum_scatter, all_to_all, psum's reduce-scatter): on CPU
+    N - 1 collective permutes, shift k = 1..N-1 moving every device's row for
+    peer (me + k) mod N, the rows cut by one custom call ("zipccl_row_split") and
+    put back in peer order by another ("zipccl_row_join"; the own row never
+    leaves the device) -- `a2a_slot`, `a2a_words`. XLA:CPU would turn an array
+    all-to-all into N per-peer slice kernels and a concatenate per rung. The raw
+    rung moves its words by the same permutes: every branch of a switch issues
+    the same collectives in the same order, because XLA:CPU's collective-permute
+    rendezvous spans all devices named in its pairs, so groups of a transport
+    over one axis of a larger mesh that agree on different rungs must meet in
+    the same ops. Other backends (NCCL) keep lax.all_to_all. Stats count the
+    rows each rung hands to XLA: N - 1 on CPU, N elsewhere.
+
 So no capacity is tuned and nothing falls back for a whole call: the wire is the
-largest used size among the participants plus ~1-4%, or raw when the data does
+largest used size among the participants plus ~1%, or raw when the data does
 not compress. The decoder's per-row status is kept: rows that fail to decode
 (only a corrupted wire can cause it) are NaN (all-one bits, written by the
 decoder), counted in the stats, and raise when `check_decode` is on.
@@ -50,25 +67,27 @@ from zipccl_jax._src import stats
 _ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
 # The ladder: FINE_RUNGS rungs 1% apart from the codec's min_nbytes (where data that
 # compresses lands: weights, most gradients), then COARSE growth up to the raw
-# size, at most MAX_RUNGS compressed rungs: each is a switch branch. A gather or
-# permute rung cuts its slot with a custom call and compiles in ~1 ms on XLA:CPU,
-# so their ladder is fine; an all-to-all branch costs N slice copies to compile
-# (~50 ms), so all-to-all transports (psum_scatter, all_to_all, psum's
-# reduce-scatter) get a shorter ladder (docs/design.md, "Transport").
+# size, at most MAX_RUNGS compressed rungs: each is a switch branch. Every rung
+# compiles to custom calls and collectives only on XLA:CPU (a gather or permute
+# rung cuts its slot with `row_prefix`, an all-to-all rung is N - 1 permutes of
+# `a2a_slot`), ~0 kernels and a few ms of compile time per rung, so all
+# transports get the same fine ladder (docs/design.md, "Transport"). It was 8
+# rungs 2% apart, then 5%, at most 12 for the all-to-all transports while their
+# rungs were XLA all-to-alls (~10 kernels each).
 LADDER_GROWTH = ((1, 100), (1, 20))   # (fine, coarse) growth per rung, exact fractions
 FINE_RUNGS = 24
 MAX_RUNGS = 32
-ALL_TO_ALL_LADDER = (8, ((1, 50), (1, 20)), 12)   # 8 rungs 2% apart, then 5%; <= 12 rungs
+ALL_TO_ALL_LADDER = (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS)   # the same as the gathers'
 UNIFORM_DEN = 1000     # a too-long ladder is respaced uniformly, growth in 0.1% steps
 # A ladder that starts above the codec's min_nbytes (a codec's `ladder_floor`, where
 # typical rows land) gets LOW_RUNGS more rungs below its start, each LOW_STEP
 # smaller than the one above (at least min_nbytes): rows that compress much
 # better than typical (zero-heavy activations and embedding gradients under the
 # entropy codec's zero elision: ratios 2-10) then move within 25% of their size
-# instead of on the first rung. Fewer for all-to-all transports (each of their
-# rungs costs N slice copies to compile on XLA:CPU).
+# instead of on the first rung. The same for all-to-all transports (2 while their
+# rungs cost N slice kernels each on XLA:CPU).
 LOW_RUNGS = 4
-ALL_TO_ALL_LOW_RUNGS = 2
+ALL_TO_ALL_LOW_RUNGS = LOW_RUNGS
 LOW_STEP = (5, 4)       # 1.25x apart: ratios 2.0, 2.5, 3.1, 3.9 below a 1.6 floor
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
 # Chunks: at most MAX_CHUNKS per row (each is a switch of the whole ladder: compile
@@ -80,6 +99,10 @@ CHUNK_ALIGN = 4096
 # False codes the own row like any other (the behaviour before the skip mask): read
 # at trace time, only for A/B measurements (benchmarks/netns_bench.py's "<codec>+own").
 _SKIP_OWN_ROW = True
+# False keeps lax.all_to_all for the compressed all-to-all rungs on CPU too (the
+# behaviour before `a2a_slot`'s permutes): read at trace time, only for A/B
+# measurements of compile and run time.
+_A2A_PERMUTES = True
 
 
 def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False,
@@ -91,7 +114,7 @@ def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False,
   used size u near the codec's best case lands on a rung at most 1% above u.
   Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
   listed). With all_to_all (the rows of an all-to-all transport) the ladder is
-  ALL_TO_ALL_LADDER: 8 rungs 2% apart, then 5%, at most 12. A ladder longer than
+  ALL_TO_ALL_LADDER, now the same as the others. A ladder longer than
   its maximum (one that starts low, as the entropy codec's floor does) is
   respaced with one uniform growth, the smallest in steps of 0.1% that fits: the
   rows' band is not known in advance, and a uniform ladder bounds the slack
@@ -206,6 +229,111 @@ def row_prefix(payload, slot: int):
   return lax.platform_dependent(payload, cpu=on_cpu, default=lambda p: p[..., :slot])
 
 
+def a2a_by_permutes() -> bool:
+  """Whether an all-to-all ladder traced now runs its rungs as N - 1 permutes
+  (`a2a_slot`'s CPU path): the static bookkeeping of the bytes it hands to XLA
+  (stats), read from the traced mesh's platform."""
+  return _A2A_PERMUTES and compat.mesh_platform() == "cpu"
+
+
+def _permute_index(axes):
+  """(axes in mesh order, index): index[t] is the ppermute index over those axes of
+  the peer whose lax.axis_index(axes) is t.
+
+  lax.all_to_all and lax.axis_index over a tuple of axes number the peers in the
+  tuple's order; lax.ppermute (jax 0.10) numbers them in mesh order whatever the
+  tuple's order (measured: over ("b", "a") of an ("a", "b") mesh a shift by one
+  reached the wrong peers). The permutes therefore run over the axes sorted into
+  mesh order, where every convention agrees, with the pairs translated.
+  """
+  names = (axes,) if isinstance(axes, str) else tuple(axes)
+  order = compat.mesh_axis_names()
+  canon = tuple(sorted(names, key=order.index)) if all(a in order for a in names) else names
+  sizes = {a: compat.axis_size((a,)) for a in names}
+  index = []
+  for t in range(int(np.prod([sizes[a] for a in names], dtype=np.int64))):
+    coord = {}
+    for a in reversed(names):    # row-major over the tuple's order
+      t, coord[a] = divmod(t, sizes[a])
+    c = 0
+    for a in canon:
+      c = c * sizes[a] + coord[a]
+    index.append(c)
+  return (canon[0] if isinstance(axes, str) else canon), index
+
+
+def _permute_rows(p, slot: int, axes, me):
+  """The CPU all-to-all of p[:, :slot] (p u8[N, L]) as N - 1 collective permutes."""
+  from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+  _ffi.register()
+  n_peers = p.shape[0]
+  piece = _codec._result_type((slot,), jnp.uint8, p)  # pylint: disable=protected-access
+  my = lax.axis_index(axes).astype(jnp.int32) if me is None else me
+  pieces = jax.ffi.ffi_call("zipccl_row_split", [piece] * (n_peers - 1))(p, my)
+  canon, index = _permute_index(axes)
+  moved = [lax.ppermute(q, canon, [(index[j], index[(j + k) % n_peers]) for j in range(n_peers)])
+           for k, q in enumerate(pieces, 1)]
+  out = _codec._result_type((n_peers, slot), jnp.uint8, p)  # pylint: disable=protected-access
+  return jax.ffi.ffi_call("zipccl_row_join", out)(p, my, *moved)
+
+
+def a2a_slot(payload, slot: int, axes, me=None):
+  """lax.all_to_all(payload[:, :slot], axes, 0, 0, tiled=True) for payload u8[N, L].
+
+  On CPU backends the all-to-all is N - 1 collective permutes: shift k = 1..N-1
+  moves, from every device j, its row for peer (j + k) mod N. One custom call
+  ("zipccl_row_split", ffi/transport_cpu.cc) cuts the N - 1 slot-sized rows to
+  send, one ("zipccl_row_join") puts the received rows and the own row (the
+  payload's, never sent) back in peer order: the same bytes as the all-to-all.
+  Why: XLA:CPU compiles an array all-to-all into a tuple all-to-all of N per-peer
+  slice kernels and a concatenate, ~10 kernels per ladder rung, while custom calls
+  and collective permutes compile to no kernel (docs/design.md, "Transport"). Other
+  backends (a GPU's NCCL all-to-all) keep lax.all_to_all; the targets' CUDA
+  handlers only keep programs lowered for CPU and GPU at once compiling.
+
+  me: lax.axis_index(axes) as int32, computed once outside a ladder's switch (in
+  a branch it is one more kernel per rung).
+  """
+  n_peers = payload.shape[0]
+
+  def default(p):
+    return lax.all_to_all(p[:, :slot], axes, 0, 0, tiled=True)
+
+  if n_peers < 2 or not _A2A_PERMUTES:
+    return default(payload)
+  return lax.platform_dependent(payload, cpu=lambda p: _permute_rows(p, slot, axes, me),
+                                default=default)
+
+
+def a2a_words(words, axes, me=None):
+  """lax.all_to_all(words, axes, 0, 0, tiled=True) for words uint{16,32}[N, m]: an
+  all-to-all ladder's raw rung, on CPU as the same N - 1 permutes as its compressed
+  rungs (`a2a_slot` on the words' bytes).
+
+  Why the raw rung too: XLA:CPU's collective-permute rendezvous spans every device
+  named in its source-target pairs, the other groups of a transport over one axis
+  of a larger mesh included, while an all-to-all's spans its own group. Groups
+  that agree on different rungs of one switch must therefore issue the same
+  collectives in the same order (docs/design.md, "Transport"): here N - 1
+  permutes with the same pairs on every rung.
+  """
+  n_peers, m = words.shape
+
+  def default(w):
+    return lax.all_to_all(w, axes, 0, 0, tiled=True)
+
+  if n_peers < 2 or not _A2A_PERMUTES:
+    return default(words)
+
+  def on_cpu(w):
+    width = w.dtype.itemsize
+    b = lax.bitcast_convert_type(w, jnp.uint8).reshape(n_peers, m * width)
+    r = _permute_rows(b, m * width, axes, me)
+    return lax.bitcast_convert_type(r.reshape(n_peers, m, width), w.dtype)
+
+  return lax.platform_dependent(words, cpu=on_cpu, default=default)
+
+
 def _agree(used, count, axes, want_stats):
   """The largest used size (units of 128 B) over the participants, and the summed count.
 
@@ -236,7 +364,7 @@ def _raise_decode_error(where, word, bad, worst):
 
 
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
-            after=None, prefix=row_prefix, own=None):
+            after=None, prefix=row_prefix, own=None, move_slot=None):
   """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
 
   move(a) is the XLA collective applied to a uint8[R, slot] payload or to the
@@ -246,8 +374,10 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   int32 >= 0 the agreement must wait for (a chunked transport passes the previous
   chunk's rung, so that XLA cannot combine the chunks' agreements into one
   all-reduce, which would wait for every chunk's encode). prefix(payload, slot)
-  cuts the slot out of the encoded rows. own: (sent, received, fill) for a
-  transport whose own row never leaves the device: sent bool[R] marks it among
+  cuts the slot out of the encoded rows; move_slot(payload, slot), when given,
+  replaces move(prefix(payload, slot)) on the compressed rungs. own: (sent,
+  received, fill) for a transport whose own row never leaves the device: sent
+  bool[R] marks it among
   the rows sent (or None), received bool[R'] among the rows received, fill[F, m]
   its values (F dividing R': received row i takes fill row i // (R' // F)). A
   codec with SKIP_ROWS then neither encodes nor decodes it: the decoder copies
@@ -288,7 +418,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     return compat.pvary(jnp.zeros(like.shape[:1], jnp.int32), tuple(compat.varying_axes(like)))
 
   def compressed(slot):
-    received = move(prefix(payload, slot))
+    received = move_slot(payload, slot) if move_slot else move(prefix(payload, slot))
     if own is not None:
       return codec.decode_rows(received, m, dtype, skip=own[1], fill=own[2])
     return codec.decode_rows(received, m, dtype)
@@ -363,16 +493,20 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
   def one(r, p, after=None):
     if not p.compress:
       return unbits(move(bits(r)), p.dtype), stats.plain_part(n_peers * p.raw_row, p.raw_row)
-    # A plain slice: XLA:CPU splits an all-to-all into per-peer slices anyway, and
-    # the slot's slice fuses into them (a custom call would add a copy). Row `me`
+    # Compressed rungs: `a2a_slot` (on CPU N - 1 permutes, the own row stays here;
+    # elsewhere the all-to-all of a plain slice, which fuses into it). Row `me`
     # is sent to this device itself: not coded. The fill is all rows (F = N: row r
     # takes fill row r, so row me takes r[me]; no slice copy of the own row).
-    mine = jnp.arange(n_peers) == lax.axis_index(axes)
-    y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_to_all",
-                      after=after, prefix=lambda a, slot: a[:, :slot], own=(mine, mine, r))
+    me = lax.axis_index(axes).astype(jnp.int32)
+    mine = jnp.arange(n_peers) == me
+    y, info = _ladder(r, p, axes, want_stats, check, move=lambda w: a2a_words(w, axes, me),
+                      where="an all_to_all", after=after,
+                      move_slot=lambda a, slot: a2a_slot(a, slot, axes, me), own=(mine, mine, r))
     # elements the count covers: every participant's rows, less their own ones
     coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
-    return y, _part(p, info, n_peers, n_peers * coded * p.m)
+    # rows handed to XLA per rung: on CPU the own row stays here (permutes)
+    sent = n_peers - 1 if n_peers > 1 and a2a_by_permutes() else n_peers
+    return y, _part(p, info, sent, n_peers * coded * p.m)
 
   if plan.parts:
     return _chunked(rows, plan, one)
