@@ -807,7 +807,8 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
       for b in r["bytes"]:
         byts[(r["procs"], b["mib"], b["collective"], b["codec"])] = b["sent"]
       for b in r.get("taken", []):
-        taken[(r["procs"], b["mib"], b["collective"], b["codec"], b["data"])] = b["wire"]
+        taken[(r["procs"], b["mib"], b["collective"], b["codec"], b["data"])] = (b["wire"],
+                                                                                 b["raw"])
       for link, c in r["calibrations"].items():
         cals[(r["procs"], link)] = c
   events = [e for r in results for e in r["events"]]
@@ -827,12 +828,15 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
     raw_b = byts.get((procs, mib, coll, "raw"))
     row["byte_ratio"] = {c: byts[(procs, mib, coll, c)] / raw_b for c in [str(x) for x in codecs]
                          if raw_b and (procs, mib, coll, c) in byts}
-    # the rung the data took, where measured (over raw's own bytes, same stats)
-    raw_t = taken.get((procs, mib, coll, "raw", data))
+    # the rung the data took, where measured: over the same call's raw rung (its
+    # stats' raw_bytes). Not over codec="raw"'s own call: on CPU an all-to-all
+    # transport's rungs hand N - 1 rows to XLA (permutes; the own row stays) where
+    # the plain uncompressed path hands N (lax.all_to_all), so the two stats count
+    # different rows (docs/design.md, "Transport").
     for c in [str(x) for x in codecs]:
       k = (procs, mib, coll, c, data)
-      if raw_t and k in taken:
-        row["byte_ratio"][c] = taken[k] / raw_t
+      if k in taken and taken[k][1]:
+        row["byte_ratio"][c] = taken[k][0] / taken[k][1]
     row["time_ratio"] = {c: tt / t for c, tt in row["times"].items()}
     # What policy="auto" with this link's calibration would do (bf16 rows).
     cal_d = cals.get((procs, link))

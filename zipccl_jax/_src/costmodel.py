@@ -996,8 +996,9 @@ class _Meter:
       self._one = self.array(np.zeros(1, np.int32))
     jax.block_until_ready(self._bar(self._one))
 
-  def time(self, f, *args) -> float:
-    """Median over `reps` calls of the slowest process's time of one call.
+  def time(self, f, *args, reps: int | None = None, warmup: int | None = None,
+           stat: Callable = statistics.median) -> float:
+    """Median (`stat`) over `reps` calls of the slowest process's time of one call.
 
     Each call starts after a barrier, and each call's time is the largest over
     the processes, as benchmarks/netns_bench.py measures the calls the model is
@@ -1006,10 +1007,10 @@ class _Meter:
     calls timed on process 0 alone let the skew of one call leak into the next.
     """
     jax = self.jax
-    for _ in range(self.warmup):
+    for _ in range(self.warmup if warmup is None else warmup):
       jax.block_until_ready(f(*args))
     ts = []
-    for _ in range(self.reps):
+    for _ in range(self.reps if reps is None else reps):
       self._barrier()
       t0 = time.perf_counter()
       jax.block_until_ready(f(*args))
@@ -1018,7 +1019,7 @@ class _Meter:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       ts = np.asarray(multihost_utils.process_allgather(ts)).reshape(-1, len(ts)).max(axis=0)
-    return float(statistics.median(ts.tolist()))
+    return float(stat(ts.tolist()))
 
 
 def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
@@ -1179,7 +1180,8 @@ def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
 
   For every codec, on one dtype (bf16 when calibrated): a compressed all_gather,
   all_to_all and ppermute (policy="always", one chunk) of Gaussian rows of
-  `row_bytes` per peer, timed like the links, against `model_time` of the same
+  `row_bytes` per peer, timed like the links but the median of >= 5 calls after
+  >= 2 warm-ups, against `model_time` of the same
   call with the codec's Gaussian ratio and no residual. The difference per
   received raw byte is the residual (what the model does not see: on XLA:CPU a
   gather's own-row copy, fresh result buffers, the switch); it is bounded below
@@ -1209,7 +1211,12 @@ def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
     extras = {}
     for algo, (shape, body) in programs.items():
       x = synthetic("gaussian", int(np.prod(shape)), dt, seed=3).reshape(shape)
-      t = meter.time(meter.smap(body), meter.array(x))
+      # The median of at least 5 calls after 2 warm-ups: a median of 3 after one
+      # made a 16 MiB gather look 50% slower than every call of the same program
+      # a minute later; the fastest call instead (noise only adds time) made the
+      # model 5-9% optimistic at 10 Gbit/s (results/netns_2026-12-01_residual.md).
+      t = meter.time(meter.smap(body), meter.array(x), reps=max(meter.reps, 5),
+                     warmup=max(meter.warmup, 2))
       t_model = model_time(algo, dt, m, n, probe, c, residual=False)
       wire = _wire_rows(algo, n) * m * _ITEMSIZE[dt]
       extra = max((t - t_model) / wire, -0.5 * t_model / wire)
