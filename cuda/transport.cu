@@ -74,11 +74,7 @@ ffi::Error RowSplitCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, f
   if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
     return e;
   if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    auto r = pieces.get<ffi::Buffer<ffi::U8>>(k);
-    if (!r.has_value()) return zipccl::handler::invalid(t, "result " + zipccl::handler::str(k) + " must be u8");
-    if (ffi::Error e = zt::piece_shape(t, "result", k, (*r)->dimensions(), len, &slen); e.failure()) return e;
-  }
+  if (ffi::Error e = zt::pieces_shape(t, "result", pieces, len, &slen); e.failure()) return e;
   if (slen == 0) return ffi::Error::Success();
   for (uint64_t k = 1; k < peers; ++k)
     copy_peer_row<<<grid_for(slen), 256, 0, stream>>>((*pieces.get<ffi::Buffer<ffi::U8>>(k - 1))->typed_data(),
@@ -94,11 +90,7 @@ ffi::Error RowJoinCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ff
   if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
     return e;
   if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    auto a = pieces.get<ffi::Buffer<ffi::U8>>(k);
-    if (!a.has_value()) return zipccl::handler::invalid(t, "operand " + zipccl::handler::str(k) + " must be u8");
-    if (ffi::Error e = zt::piece_shape(t, "operand", k, a->dimensions(), len, &slen); e.failure()) return e;
-  }
+  if (ffi::Error e = zt::pieces_shape(t, "operand", pieces, len, &slen); e.failure()) return e;
   if (ffi::Error e = zt::join_out_shape(out->dimensions(), peers, slen); e.failure()) return e;
   if (slen == 0) return ffi::Error::Success();
   uint8_t* dst = out->typed_data();

@@ -84,6 +84,25 @@ inline xla::ffi::Error piece_shape(const char* target, const char* what, size_t 
   return xla::ffi::Error::Success();
 }
 
+// The N - 1 pieces of row_split (its results, ffi::RemainingRets) or row_join (its
+// operands, ffi::RemainingArgs), each by piece_shape; *slen is set from piece 0.
+inline xla::ffi::Span<const int64_t> piece_dims(const xla::ffi::Buffer<xla::ffi::U8>& b) {
+  return b.dimensions();
+}
+inline xla::ffi::Span<const int64_t> piece_dims(xla::ffi::Result<xla::ffi::Buffer<xla::ffi::U8>>& b) {
+  return b->dimensions();
+}
+template <class Pieces>
+inline xla::ffi::Error pieces_shape(const char* target, const char* what, const Pieces& pieces, uint64_t len,
+                                    uint64_t* slen) {
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto p = pieces.template get<xla::ffi::Buffer<xla::ffi::U8>>(k);
+    if (!p.has_value()) return handler::invalid(target, std::string(what) + " " + handler::str(k) + " must be u8");
+    if (xla::ffi::Error e = piece_shape(target, what, k, piece_dims(*p), len, slen); e.failure()) return e;
+  }
+  return xla::ffi::Error::Success();
+}
+
 // me: one s32 element (checked against N on the host; the CUDA handlers, which
 // cannot read it without a synchronisation, write zeros when it is out of range).
 inline xla::ffi::Error me_shape(const char* target, size_t count) {

@@ -46,11 +46,7 @@ ffi::Error RowSplitCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> m
   const int32_t my = *me.typed_data();
   if (ffi::Error e = zt::me_value(t, my, peers); e.failure()) return e;
   // Every shape first: nothing is written unless the whole call is valid.
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    auto r = pieces.get<ffi::Buffer<ffi::U8>>(k);
-    if (!r.has_value()) return zipccl::handler::invalid(t, "result " + zipccl::handler::str(k) + " must be u8");
-    if (ffi::Error e = zt::piece_shape(t, "result", k, (*r)->dimensions(), len, &slen); e.failure()) return e;
-  }
+  if (ffi::Error e = zt::pieces_shape(t, "result", pieces, len, &slen); e.failure()) return e;
   const uint8_t* in = payload.typed_data();
   for (uint64_t k = 1; k < peers; ++k) {
     uint8_t* out = (*pieces.get<ffi::Buffer<ffi::U8>>(k - 1))->typed_data();
@@ -69,11 +65,7 @@ ffi::Error RowJoinCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me
   if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
   const int32_t my = *me.typed_data();
   if (ffi::Error e = zt::me_value(t, my, peers); e.failure()) return e;
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    auto a = pieces.get<ffi::Buffer<ffi::U8>>(k);
-    if (!a.has_value()) return zipccl::handler::invalid(t, "operand " + zipccl::handler::str(k) + " must be u8");
-    if (ffi::Error e = zt::piece_shape(t, "operand", k, a->dimensions(), len, &slen); e.failure()) return e;
-  }
+  if (ffi::Error e = zt::pieces_shape(t, "operand", pieces, len, &slen); e.failure()) return e;
   if (ffi::Error e = zt::join_out_shape(out->dimensions(), peers, slen); e.failure()) return e;
   if (slen == 0) return ffi::Error::Success();
   uint8_t* dst = out->typed_data();
