@@ -70,11 +70,11 @@ ffi::Error RowSplitCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, f
                             ffi::RemainingRets pieces) {
   namespace zt = zipccl::transport;
   const char* t = zt::kRowSplitTarget;
-  uint64_t peers, len, slen = 0;
-  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+  uint64_t peers, len, slen;
+  if (ffi::Error e = zt::split_join_shapes(t, "result", payload.dimensions(), me.element_count(), pieces,
+                                           &peers, &len, &slen);
+      e.failure())
     return e;
-  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
-  if (ffi::Error e = zt::pieces_shape(t, "result", pieces, len, &slen); e.failure()) return e;
   if (slen == 0) return ffi::Error::Success();
   for (uint64_t k = 1; k < peers; ++k)
     copy_peer_row<<<grid_for(slen), 256, 0, stream>>>((*pieces.get<ffi::Buffer<ffi::U8>>(k - 1))->typed_data(),
@@ -86,11 +86,11 @@ ffi::Error RowJoinCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ff
                            ffi::RemainingArgs pieces, ffi::Result<ffi::Buffer<ffi::U8>> out) {
   namespace zt = zipccl::transport;
   const char* t = zt::kRowJoinTarget;
-  uint64_t peers, len, slen = 0;
-  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+  uint64_t peers, len, slen;
+  if (ffi::Error e = zt::split_join_shapes(t, "operand", payload.dimensions(), me.element_count(), pieces,
+                                           &peers, &len, &slen);
+      e.failure())
     return e;
-  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
-  if (ffi::Error e = zt::pieces_shape(t, "operand", pieces, len, &slen); e.failure()) return e;
   if (ffi::Error e = zt::join_out_shape(out->dimensions(), peers, slen); e.failure()) return e;
   if (slen == 0) return ffi::Error::Success();
   uint8_t* dst = out->typed_data();

@@ -129,6 +129,18 @@ inline xla::ffi::Error join_out_shape(xla::ffi::Span<const int64_t> out, uint64_
   return xla::ffi::Error::Success();
 }
 
+// Every shape of a row_split / row_join call (payload u8 [N, L], one s32 me, the N - 1
+// pieces u8 [S]), before anything is written: sets *peers = N, *len = L, *slen = S.
+template <class Pieces>
+inline xla::ffi::Error split_join_shapes(const char* target, const char* what,
+                                         xla::ffi::Span<const int64_t> payload, size_t me_count,
+                                         const Pieces& pieces, uint64_t* peers, uint64_t* len, uint64_t* slen) {
+  *slen = 0;
+  if (xla::ffi::Error e = peer_rows_shape(target, payload, pieces.size(), peers, len); e.failure()) return e;
+  if (xla::ffi::Error e = me_shape(target, me_count); e.failure()) return e;
+  return pieces_shape(target, what, pieces, *len, slen);
+}
+
 }  // namespace transport
 }  // namespace zipccl
 

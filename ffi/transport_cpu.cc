@@ -39,14 +39,14 @@ ffi::Error RowPrefixCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Result<ffi::Buffe
 ffi::Error RowSplitCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me, ffi::RemainingRets pieces) {
   namespace zt = zipccl::transport;
   const char* t = zt::kRowSplitTarget;
-  uint64_t peers, len, slen = 0;
-  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+  uint64_t peers, len, slen;
+  // Every shape first: nothing is written unless the whole call is valid.
+  if (ffi::Error e = zt::split_join_shapes(t, "result", payload.dimensions(), me.element_count(), pieces,
+                                           &peers, &len, &slen);
+      e.failure())
     return e;
-  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
   const int32_t my = *me.typed_data();
   if (ffi::Error e = zt::me_value(t, my, peers); e.failure()) return e;
-  // Every shape first: nothing is written unless the whole call is valid.
-  if (ffi::Error e = zt::pieces_shape(t, "result", pieces, len, &slen); e.failure()) return e;
   const uint8_t* in = payload.typed_data();
   for (uint64_t k = 1; k < peers; ++k) {
     uint8_t* out = (*pieces.get<ffi::Buffer<ffi::U8>>(k - 1))->typed_data();
@@ -59,13 +59,13 @@ ffi::Error RowJoinCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me
                           ffi::Result<ffi::Buffer<ffi::U8>> out) {
   namespace zt = zipccl::transport;
   const char* t = zt::kRowJoinTarget;
-  uint64_t peers, len, slen = 0;
-  if (ffi::Error e = zt::peer_rows_shape(t, payload.dimensions(), pieces.size(), &peers, &len); e.failure())
+  uint64_t peers, len, slen;
+  if (ffi::Error e = zt::split_join_shapes(t, "operand", payload.dimensions(), me.element_count(), pieces,
+                                           &peers, &len, &slen);
+      e.failure())
     return e;
-  if (ffi::Error e = zt::me_shape(t, me.element_count()); e.failure()) return e;
   const int32_t my = *me.typed_data();
   if (ffi::Error e = zt::me_value(t, my, peers); e.failure()) return e;
-  if (ffi::Error e = zt::pieces_shape(t, "operand", pieces, len, &slen); e.failure()) return e;
   if (ffi::Error e = zt::join_out_shape(out->dimensions(), peers, slen); e.failure()) return e;
   if (slen == 0) return ffi::Error::Success();
   uint8_t* dst = out->typed_data();
