@@ -255,6 +255,7 @@ class Variant:
   losses: list = dataclasses.field(default_factory=list)
   times: list = dataclasses.field(default_factory=list)
   wire: list = dataclasses.field(default_factory=list)      # stats.wire_bytes per step
+  wire_raw: list = dataclasses.field(default_factory=list)  # their raw paths' bytes per step
   fell_back: int = 0      # steps where some call took its uncompressed fallback
   fallbacks: dict = dataclasses.field(default_factory=dict)  # per call: steps it fell back
 
@@ -284,6 +285,7 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
       v.losses.append(float(local(loss)))
       leaves = _stats_leaves(stats)
       v.wire.append(sum(int(local(s.wire_bytes)) for _, s in leaves))
+      v.wire_raw.append(sum(int(s.raw_bytes) for _, s in leaves))   # static
       fell = {name: bool(local(s.fell_back)) for name, s in leaves}
       v.fell_back += any(fell.values())
       for name, f in fell.items():
@@ -318,7 +320,9 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         median_ms=1e3 * statistics.median(t), p25_ms=1e3 * float(np.percentile(t, 25)),
         p75_ms=1e3 * float(np.percentile(t, 75)), min_ms=1e3 * float(t.min()),
         compile_s=v.compile_s, sent_bytes=v.sent, sent_bytes_fallback=v.sent_fallback,
-        wire_bytes_mean=float(np.mean(v.wire)), fallback_steps=v.fell_back,
+        wire_bytes_mean=float(np.mean(v.wire)),
+        wire_raw_bytes_mean=float(np.mean(v.wire_raw)) if v.wire_raw else 0.0,
+        fallback_steps=v.fell_back,
         fallbacks=v.fallbacks, codec_bytes=v.codec,
         losses=[float(x) for x in words[0, j].view(np.float32)],
         step_ms=[1e3 * float(x) for x in slowest[j]])
