@@ -34,6 +34,9 @@ NB_MODULE(_zipccl_cuda, m) {
     d[zipccl::transport::kRowPrefixTarget] = encapsulate(ZipcclRowPrefixCuda);
     d[zipccl::transport::kRowSplitTarget] = encapsulate(ZipcclRowSplitCuda);
     d[zipccl::transport::kRowJoinTarget] = encapsulate(ZipcclRowJoinCuda);
+    d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCuda);
+    d[zipccl::transport::kRungIndexTarget] = encapsulate(ZipcclRungIndexCuda);
+    d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCuda);
     return d;
   });
   m.def(

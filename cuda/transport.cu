@@ -3,7 +3,8 @@
 // program lowered for CPU and GPU at once (whose CPU branch holds the custom calls)
 // compiles on the GPU too. row_prefix: one strided device-to-device copy on XLA's
 // stream; row_split / row_join: one small copy kernel per peer row, which reads
-// `me` on the device (no host synchronisation).
+// `me` on the device (no host synchronisation); used_max / rung_index: one-thread
+// kernels; bitcast_copy: one device-to-device copy.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -104,7 +105,80 @@ ffi::Error RowJoinCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ff
   return launch_status(t);
 }
 
+// used_max / rung_index: one thread each (a handful of rows or rungs), reading
+// their operand on the device.
+__global__ void used_max_kernel(int32_t* out, const int32_t* stats, uint64_t rows) {
+  int32_t used = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const int32_t u = stats[r * zipccl::handler::kStatsWidth + 2];
+    used = u > used ? u : used;
+  }
+  *out = used;
+}
+
+struct Units {
+  int32_t v[zipccl::transport::kMaxRungs];
+};
+
+__global__ void rung_index_kernel(int32_t* out, const int32_t* agreed, Units units, uint32_t count) {
+  int32_t k = 0;
+  for (uint32_t i = 0; i < count; ++i) k += *agreed > units.v[i];
+  *out = k;
+}
+
+ffi::Error UsedMaxCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> stats, ffi::Result<ffi::Buffer<ffi::S32>> out) {
+  uint64_t rows;
+  if (ffi::Error e = zipccl::transport::used_max_shape(stats.dimensions(), out->element_count(), &rows);
+      e.failure())
+    return e;
+  used_max_kernel<<<1, 1, 0, stream>>>(out->typed_data(), stats.typed_data(), rows);
+  return launch_status(zipccl::transport::kUsedMaxTarget);
+}
+
+ffi::Error RungIndexCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> agreed, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                             ffi::Span<const int32_t> units) {
+  namespace zt = zipccl::transport;
+  if (ffi::Error e = zt::rung_index_shape(agreed.element_count(), out->element_count(), units); e.failure())
+    return e;
+  Units u{};
+  for (size_t i = 0; i < units.size(); ++i) u.v[i] = units[i];
+  rung_index_kernel<<<1, 1, 0, stream>>>(out->typed_data(), agreed.typed_data(), u, (uint32_t)units.size());
+  return launch_status(zt::kRungIndexTarget);
+}
+
+ffi::Error BitcastCopyCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  namespace zt = zipccl::transport;
+  if (ffi::Error e = zt::bitcast_copy_shape(x.size_bytes(), y->size_bytes()); e.failure()) return e;
+  if (x.size_bytes() == 0) return ffi::Error::Success();
+  const cudaError_t err =
+      cudaMemcpyAsync(y->untyped_data(), x.untyped_data(), x.size_bytes(), cudaMemcpyDeviceToDevice, stream);
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(zt::kBitcastCopyTarget) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCuda, UsedMaxCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // stats [..., 4]
+                                  .Ret<ffi::Buffer<ffi::S32>>(),             // used []
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRungIndexCuda, RungIndexCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // agreed []
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // rung []
+                                  .Attr<ffi::Span<const int32_t>>("units"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclBitcastCopyCuda, BitcastCopyCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::AnyBuffer>()                     // x
+                                  .Ret<ffi::AnyBuffer>(),                    // y, x's bytes
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowSplitCuda, RowSplitCudaImpl,
                               ffi::Ffi::Bind()

@@ -59,6 +59,9 @@ NB_MODULE(_zipccl_cpu, m) {
     d[zipccl::transport::kRowPrefixTarget] = encapsulate(ZipcclRowPrefixCpu);
     d[zipccl::transport::kRowSplitTarget] = encapsulate(ZipcclRowSplitCpu);
     d[zipccl::transport::kRowJoinTarget] = encapsulate(ZipcclRowJoinCpu);
+    d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCpu);
+    d[zipccl::transport::kRungIndexTarget] = encapsulate(ZipcclRungIndexCpu);
+    d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCpu);
     return d;
   });
   m.attr("ENCODE_TARGET") = zipccl::handler::kEncodeTarget;

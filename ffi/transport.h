@@ -1,6 +1,7 @@
 // The slot ladder's transport helpers: XLA FFI targets "zipccl_row_prefix",
-// "zipccl_row_split" and "zipccl_row_join", what their CPU (ffi/transport_cpu.cc)
-// and CUDA (cuda/transport.cu) handlers share.
+// "zipccl_row_split", "zipccl_row_join", "zipccl_used_max", "zipccl_rung_index" and
+// "zipccl_bitcast_copy", what their CPU (ffi/transport_cpu.cc) and CUDA
+// (cuda/transport.cu) handlers share.
 //
 //   zipccl_row_prefix: payload u8 [..., L] -> slot u8 [..., S], S <= L:
 //                      slot[r, :] = payload[r, :S] for every row r
@@ -9,6 +10,15 @@
 //   zipccl_row_join:   payload u8 [N, L], me s32 [], N - 1 operands u8 [S]
 //                      -> out u8 [N, S]: out[(me - k) mod N, :] = operand k - 1,
 //                      out[me, :] = payload[me, :S]
+//   zipccl_used_max:   stats s32 [..., 4] (an encoder's) -> s32 []: max(0, the largest
+//                      stats[r, 2]) (used size, units of 128 bytes) over the rows r:
+//                      0 when there are none (used sizes are >= 1)
+//   zipccl_rung_index: agreed s32 [], attribute units s32 [K] ascending -> s32 []:
+//                      the number of units[k] < agreed (the first rung that holds
+//                      `agreed` units; K = the raw rung)
+//   zipccl_bitcast_copy: x [...] of any type -> y [...] of any type with the same
+//                      byte size: y's bytes = x's bytes (a same-width
+//                      bitcast_convert, e.g. bf16 words <-> u16 words)
 //
 // zipccl_jax/_src/transport.py calls them on CPU backends and slices / uses
 // lax.all_to_all on others. row_split and row_join make an all-to-all of slot-sized
@@ -17,6 +27,10 @@
 // own row back in peer order, so join(permutes(split(p))) is exactly
 // all_to_all(p[:, :S]). XLA:CPU would compile the all-to-all into N per-peer slice
 // kernels plus a concatenate per ladder rung; custom calls compile to nothing.
+// used_max, rung_index and bitcast_copy are the ladder's small fixed steps (the used
+// size before the agreement, the rung after it, the raw rung's views): as XLA ops,
+// each is an LLVM kernel for XLA:CPU to compile (5-9 ms each, distinct kernels),
+// as custom calls none.
 // The CUDA handlers exist so that a program lowered for CPU and GPU at once compiles
 // everywhere. `me` is this device's linear index over the collective's axes.
 #pragma once
@@ -32,6 +46,12 @@ namespace transport {
 constexpr const char* kRowPrefixTarget = "zipccl_row_prefix";
 constexpr const char* kRowSplitTarget = "zipccl_row_split";
 constexpr const char* kRowJoinTarget = "zipccl_row_join";
+constexpr const char* kUsedMaxTarget = "zipccl_used_max";
+constexpr const char* kRungIndexTarget = "zipccl_rung_index";
+constexpr const char* kBitcastCopyTarget = "zipccl_bitcast_copy";
+// rung_index: at most this many rungs (the ladder has <= 32 + 4; the CUDA kernel
+// takes them by value).
+constexpr uint64_t kMaxRungs = 256;
 
 // Checks the shapes; sets rows, the payload row length and the slot length (bytes).
 inline xla::ffi::Error row_prefix_shape(xla::ffi::Span<const int64_t> in, xla::ffi::Span<const int64_t> out,
@@ -141,9 +161,59 @@ inline xla::ffi::Error split_join_shapes(const char* target, const char* what,
   return pieces_shape(target, what, pieces, *len, slen);
 }
 
+// used_max: stats s32 [..., 4] with rank >= 1 (an encoder's stats rows); sets the
+// row count. The result must be one s32.
+inline xla::ffi::Error used_max_shape(xla::ffi::Span<const int64_t> stats, size_t out_count, uint64_t* rows) {
+  uint64_t width;
+  handler::split_dims(stats, rows, &width);
+  if (stats.size() == 0 || width != handler::kStatsWidth)
+    return handler::invalid(kUsedMaxTarget, "stats must be s32 [..., 4] (an encoder's stats rows), got " +
+                                                (stats.size() ? "last dimension " + handler::str(width)
+                                                              : std::string("a scalar")));
+  if (out_count != 1)
+    return handler::invalid(kUsedMaxTarget, "out must be one s32, got " + handler::str(out_count) + " elements");
+  return xla::ffi::Error::Success();
+}
+
+// rung_index: one s32 agreed, one s32 out, 1..kMaxRungs strictly ascending units.
+inline xla::ffi::Error rung_index_shape(size_t agreed_count, size_t out_count,
+                                        xla::ffi::Span<const int32_t> units) {
+  if (agreed_count != 1 || out_count != 1)
+    return handler::invalid(kRungIndexTarget, "agreed and out must be one s32 each, got " +
+                                                  handler::str(agreed_count) + " and " + handler::str(out_count) +
+                                                  " elements");
+  if (units.size() == 0 || units.size() > kMaxRungs)
+    return handler::invalid(kRungIndexTarget, "units must hold 1.." + handler::str(kMaxRungs) +
+                                                  " rung sizes, got " + handler::str(units.size()));
+  for (size_t k = 1; k < units.size(); ++k)
+    if (units[k] <= units[k - 1])
+      return handler::invalid(kRungIndexTarget, "units must ascend strictly, got units[" + handler::str(k - 1) +
+                                                    "] = " + std::to_string(units[k - 1]) + " >= units[" +
+                                                    handler::str(k) + "] = " + std::to_string(units[k]));
+  return xla::ffi::Error::Success();
+}
+
+// The rung: how many rungs are too small for `agreed` units (K = the raw rung).
+inline int32_t rung_of(int32_t agreed, xla::ffi::Span<const int32_t> units) {
+  int32_t k = 0;
+  for (int32_t u : units) k += agreed > u;
+  return k;
+}
+
+// bitcast_copy: the same number of bytes in and out.
+inline xla::ffi::Error bitcast_copy_shape(size_t in_bytes, size_t out_bytes) {
+  if (in_bytes != out_bytes)
+    return handler::invalid(kBitcastCopyTarget, "y must have x's byte size " + handler::str(in_bytes) + ", got " +
+                                                    handler::str(out_bytes) + " bytes");
+  return xla::ffi::Error::Success();
+}
+
 }  // namespace transport
 }  // namespace zipccl
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowPrefixCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowSplitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowJoinCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclUsedMaxCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRungIndexCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclBitcastCopyCpu);

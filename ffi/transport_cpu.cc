@@ -8,6 +8,7 @@
 // is the one the slice made.
 #include <stdint.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "transport.h"
@@ -78,7 +79,53 @@ ffi::Error RowJoinCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me
   return ffi::Error::Success();
 }
 
+// The ladder's fixed steps (zipccl_used_max, zipccl_rung_index, zipccl_bitcast_copy):
+// why custom calls, see ffi/transport.h.
+ffi::Error UsedMaxCpuImpl(ffi::Buffer<ffi::S32> stats, ffi::Result<ffi::Buffer<ffi::S32>> out) {
+  uint64_t rows;
+  if (ffi::Error e = zipccl::transport::used_max_shape(stats.dimensions(), out->element_count(), &rows);
+      e.failure())
+    return e;
+  const int32_t* st = stats.typed_data();
+  int32_t used = 0;
+  for (uint64_t r = 0; r < rows; ++r) used = std::max(used, st[r * zipccl::handler::kStatsWidth + 2]);
+  *out->typed_data() = used;
+  return ffi::Error::Success();
+}
+
+ffi::Error RungIndexCpuImpl(ffi::Buffer<ffi::S32> agreed, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                            ffi::Span<const int32_t> units) {
+  namespace zt = zipccl::transport;
+  if (ffi::Error e = zt::rung_index_shape(agreed.element_count(), out->element_count(), units); e.failure())
+    return e;
+  *out->typed_data() = zt::rung_of(*agreed.typed_data(), units);
+  return ffi::Error::Success();
+}
+
+ffi::Error BitcastCopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  if (ffi::Error e = zipccl::transport::bitcast_copy_shape(x.size_bytes(), y->size_bytes()); e.failure())
+    return e;
+  if (x.size_bytes()) std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCpu, UsedMaxCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // stats [..., 4]
+                                  .Ret<ffi::Buffer<ffi::S32>>());   // used []
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRungIndexCpu, RungIndexCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // agreed []
+                                  .Ret<ffi::Buffer<ffi::S32>>()     // rung []
+                                  .Attr<ffi::Span<const int32_t>>("units"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclBitcastCopyCpu, BitcastCopyCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()            // x
+                                  .Ret<ffi::AnyBuffer>());          // y, x's bytes
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowSplitCpu, RowSplitCpuImpl,
                               ffi::Ffi::Bind()

@@ -97,6 +97,125 @@ def test_gather_rungs_compile_no_slice_kernels(mesh8):
   assert_bits_equal(f(x), x, "all_gather")
 
 
+# ---- the ladder's fixed steps: used size, rung index, the raw rung's views ---------------------
+
+
+def _target(name, out, **attrs):
+  from zipccl_jax._src import ffi as zffi
+  zffi.register()
+  return jax.jit(lambda *a: jax.ffi.ffi_call(name, out)(*a, **attrs))
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 8])
+def test_used_max_is_the_largest_used_size(rows):
+  rng = np.random.default_rng(rows)
+  st = rng.integers(-5, 1 << 20, size=(rows, 4), dtype=np.int32)
+  got = int(jax.jit(transport.used_max)(jnp.asarray(st)))
+  assert got == (int(st[:, 2].max(initial=0)) if rows else 0)
+  # the target directly, with leading dimensions: the max over all of them
+  st3 = rng.integers(0, 1000, size=(2, 3, 4), dtype=np.int32)
+  got3 = _target("zipccl_used_max", jax.ShapeDtypeStruct((), jnp.int32))(jnp.asarray(st3))
+  assert int(got3) == int(st3[..., 2].max())
+
+
+def test_used_max_rejects_bad_operands():
+  f = _target("zipccl_used_max", jax.ShapeDtypeStruct((), jnp.int32))
+  with pytest.raises(Exception, match=r"zipccl_used_max: stats must be s32 \[\.\.\., 4\] .*last dimension 3"):
+    jax.block_until_ready(f(jnp.zeros((2, 3), jnp.int32)))
+  with pytest.raises(Exception, match=r"zipccl_used_max: stats must be s32 .*a scalar"):
+    jax.block_until_ready(f(jnp.zeros((), jnp.int32)))
+  g = _target("zipccl_used_max", jax.ShapeDtypeStruct((2,), jnp.int32))
+  with pytest.raises(Exception, match=r"zipccl_used_max: out must be one s32, got 2 elements"):
+    jax.block_until_ready(g(jnp.zeros((2, 4), jnp.int32)))
+
+
+def test_rung_index_counts_the_rungs_too_small():
+  rungs = zc.slot_ladder(128 * 40, 128 * 100)
+  units = [r // 128 for r in rungs]
+  f = jax.jit(lambda a: transport.rung_index(a, rungs))
+  for agreed in sorted({0, 1, *units, *(u + 1 for u in units), *(u - 1 for u in units), 10**6, -3}):
+    want = sum(1 for u in units if agreed > u)
+    assert int(f(jnp.int32(agreed))) == want, agreed
+  assert int(jax.jit(lambda a: transport.rung_index(a, ()))(jnp.int32(7))) == 0   # the raw rung
+
+
+def test_rung_index_rejects_bad_units():
+  out = jax.ShapeDtypeStruct((), jnp.int32)
+  with pytest.raises(Exception, match=r"zipccl_rung_index: units must ascend strictly, got units\[1\] = 5 >= units\[2\] = 5"):
+    jax.block_until_ready(_target("zipccl_rung_index", out, units=np.array([3, 5, 5], np.int32))(jnp.int32(4)))
+  with pytest.raises(Exception, match=r"zipccl_rung_index: units must hold 1\.\.256 rung sizes, got 300"):
+    jax.block_until_ready(_target("zipccl_rung_index", out,
+                                  units=np.arange(300, dtype=np.int32))(jnp.int32(4)))
+  with pytest.raises(Exception, match=r"zipccl_rung_index: agreed and out must be one s32 each, got 2 and 1"):
+    jax.block_until_ready(_target("zipccl_rung_index", out, units=np.array([3], np.int32))(
+        jnp.zeros((2,), jnp.int32)))
+
+
+@pytest.mark.parametrize("src, dst, shape", [(BF16, np.uint16, None), (np.uint16, BF16, None),
+                                             (F16, np.uint8, (6, 2 * 33)), (np.uint8, F32, (6, 8)),
+                                             (F32, np.uint32, None), (BF16, np.uint8, (0, 0))])
+def test_copy_as_keeps_every_bit(src, dst, shape):
+  rng = np.random.default_rng(11)
+  n = 0 if shape == (0, 0) else 6 * 33 if src != np.uint8 else 6 * 32
+  x = rng.integers(0, 256, size=n * np.dtype(src).itemsize, dtype=np.uint8).view(src)
+  x = x.reshape((6, -1) if n else (0, 3))
+  if shape == (0, 0):
+    shape = (0, 6)
+  if src in (BF16, F16, F32):   # NaNs with distinct payloads, infinities, zeros, subnormals
+    w = x.view(np.uint16 if np.dtype(src).itemsize == 2 else np.uint32).reshape(-1)
+    specials = ([0x7FC1, 0xFF81, 0x7F80, 0x8000, 0x0001] if np.dtype(src).itemsize == 2 else
+                [0x7FC00001, 0xFF800001, 0x7F800000, 0x80000000, 0x00000001])
+    w[:min(len(w), 5)] = specials[:min(len(w), 5)]
+  want_shape = x.shape if shape is None else shape
+  got = np.asarray(jax.jit(lambda a: transport.copy_as(a, dst, shape))(jnp.asarray(x)))
+  assert got.dtype == np.dtype(dst) and got.shape == tuple(want_shape)
+  assert got.tobytes() == x.tobytes()
+
+
+def test_copy_as_rejects_another_byte_size():
+  with pytest.raises(ValueError, match=r"copy_as: uint8\[5\] does not hold the 8 bytes of bfloat16\[4\]"):
+    transport.copy_as(jnp.zeros((4,), BF16), np.uint8, (5,))
+  f = _target("zipccl_bitcast_copy", jax.ShapeDtypeStruct((3,), jnp.uint16))
+  with pytest.raises(Exception, match=r"zipccl_bitcast_copy: y must have x's byte size 8, got 6 bytes"):
+    jax.block_until_ready(f(jnp.zeros((4,), BF16)))
+
+
+@pytest.mark.parametrize("name", ["all_gather", "ppermute"])
+def test_ladder_fixed_steps_compile_to_custom_calls(mesh8, name):
+  """The used size, the rung index and the raw rung's views are custom calls and the
+  switch's index is not clamped: the gathers' and permutes' programs compile to no
+  kernel of their own but the all-gather's skip mask (docs/design.md, "Where compile
+  time stands")."""
+  x = gaussian((N * 64, 1024), BF16, seed=2)
+  ring = [(i, (i + 1) % N) for i in range(N)]
+  call = {"all_gather": lambda a: zc.compressed_all_gather(a, "x", tiled=True, to="invarying",
+                                                          policy="always"),
+          "ppermute": lambda a: zc.compressed_ppermute(a, "x", ring, policy="always")}[name]
+  f = smap(mesh8, P("x"), P() if name == "all_gather" else P("x"))(call)
+  txt = f.lower(x).compile().as_text()
+  for target in ("zipccl_used_max", "zipccl_rung_index", "zipccl_bitcast_copy"):
+    assert f'custom_call_target="{target}"' in txt, target
+  assert txt.count('custom_call_target="zipccl_bitcast_copy"') == 2      # the raw rung's two views
+  assert not re.findall(r"\bclamp\(", txt)
+  assert not re.findall(r"bitcast-convert\(", txt)
+  want = x if name == "all_gather" else np.roll(x.reshape(N, -1, 1024), 1, axis=0).reshape(x.shape)
+  assert_bits_equal(f(x), want, name)
+
+
+def test_switch_in_range_without_the_unclamped_switch(monkeypatch, mesh8):
+  """Where JAX's internal switch is missing or has another signature, lax.switch (with
+  its clamp) runs the same branch: the same bits."""
+  from zipccl_jax._src import compat
+  x = gaussian((N * 16, 256), BF16, seed=4)
+  call = lambda a: zc.compressed_all_gather(a, "x", tiled=True, to="invarying", policy="always")
+  want = np.asarray(smap(mesh8, P("x"), P())(call)(x))
+  monkeypatch.setattr(compat, "_unclamped_switch", lambda: None)
+  f = smap(mesh8, P("x"), P())(call)
+  assert re.findall(r"\bclamp\(", f.lower(x).compile().as_text())
+  assert_bits_equal(f(x), want, "all_gather with lax.switch")
+  assert_bits_equal(want, x, "all_gather")
+
+
 # ---- the ladder itself --------------------------------------------------------------------------
 
 

@@ -120,3 +120,33 @@ def mesh_axis_names() -> tuple:
     return tuple(jax.sharding.get_abstract_mesh().axis_names)
   except (AttributeError, ValueError):  # pragma: no cover - older / future JAX
     return ()
+
+
+def _unclamped_switch():
+  """jax's internal switch (no clamp of the index), or None where its signature is
+  not the one this shim knows (then `switch_in_range` uses lax.switch)."""
+  try:
+    import inspect  # pylint: disable=g-import-not-at-top
+    from jax._src.lax.control_flow import conditionals as _c  # pylint: disable=g-import-not-at-top
+    fn = _c._switch_internal  # pylint: disable=protected-access
+    params = list(inspect.signature(fn).parameters)
+  except (ImportError, AttributeError, TypeError, ValueError):  # pragma: no cover - future JAX
+    return None
+  return fn if params == ["index", "branches", "operands", "branches_platforms"] else None
+
+
+def switch_in_range(index, branches, *operands):
+  """lax.switch(index, branches, *operands) for an int32 index known to be in
+  [0, len(branches)) (the ladder's rung: `transport.rung_index` counts rungs).
+
+  lax.switch clamps its index first; the clamp of a custom call's result is a
+  kernel of its own for XLA:CPU to compile (~9 ms of the all-gather's ~55,
+  measured), and XLA's conditional already runs the last branch for an index out
+  of range. So this calls JAX's switch without the clamp where the JAX in use has
+  it (jax 0.10), and lax.switch otherwise: the same branch either way.
+  """
+  branches = tuple(branches)
+  fn = _unclamped_switch() if len(branches) > 1 else None
+  if fn is None:
+    return lax.switch(index, branches, *operands)
+  return fn(index, branches, operands, branches_platforms=None)

@@ -26,7 +26,7 @@ kernel (every kernel is LLVM compile time, per rung):
     N - 1 collective permutes, shift k = 1..N-1 moving every device's row for
     peer (me + k) mod N, the rows cut by one custom call ("zipccl_row_split") and
     put back in peer order by another ("zipccl_row_join"; the own row never
-    leaves the device) -- `a2a_slot`, `a2a_words`. XLA:CPU would turn an array
+    leaves the device) -- `a2a_slot`, `a2a_raw`. XLA:CPU would turn an array
     all-to-all into N per-peer slice kernels and a concatenate per rung. The raw
     rung moves its words by the same permutes: every branch of a switch issues
     the same collectives in the same order, because XLA:CPU's collective-permute
@@ -208,6 +208,78 @@ def unbits(u, dtype):
   return lax.bitcast_convert_type(u, dtype)
 
 
+def _bitcast(x, dtype, shape):
+  """x's bytes as dtype[shape] by XLA ops (bitcast_convert_type and reshapes)."""
+  dtype = np.dtype(dtype)
+  a, b = x.dtype.itemsize, dtype.itemsize
+  if a > b:
+    return lax.bitcast_convert_type(x, dtype).reshape(shape)
+  if a < b:
+    return lax.bitcast_convert_type(x.reshape(shape + (b // a,)), dtype)
+  return lax.bitcast_convert_type(x, dtype).reshape(shape)
+
+
+def copy_as(x, dtype, shape=None):
+  """x's bytes as an array dtype[shape] (default: x's shape; the same byte size).
+
+  On CPU backends a custom call ("zipccl_bitcast_copy", ffi/transport_cpu.cc)
+  copies the bytes: XLA:CPU compiles a bf16 <-> u16 (or u8) bitcast_convert into a
+  copy kernel of its own, one LLVM compile each (the raw rung's two views were two
+  of the ladder's kernels). Elsewhere the bitcast_convert_type; same bits.
+  """
+  shape = tuple(x.shape) if shape is None else tuple(shape)
+  dtype = np.dtype(dtype)
+  if x.dtype == dtype and tuple(x.shape) == shape:
+    return x
+  if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != x.size * x.dtype.itemsize:
+    raise ValueError(f"copy_as: {dtype}{list(shape)} does not hold the {x.size * x.dtype.itemsize} "
+                     f"bytes of {x.dtype}{list(x.shape)}")
+
+  def on_cpu(v):
+    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+    _ffi.register()
+    out = _codec._result_type(shape, dtype, v)  # pylint: disable=protected-access
+    return jax.ffi.ffi_call("zipccl_bitcast_copy", out, vmap_method="broadcast_all")(v)
+
+  return lax.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
+
+
+def used_max(st):
+  """max(0, st[:, 2]) of an encoder's stats rows s32[R, 4] (used sizes, units of 128 B).
+
+  A custom call on CPU backends ("zipccl_used_max"): the slice and reduction
+  would be a kernel of their own for XLA:CPU to compile. Elsewhere jnp.max.
+  """
+  def on_cpu(v):
+    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+    _ffi.register()
+    out = _codec._result_type((), jnp.int32, v)  # pylint: disable=protected-access
+    return jax.ffi.ffi_call("zipccl_used_max", out)(v)
+
+  return lax.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
+
+
+def rung_index(agreed, rungs):
+  """The rung of an agreed used size (int32, units of 128 B): the number of rungs
+  (slot sizes in bytes, ascending) too small for it; len(rungs) = the raw rung.
+
+  A custom call on CPU backends ("zipccl_rung_index", the rung sizes an attribute):
+  the comparison and sum would be a kernel. Elsewhere jnp ops.
+  """
+  units = np.asarray([s // _ALIGN for s in rungs], np.int32)
+  if units.size == 0:   # no compressed rung: the raw one
+    return jnp.sum(agreed > units).astype(jnp.int32)
+
+  def on_cpu(v):
+    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+    _ffi.register()
+    out = _codec._result_type((), jnp.int32, v)  # pylint: disable=protected-access
+    return jax.ffi.ffi_call("zipccl_rung_index", out)(v, units=units)
+
+  return lax.platform_dependent(agreed.astype(jnp.int32), cpu=on_cpu,
+                                default=lambda v: jnp.sum(v > units).astype(jnp.int32))
+
+
 def row_prefix(payload, slot: int):
   """payload[..., :slot], the operand of a rung's collective.
 
@@ -305,10 +377,11 @@ def a2a_slot(payload, slot: int, axes, me=None):
                                 default=default)
 
 
-def a2a_words(words, axes, me=None):
-  """lax.all_to_all(words, axes, 0, 0, tiled=True) for words uint{16,32}[N, m]: an
-  all-to-all ladder's raw rung, on CPU as the same N - 1 permutes as its compressed
-  rungs (`a2a_slot` on the words' bytes).
+def a2a_raw(rows, axes, me=None):
+  """unbits(lax.all_to_all(bits(rows), axes, 0, 0, tiled=True)) for rows[N, m] of a
+  float dtype: an all-to-all ladder's raw rung, on CPU as the same N - 1 permutes
+  as its compressed rungs (`a2a_slot` on the rows' bytes, which `copy_as` views
+  as u8 and back: no kernel).
 
   Why the raw rung too: XLA:CPU's collective-permute rendezvous spans every device
   named in its source-target pairs, the other groups of a transport over one axis
@@ -317,21 +390,20 @@ def a2a_words(words, axes, me=None):
   collectives in the same order (docs/design.md, "Transport"): here N - 1
   permutes with the same pairs on every rung.
   """
-  n_peers, m = words.shape
+  n_peers, m = rows.shape
 
-  def default(w):
-    return lax.all_to_all(w, axes, 0, 0, tiled=True)
+  def default(r):
+    return unbits(lax.all_to_all(bits(r), axes, 0, 0, tiled=True), r.dtype)
 
   if n_peers < 2 or not _A2A_PERMUTES:
-    return default(words)
+    return default(rows)
 
-  def on_cpu(w):
-    width = w.dtype.itemsize
-    b = lax.bitcast_convert_type(w, jnp.uint8).reshape(n_peers, m * width)
-    r = _permute_rows(b, m * width, axes, me)
-    return lax.bitcast_convert_type(r.reshape(n_peers, m, width), w.dtype)
+  def on_cpu(r):
+    nbytes = m * r.dtype.itemsize
+    b = copy_as(r, jnp.uint8, (n_peers, nbytes))
+    return copy_as(_permute_rows(b, nbytes, axes, me), r.dtype, (n_peers, m))
 
-  return lax.platform_dependent(words, cpu=on_cpu, default=default)
+  return lax.platform_dependent(rows, cpu=on_cpu, default=default)
 
 
 def _agree(used, count, axes, want_stats):
@@ -364,7 +436,7 @@ def _raise_decode_error(where, word, bad, worst):
 
 
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
-            after=None, prefix=row_prefix, own=None, move_slot=None):
+            after=None, prefix=row_prefix, own=None, move_slot=None, move_raw=None):
   """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
 
   move(a) is the XLA collective applied to a uint8[R, slot] payload or to the
@@ -375,7 +447,9 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   chunk's rung, so that XLA cannot combine the chunks' agreements into one
   all-reduce, which would wait for every chunk's encode). prefix(payload, slot)
   cuts the slot out of the encoded rows; move_slot(payload, slot), when given,
-  replaces move(prefix(payload, slot)) on the compressed rungs. own: (sent,
+  replaces move(prefix(payload, slot)) on the compressed rungs, move_raw(rows)
+  the raw rung's move of the rows' words (default: move on `copy_as` word views).
+  own: (sent,
   received, fill) for a transport whose own row never leaves the device: sent
   bool[R] marks it among
   the rows sent (or None), received bool[R'] among the rows received, fill[F, m]
@@ -390,9 +464,12 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   if own is not None and not skips_own_row(codec):
     own = None
   if own is not None:
-    # the decoders' skip mask as uint8 once, outside the switch (in a branch its
-    # conversion would be one more kernel to compile per rung)
-    own = (own[0], own[1].astype(jnp.uint8), own[2])
+    # the codecs' skip masks as uint8 once, outside the switch (in a branch its
+    # conversion would be one more kernel to compile per rung); one mask when the
+    # encoder's and the decoder's are the same array (an all-to-all's)
+    recv_mask = own[1].astype(jnp.uint8)
+    send_mask = recv_mask if own[0] is own[1] else own[0]
+    own = (send_mask, recv_mask, own[2])
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
     # The count leaves the own row out on every backend (a GPU encodes it anyway);
@@ -401,7 +478,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
   else:
     payload, st = codec.encode_rows(rows)
     count = jnp.sum(jnp.minimum(st[:, 1], m))
-  used = jnp.max(st[:, 2])
+  used = used_max(st)
   if sends is not None:
     used = jnp.where(sends, used, 0)
     count = jnp.where(sends, count, 0)
@@ -410,8 +487,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     # XLA:CPU drops optimization barriers before it combines all-reduces.
     used = jnp.maximum(used, jnp.minimum(after, 0).astype(used.dtype))
   agreed, count_total, agree_bytes = _agree(used, count, axes, want_stats)
-  units = np.asarray([s // _ALIGN for s in plan.rungs], np.int32)
-  rung = jnp.sum(agreed > units).astype(jnp.int32)       # the first rung >= agreed size
+  rung = rung_index(agreed, plan.rungs)       # the first rung >= agreed size
 
   def zeros_status(like):
     # typed varying over exactly the axes the received rows vary over
@@ -424,10 +500,14 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     return codec.decode_rows(received, m, dtype)
 
   def raw():
-    y = unbits(move(bits(rows)), dtype)
+    if move_raw is not None:
+      y = move_raw(rows)
+    else:
+      word = dtypes.info(dtype).word
+      y = copy_as(move(copy_as(rows, word)), dtype)
     return y, zeros_status(y)
 
-  y, status = lax.switch(rung, [functools.partial(compressed, s) for s in plan.rungs] + [raw])
+  y, status = compat.switch_in_range(rung, [functools.partial(compressed, s) for s in plan.rungs] + [raw])
   if recvs is not None:   # nobody sends to this device: lax gives zeros
     y = unbits(jnp.where(recvs, bits(y), 0), dtype)
     status = jnp.where(recvs, status, 0)
@@ -499,7 +579,7 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     # takes fill row r, so row me takes r[me]; no slice copy of the own row).
     me = lax.axis_index(axes).astype(jnp.int32)
     mine = jnp.arange(n_peers) == me
-    y, info = _ladder(r, p, axes, want_stats, check, move=lambda w: a2a_words(w, axes, me),
+    y, info = _ladder(r, p, axes, want_stats, check, move=None, move_raw=lambda w: a2a_raw(w, axes, me),
                       where="an all_to_all", after=after,
                       move_slot=lambda a, slot: a2a_slot(a, slot, axes, me), own=(mine, mine, r))
     # elements the count covers: every participant's rows, less their own ones
