@@ -5,10 +5,10 @@
 // codec (cuda/codec.cu) must reproduce byte for byte.
 //
 // Speed: the per-block work is branch-free over 8-element groups (one plane byte
-// per group), written so that GCC vectorizes it; bf16 additionally has an AVX2
-// path chosen at run time (no -march flags: the module runs on any x86-64 or
-// aarch64). Rows of >= kParallelMinElems elements are split across threads by
-// whole blocks.
+// per group), written so that GCC vectorizes it; bf16 and fp16 additionally have
+// AVX2 paths for full blocks, chosen at run time (no -march flags: the module runs
+// on any x86-64 or aarch64; ZIPCCL_DISABLE_SIMD selects the portable code).
+// Rows of >= kParallelMinElems elements are split across threads by whole blocks.
 #include "codec_cpu.h"
 
 #include "cpu_handler.h"
@@ -171,32 +171,66 @@ BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t
 }
 
 #if ZIPCCL_X86
-// bf16, full block (len == kBlock), AVX2. Same output as encode_block_generic<BF16Traits>.
-__attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
+// A full block (len == kBlock) of bf16 or fp16, AVX2. Same output as
+// encode_block_generic<T>. The two dtypes differ only in pass 1 (how a 16-bit word
+// splits into exponent, raw byte and raw planes):
+//   bf16 s|e8|m7:  e = v[14:7];  raw byte = s<<7 | m[6:0];  no raw planes
+//   fp16 s|e5|m10: e = v[14:10]; raw byte = m[7:0]; planes 3, 4, 5 = m8, m9, s
+//                  (v[8], v[9], v[15]: bits 0, 1, 7 of the word's high byte)
+// Exponents are bytes from then on (fp16's <= 31), so the window statistics, the
+// probe counts and pass 2 are shared.
+template <typename T>
+__attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_avx2(
     const uint16_t* x, uint8_t* raw, uint8_t* planes, uint8_t* esc, uint64_t esc_have,
     uint64_t esc_cap) {
+  static_assert(std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value,
+                "the AVX2 block paths cover the 16-bit dtypes");
+  constexpr bool kF16 = std::is_same<T, F16Traits>::value;
   alignas(32) uint8_t ebuf[kBlock];
   const __m256i m7f = _mm256_set1_epi16(0x7F);
   const __m256i m80 = _mm256_set1_epi16(0x80);
   const __m256i mff = _mm256_set1_epi16(0xFF);
+  const __m256i emask = _mm256_set1_epi16((short)T::kExpMax);
   const __m256i zero = _mm256_setzero_si256();
-  const __m256i allff = _mm256_set1_epi8((char)0xFF);
+  const __m256i emax = _mm256_set1_epi8((char)T::kExpMax);
   __m256i sad = zero;
   uint32_t N = 0, Z = 0;
-  // Pass 1: exponent bytes (kept in ebuf, L1), raw bytes, and the window statistics.
+  // Pass 1: exponent bytes (kept in ebuf, L1), raw bytes (and fp16's raw planes),
+  // and the window statistics.
   for (uint32_t j = 0; j < kBlock; j += 32) {
     __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
     __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16));
-    __m256i ea = _mm256_and_si256(_mm256_srli_epi16(a, 7), mff);
-    __m256i eb = _mm256_and_si256(_mm256_srli_epi16(b, 7), mff);
-    __m256i ra = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), m80), _mm256_and_si256(a, m7f));
-    __m256i rb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 8), m80), _mm256_and_si256(b, m7f));
+    __m256i ea = _mm256_and_si256(_mm256_srli_epi16(a, T::kManBits), emask);
+    __m256i eb = _mm256_and_si256(_mm256_srli_epi16(b, T::kManBits), emask);
+    __m256i ra, rb;
+    if constexpr (kF16) {
+      ra = _mm256_and_si256(a, mff);
+      rb = _mm256_and_si256(b, mff);
+    } else {
+      ra = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), m80), _mm256_and_si256(a, m7f));
+      rb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 8), m80), _mm256_and_si256(b, m7f));
+    }
+    // packus interleaves the 128-bit lanes (a0-7 b0-7 a8-15 b8-15); 0xD8 restores
+    // element order.
     __m256i e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0xD8);
     __m256i r = _mm256_permute4x64_epi64(_mm256_packus_epi16(ra, rb), 0xD8);
     _mm256_store_si256(reinterpret_cast<__m256i*>(ebuf + j), e);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(raw + j), r);
+    if constexpr (kF16) {
+      // High bytes in element order; bit k of a byte -> bit 7 by a 16-bit shift
+      // left by 7 - k (the bits a shift carries in from the low byte land below
+      // bit 7), then movemask: one plane word of 32 elements.
+      __m256i h = _mm256_permute4x64_epi64(
+          _mm256_packus_epi16(_mm256_srli_epi16(a, 8), _mm256_srli_epi16(b, 8)), 0xD8);
+      const uint32_t m8 = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(h, 7));
+      const uint32_t m9 = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(h, 6));
+      const uint32_t ms = (uint32_t)_mm256_movemask_epi8(h);
+      std::memcpy(planes + 3 * kPlaneBytes + j / 8, &m8, 4);
+      std::memcpy(planes + 4 * kPlaneBytes + j / 8, &m9, 4);
+      std::memcpy(planes + 5 * kPlaneBytes + j / 8, &ms, 4);
+    }
     __m256i isz = _mm256_cmpeq_epi8(e, zero);
-    __m256i ismax = _mm256_cmpeq_epi8(e, allff);
+    __m256i ismax = _mm256_cmpeq_epi8(e, emax);
     __m256i abnormal = _mm256_or_si256(isz, ismax);
     sad = _mm256_add_epi64(sad, _mm256_sad_epu8(_mm256_andnot_si256(abnormal, e), zero));
     N += 32 - __builtin_popcount((uint32_t)_mm256_movemask_epi8(abnormal));
@@ -205,12 +239,13 @@ __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
   alignas(32) uint64_t s4[4];
   _mm256_store_si256(reinterpret_cast<__m256i*>(s4), sad);
   const uint64_t S = s4[0] + s4[1] + s4[2] + s4[3];
-  const Window w0 = choose_window<BF16Traits>(S, N, Z, kBlock);
+  const Window w0 = choose_window<T>(S, N, Z, kBlock);
   int32_t probe[4];
   window_probes(w0, probe);
   // Count the four probe exponents in byte lanes: each lane sees 64 of the block's
   // elements, so a byte counter cannot overflow; one psadbw per probe sums them.
-  // A probe outside 0..255 (base-1 < 0 or base+7 > 255) counts nothing.
+  // A probe outside 0..255 (base-1 < 0 or base+7 > 255) counts nothing; fp16's
+  // probes up to 32 match no exponent byte (<= 31) by themselves.
   uint32_t cnt[4] = {0, 0, 0, 0};
   {
     __m256i pv[4], acc[4];
@@ -229,7 +264,7 @@ __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_bf16_avx2(
       cnt[k] = (uint32_t)(s4k[0] + s4k[1] + s4k[2] + s4k[3]);
     }
   }
-  const Window w = refine_window<BF16Traits>(w0, cnt);
+  const Window w = refine_window<T>(w0, cnt);
 
   // Pass 2: codes -> three bit planes (movemask), escapes in element order.
   const __m256i vbase = _mm256_set1_epi8((char)w.base);
@@ -278,9 +313,9 @@ template <typename T>
 BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, uint8_t* planes,
                       uint8_t* esc, uint64_t esc_have, uint64_t esc_cap) {
 #if ZIPCCL_X86
-  if constexpr (std::is_same<T, BF16Traits>::value) {
+  if constexpr (std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value) {
     if (len == kBlock && have_avx2() && !env::simd_disabled())
-      return encode_block_bf16_avx2(x, raw, planes, esc, esc_have, esc_cap);
+      return encode_block_avx2<T>(x, raw, planes, esc, esc_have, esc_cap);
   }
 #endif
   return encode_block_generic<T>(x, len, raw, planes, esc, esc_have, esc_cap);
@@ -455,8 +490,14 @@ __attribute__((target("avx2"), always_inline)) inline __m256i expand32_avx2(uint
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, bitsel), bitsel);
 }
 
-__attribute__((target("avx2,bmi,popcnt"))) bool decode_block_bf16_avx2(
+// A full block (len == kBlock) of bf16 or fp16, AVX2. Same words (and the same
+// verdict on a block that disagrees with its record) as decode_block_generic<T>.
+template <typename T>
+__attribute__((target("avx2,bmi,popcnt"))) bool decode_block_avx2(
     const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r, uint16_t* y) {
+  static_assert(std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value,
+                "the AVX2 block paths cover the 16-bit dtypes");
+  constexpr bool kF16 = std::is_same<T, F16Traits>::value;
   const Window w{r.base, r.mode};
   const uint32_t* p0 = reinterpret_cast<const uint32_t*>(planes);
   const uint32_t* p1 = reinterpret_cast<const uint32_t*>(planes + kPlaneBytes);
@@ -470,6 +511,12 @@ __attribute__((target("avx2,bmi,popcnt"))) bool decode_block_bf16_avx2(
     count += __builtin_popcount(~(a | b | c));
   }
   if (count != r.esc_count) return false;
+  if constexpr (kF16) {  // an escape byte > 31 would spill into the sign (as in the generic path)
+    uint32_t high = 0;
+    for (uint32_t k = 0; k < count; ++k) high |= esc[k] & ~T::kExpMax;
+    if (high) return false;
+  }
+  // The record was validated (window_valid<T>), so every table entry is <= kExpMax.
   alignas(16) uint8_t lut[16] = {0};
   for (uint32_t cc = 1; cc < 8; ++cc) lut[cc] = (uint8_t)exp_of(cc, w);
   const __m256i vlut = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lut)));
@@ -480,6 +527,10 @@ __attribute__((target("avx2,bmi,popcnt"))) bool decode_block_bf16_avx2(
   const __m256i m7f = _mm256_set1_epi16(0x7F);
   const __m256i m80 = _mm256_set1_epi16(0x80);
   const __m256i one = _mm256_set1_epi8(1), two = _mm256_set1_epi8(2), four = _mm256_set1_epi8(4);
+  const __m256i b80 = _mm256_set1_epi8((char)0x80);
+  const uint32_t* p3 = reinterpret_cast<const uint32_t*>(planes + 3 * kPlaneBytes);
+  const uint32_t* p4 = reinterpret_cast<const uint32_t*>(planes + 4 * kPlaneBytes);
+  const uint32_t* p5 = reinterpret_cast<const uint32_t*>(planes + 5 * kPlaneBytes);
   uint32_t used = 0;
   alignas(32) uint8_t ebuf[32];
   for (uint32_t g = 0; g < kBlock / 32; ++g) {
@@ -503,18 +554,37 @@ __attribute__((target("avx2,bmi,popcnt"))) bool decode_block_bf16_avx2(
       e = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf));
     }
     __m256i rb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + 32 * g));
-    __m256i r_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(rb));
-    __m256i r_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(rb, 1));
-    __m256i e_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(e));
-    __m256i e_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(e, 1));
-    __m256i y_lo = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r_lo, m80), 8),
-                                                   _mm256_slli_epi16(e_lo, 7)),
-                                   _mm256_and_si256(r_lo, m7f));
-    __m256i y_hi = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r_hi, m80), 8),
-                                                   _mm256_slli_epi16(e_hi, 7)),
-                                   _mm256_and_si256(r_hi, m7f));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g), y_lo);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g + 16), y_hi);
+    if constexpr (kF16) {
+      // High byte of each word = s<<7 | e<<2 | m9<<1 | m8 (e <= 31: e<<2 stays in
+      // its byte); low byte = the raw byte m[7:0].
+      uint32_t m8, m9, ms;
+      std::memcpy(&m8, p3 + g, 4);
+      std::memcpy(&m9, p4 + g, 4);
+      std::memcpy(&ms, p5 + g, 4);
+      const __m256i e2 = _mm256_add_epi8(e, e);
+      __m256i hb = _mm256_or_si256(
+          _mm256_or_si256(_mm256_add_epi8(e2, e2), _mm256_and_si256(expand32_avx2(m8, spread_idx, bitsel), one)),
+          _mm256_or_si256(_mm256_and_si256(expand32_avx2(m9, spread_idx, bitsel), two),
+                          _mm256_and_si256(expand32_avx2(ms, spread_idx, bitsel), b80)));
+      // unpack works per 128-bit lane: lo = words 0-7 | 16-23, hi = 8-15 | 24-31.
+      const __m256i lo = _mm256_unpacklo_epi8(rb, hb);
+      const __m256i hi = _mm256_unpackhi_epi8(rb, hb);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+    } else {
+      __m256i r_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(rb));
+      __m256i r_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(rb, 1));
+      __m256i e_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(e));
+      __m256i e_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(e, 1));
+      __m256i y_lo = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r_lo, m80), 8),
+                                                     _mm256_slli_epi16(e_lo, 7)),
+                                     _mm256_and_si256(r_lo, m7f));
+      __m256i y_hi = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(r_hi, m80), 8),
+                                                     _mm256_slli_epi16(e_hi, 7)),
+                                     _mm256_and_si256(r_hi, m7f));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g), y_lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + 32 * g + 16), y_hi);
+    }
   }
   return true;
 }
@@ -524,9 +594,9 @@ template <typename T>
 bool decode_block(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r,
                   uint32_t len, typename T::bits_t* y) {
 #if ZIPCCL_X86
-  if constexpr (std::is_same<T, BF16Traits>::value) {
+  if constexpr (std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value) {
     if (len == kBlock && have_avx2() && !env::simd_disabled())
-      return decode_block_bf16_avx2(raw, planes, esc, r, y);
+      return decode_block_avx2<T>(raw, planes, esc, r, y);
   }
 #endif
   return decode_block_generic<T>(raw, planes, esc, r, len, y);

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import zipccl_jax as zc
 from tests import reference_codec as ref
 from zipccl_jax._src import registry
-from tests.reference import BF16, DTYPES, assert_bits_equal, make, uint, words  # noqa: F401
+from tests.reference import BF16, DTYPES, assert_bits_equal, make, special_words, uint, words  # noqa: F401
 
 CODE = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
 NATIVE = zc.native()
@@ -492,6 +492,208 @@ def test_decoder_fuzz(dtype):
     assert status.tolist() == [s for _, s, _ in items]
     assert np.array_equal(words(y).reshape(len(items), -1).view(np.uint8),
                           np.stack([yy for _, _, yy in items]).reshape(len(items), -1))
+
+
+# ---- AVX2 block paths vs the portable block code -----------------------------------------
+#
+# Full blocks of bf16 and fp16 take AVX2 kernels where the CPU has them; partial last
+# blocks and ZIPCCL_DISABLE_SIMD=1 take the portable code. The variable is read once
+# per process, so each path runs in a subprocess of its own, whatever this process's
+# environment says, on the same inputs and the same (corrupted) buffers.
+
+_PATH_SCRIPT = """
+import json, sys
+import numpy as np
+import zipccl_jax as zc
+N = zc.native(); d = sys.argv[1]; tag = sys.argv[2]
+spec = json.load(open(f"{d}/spec.json"))
+for k, (code, n, cap) in enumerate(spec["enc"]):
+  w = np.load(f"{d}/x{k}.npy")
+  out = np.zeros(N.row_nbytes(code, n, cap), np.uint8)
+  status, count, used = N.encode_into(code, w.view(np.uint8), n, cap, out)
+  np.save(f"{d}/{tag}_enc{k}.npy", np.concatenate([np.array([status, count, used], np.uint64).view(np.uint8), out]))
+  y = np.full(n * w.itemsize, 0x5A, np.uint8)
+  st = N.decode_into(code, out[:used], n, y) if status == 0 else -1
+  np.save(f"{d}/{tag}_dec{k}.npy", np.append(y.view(w.dtype).astype(np.int64), st))
+for k, (code, n, isz) in enumerate(spec["bad"]):
+  q = np.load(f"{d}/q{k}.npy")
+  y = np.full(n * isz, 0x5A, np.uint8)
+  st = N.decode_into(code, q, n, y)
+  np.save(f"{d}/{tag}_bad{k}.npy", np.append(y.astype(np.int64), st))
+"""
+
+
+def _run_paths(tmp_path, enc_items, bad_items):
+  """Runs _PATH_SCRIPT with the SIMD path allowed and with ZIPCCL_DISABLE_SIMD=1 on
+  the inputs enc_items [(x, capacity)] and the buffers bad_items [(buffer, n, dtype)].
+  Returns {"simd": ..., "portable": ...}, each {"enc": [(status, count, used, row)],
+  "dec": [(words, status)], "bad": [(row bytes, status)]}."""
+  import json
+  import os
+  import subprocess
+  import sys
+  spec = {"enc": [], "bad": []}
+  for k, (x, cap) in enumerate(enc_items):
+    np.save(tmp_path / f"x{k}.npy", words(x))
+    spec["enc"].append([CODE[x.dtype], int(x.size), int(cap)])
+  for k, (q, n, dtype) in enumerate(bad_items):
+    np.save(tmp_path / f"q{k}.npy", np.ascontiguousarray(q))
+    spec["bad"].append([CODE[np.dtype(dtype)], int(n), np.dtype(dtype).itemsize])
+  (tmp_path / "spec.json").write_text(json.dumps(spec))
+  res = {}
+  for tag in ("simd", "portable"):
+    env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
+    env.pop("ZIPCCL_DISABLE_SIMD", None)
+    if tag == "portable":
+      env["ZIPCCL_DISABLE_SIMD"] = "1"
+    subprocess.run([sys.executable, "-c", _PATH_SCRIPT, str(tmp_path), tag], check=True, env=env,
+                   timeout=300)
+    r = {"enc": [], "dec": [], "bad": []}
+    for k in range(len(enc_items)):
+      e = np.load(tmp_path / f"{tag}_enc{k}.npy")
+      status, count, used = (int(v) for v in e[:24].view(np.uint64))
+      r["enc"].append((status, count, used, e[24:]))
+      dv = np.load(tmp_path / f"{tag}_dec{k}.npy")
+      r["dec"].append((dv[:-1], int(dv[-1])))
+    for k in range(len(bad_items)):
+      b = np.load(tmp_path / f"{tag}_bad{k}.npy")
+      r["bad"].append((b[:-1].astype(np.uint8), int(b[-1])))
+    res[tag] = r
+  return res
+
+
+def _first_diff(a, b, what):
+  bad = np.flatnonzero(a != b)
+  assert bad.size == 0, f"{what}: {bad.size} differ, first at {bad[0]}: {int(a[bad[0]]):#x} != {int(b[bad[0]]):#x}"
+
+
+def _simd_cases(dtype):
+  """(name, x) inputs for the path comparison: every distribution at block-boundary
+  sizes, full blocks followed by a partial one."""
+  dtype = np.dtype(dtype)
+  u = uint(dtype)
+  ebits, mbits = {BF16: (8, 7), np.dtype(np.float16): (5, 10)}[dtype]
+  rng = np.random.default_rng(20261201 + CODE[dtype])
+  cases = []
+  # Gaussians across the dtype's range: fp16 1e-6 is mostly subnormal, 1e-4 straddles
+  # the normal range's bottom, 3e4 overflows to +-inf a third of the time.
+  scales = [1e-6, 1e-4, 0.02, 1.0, 300.0, 3e4] if dtype != BF16 else [1e-30, 1e-3, 0.02, 1.0, 1e20]
+  for k, s in enumerate(scales):
+    with np.errstate(over="ignore"):  # the overflow to +-inf is the point
+      cases.append((f"gauss{s:g}", make("gauss", 3 * 2048 + 5, dtype, seed=k, sigma=s)))
+  for dist, n in [("laplace", 2 * 2048), ("student_t3", 4 * 2048 + 1), ("relu", 2048),
+                  ("constant", 2 * 2048 + 2047), ("zeros", 2049), ("random_bits", 3 * 2048 + 7),
+                  ("outlier", 2 * 2048 + 9), ("specials", 4 * 2048 + 3)]:
+    cases.append((dist, make(dist, n, dtype, seed=n, sigma=0.02)))
+  # zero-heavy: 90% +-0 between Gaussians (the zero mode, signed zeros)
+  z = make("gauss", 3 * 2048 + 100, dtype, seed=3, sigma=0.02)
+  w = words(z).copy()
+  w[rng.random(w.size) < 0.9] = 0
+  w[rng.random(w.size) < 0.3] |= u(1 << (8 * dtype.itemsize - 1))
+  cases.append(("zero_heavy", w.view(dtype)))
+  # subnormal-heavy: exponent 0, random sign and mantissa, with a few normals
+  w = rng.integers(0, 1 << (8 * dtype.itemsize), 2 * 2048 + 33, dtype=np.uint64).astype(u)
+  w &= u(~(((1 << ebits) - 1) << mbits) & ((1 << (8 * dtype.itemsize)) - 1))
+  w[rng.random(w.size) < 0.05] |= u(7 << mbits)
+  cases.append(("subnormal_heavy", w.view(dtype)))
+  # all specials: +-0, +-inf, NaNs with distinct payloads, subnormals, nothing else
+  pats = np.array(special_words(dtype, extended=True), np.uint64).astype(u)
+  nan = np.arange(1, 2 * 2048 + 1, dtype=np.uint64).astype(u) & u((1 << mbits) - 1)
+  nan |= u(((1 << ebits) - 1) << mbits)
+  w = np.where(rng.random(nan.size) < 0.5, nan | u(1), rng.choice(pats, nan.size))
+  cases.append(("all_specials", w.view(dtype)))
+  # ramps: every bit pattern of the dtype in order, and a slow ramp over exponents
+  cases.append(("ramp_all_words", np.arange(1 << 16, dtype=np.uint64).astype(u).view(dtype)))
+  cases.append(("ramp_slow", (np.arange(3 * 2048, dtype=np.uint64) * 11).astype(u).view(dtype)))
+  # a Gaussian whose scale changes every block (window moves from block to block)
+  g = make("gauss", 6 * 2048, dtype, seed=5).astype(np.float32)
+  sc = np.repeat(np.float32(2.0) ** np.arange(-9, 3, 2, dtype=np.float32), 2048)
+  cases.append(("mixscale", (g * sc).astype(dtype)))
+  for n in (0, 1, 7, 2047, 2048, 2049, 40_001):  # sizes: 0, 1, odd, around one block, large
+    cases.append((f"n{n}", make("gauss", n, dtype, seed=n, sigma=0.02)))
+  return cases
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=lambda d: d.name)
+def test_simd_and_portable_paths_are_identical(tmp_path, dtype):
+  """The AVX2 block kernels (full blocks of bf16 / fp16) against the portable block
+  code: byte-identical rows and stats at three escape capacities (all escapes fit,
+  the FFI encoder's, 128 bytes: DOES_NOT_FIT with the escape area cut short), and
+  word-identical decodes, for every case of _simd_cases; each path decodes the
+  other's rows; and the same statuses and words on corrupted rows (table, plane
+  and escape bytes, raw planes; with and without a re-sealed checksum)."""
+  dtype = np.dtype(dtype)
+  cases = _simd_cases(dtype)
+  enc_items = []
+  for _, x in cases:
+    n = x.size
+    ffi_cap = zc.max_nbytes(dtype, n) - zc.min_nbytes(dtype, n)
+    enc_items += [(x, n), (x, ffi_cap), (x, 128)]
+  # Corrupted rows: mutations of valid encodings that reach the block decoder.
+  rng = np.random.default_rng(77 + CODE[dtype])
+  bad_items = []
+  for name, x in cases:
+    if x.size < 2048 or name == "ramp_all_words":
+      continue
+    n = x.size
+    p, status, count, used = host_encode(x, n)
+    assert status == 0
+    p = p[:used]
+    nb = -(-n // 2048)
+    P = 6 if dtype == np.float16 else 3
+    raw_off = 128 + -(-nb * 8 // 128) * 128
+    plane_off = raw_off + -(-n // 128) * 128
+    esc_off = plane_off + nb * P * 256
+    for t in range(12):
+      q = p.copy()
+      kind = t % 4
+      if kind == 0:    # one bit of a full block's planes (codes, or fp16's raw planes)
+        i = plane_off + int(rng.integers((n // 2048) * P * 256))
+        q[i] ^= np.uint8(1 << int(rng.integers(8)))
+      elif kind == 1:  # an escape byte: random, or above fp16's 31
+        if count == 0:
+          continue
+        q[esc_off + int(rng.integers(count))] = rng.choice([32, 0x80, 0xFF, int(rng.integers(256))])
+      elif kind == 2:  # a window byte (base or mode) or the count byte of a record
+        q[128 + 8 * int(rng.integers(nb)) + int(rng.choice([4, 6, 7]))] = rng.integers(256)
+      else:            # a few random bytes anywhere in the table, raw, plane or escape sections
+        k = int(rng.integers(1, 6))
+        q[rng.integers(128, used, k)] = rng.integers(0, 256, k, np.uint8)
+      bad_items.append((q, n, dtype))
+      bad_items.append((ref.reseal(q), n, dtype))
+  res = _run_paths(tmp_path, enc_items, bad_items)
+  s, p = res["simd"], res["portable"]
+  for k, (x, cap) in enumerate(enc_items):
+    what = f"{cases[k // 3][0]} n={x.size} cap={cap}"
+    (s_st, s_cnt, s_used, s_row), (p_st, p_cnt, p_used, p_row) = s["enc"][k], p["enc"][k]
+    assert (s_st, s_cnt, s_used) == (p_st, p_cnt, p_used), (what, s["enc"][k][:3], p["enc"][k][:3])
+    assert s_row.size == p_row.size
+    _first_diff(s_row, p_row, f"{what}: encoded bytes, AVX2 vs portable")
+    if s_st == 0:
+      for tag, r in (("simd", s), ("portable", p)):
+        yw, st = r["dec"][k]
+        assert st == 0, (what, tag, st)
+        _first_diff(yw.astype(uint(dtype)), words(x), f"{what}: {tag} decode")
+      # each path decodes the other's row (the same bytes, so this is the cross check)
+      st, y = _decode_status(dtype, p_row[:p_used], x.size)
+      assert st == 0
+      assert_bits_equal(y.view(dtype), x)
+  # the FFI-capacity encodings equal this process's FFI encoder and the reference
+  for k in range(1, len(enc_items), 9):
+    x, _ = enc_items[k]
+    want, status, count, used = ref.encode(x)
+    assert (s["enc"][k][0], s["enc"][k][1], s["enc"][k][2]) == (status, count, used)
+    _first_diff(s["enc"][k][3], want, f"{cases[k // 3][0]}: AVX2 vs the reference")
+  statuses = set()
+  for k, (q, n, _) in enumerate(bad_items):
+    (sy, sst), (py, pst) = s["bad"][k], p["bad"][k]
+    assert sst == pst, f"corrupted row {k}: AVX2 status {sst}, portable {pst}"
+    _first_diff(sy, py, f"corrupted row {k}: decoded bytes")
+    assert 0 <= sst <= 9
+    if sst != 0:
+      assert (sy == 0xFF).all(), f"corrupted row {k}: status {sst}, row not all-ones"
+    statuses.add(sst)
+  assert {6, 7, 8} <= statuses, statuses  # the block decoder's checks were reached
 
 
 # ---- Python API -------------------------------------------------------------------------
