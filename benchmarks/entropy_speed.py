@@ -39,19 +39,7 @@ DT_NAME = {1: "bf16", 2: "fp16"}
 INSTR_CASES = [(1, False), (2, False), (1, True)]
 
 
-def _build(src_ffi: str, out: str, inc: str) -> None:
-  cmd = ["g++", "-std=c++17", "-O3", "-g", "-Wall", "-Wno-unused-parameter", f"-I{src_ffi}",
-         "-isystem", inc, os.path.join(ROOT, "benchmarks", "entropy_instr.cc"),
-         os.path.join(src_ffi, "entropy_cpu.cc"), "-o", out, "-lpthread"]
-  subprocess.run(cmd, check=True)
-
-
-def _env(portable: bool) -> dict:
-  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
-  env.pop("ZIPCCL_DISABLE_SIMD", None)
-  if portable:
-    env["ZIPCCL_DISABLE_SIMD"] = "1"
-  return env
+_env = common.single_thread_env
 
 
 def _line(tool: str, n: int, reps: int, dt: int, portable: bool) -> dict:
@@ -80,23 +68,9 @@ def _instr(tool: str, n: int, dt: int, portable: bool, tmp: str) -> dict:
 
 
 def native_rows(base: str, n: int, best_n: int, best_reps: int) -> dict:
-  inc = subprocess.run([sys.executable, "-c", "import jax; print(jax.ffi.include_dir())"],
-                       check=True, capture_output=True, text=True).stdout.strip()
-  out = {"base": base, "head": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                              check=True, capture_output=True,
-                                              text=True).stdout.strip()}
-  dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "ffi"], check=True,
-                         capture_output=True, text=True).stdout.strip()
-  out["head"] += "+changes" if dirty else ""
+  out = {"base": base}
   with tempfile.TemporaryDirectory() as tmp:
-    bsrc = os.path.join(tmp, "base")
-    os.makedirs(bsrc)
-    arch = subprocess.run(["git", "-C", ROOT, "archive", base, "ffi"], check=True,
-                          capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", bsrc], input=arch, check=True)
-    tools = {"before": os.path.join(tmp, "before"), "after": os.path.join(tmp, "after")}
-    _build(os.path.join(bsrc, "ffi"), tools["before"], inc)
-    _build(os.path.join(ROOT, "ffi"), tools["after"], inc)
+    out["head"], tools = common.build_before_after(base, tmp, "entropy_instr.cc", "entropy_cpu.cc")
     rows = []
     for dt, portable in INSTR_CASES:
       r = {"dtype": DT_NAME[dt], "path": "portable" if portable else "AVX2/BMI2"}

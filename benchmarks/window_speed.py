@@ -137,18 +137,7 @@ def speed_rows(size_mib: float, runs: int) -> dict:
 # ---- instructions per element (callgrind) ---------------------------------------------
 
 
-def _build(src_ffi: str, out: str, inc: str) -> None:
-  subprocess.run(["g++", "-std=c++17", "-O3", "-g", "-Wall", "-Wno-unused-parameter", f"-I{src_ffi}",
-                  "-isystem", inc, os.path.join(ROOT, "benchmarks", "window_instr.cc"),
-                  os.path.join(src_ffi, "codec_cpu.cc"), "-o", out, "-lpthread"], check=True)
-
-
-def _env(portable: bool) -> dict:
-  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
-  env.pop("ZIPCCL_DISABLE_SIMD", None)
-  if portable:
-    env["ZIPCCL_DISABLE_SIMD"] = "1"
-  return env
+_env = common.single_thread_env
 
 
 def _line(tool: str, n: int, dt: int, data: str, portable: bool) -> dict:
@@ -174,22 +163,9 @@ def _instr(tool: str, n: int, dt: int, data: str, portable: bool, tmp: str) -> d
 
 
 def instr_rows(base: str, n: int) -> dict:
-  inc = subprocess.run([sys.executable, "-c", "import jax; print(jax.ffi.include_dir())"], check=True,
-                       capture_output=True, text=True).stdout.strip()
-  head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=True,
-                        capture_output=True, text=True).stdout.strip()
-  dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "ffi"], check=True,
-                         capture_output=True, text=True).stdout.strip()
-  out = {"base": base, "head": head + ("+changes" if dirty else ""), "n": n, "rows": []}
+  out = {"base": base, "n": n, "rows": []}
   with tempfile.TemporaryDirectory() as tmp:
-    bsrc = os.path.join(tmp, "base")
-    os.makedirs(bsrc)
-    arch = subprocess.run(["git", "-C", ROOT, "archive", base, "ffi"], check=True,
-                          capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", bsrc], input=arch, check=True)
-    tools = {"before": os.path.join(tmp, "before"), "after": os.path.join(tmp, "after")}
-    _build(os.path.join(bsrc, "ffi"), tools["before"], inc)
-    _build(os.path.join(ROOT, "ffi"), tools["after"], inc)
+    out["head"], tools = common.build_before_after(base, tmp, "window_instr.cc", "codec_cpu.cc")
     for case in CASES:
       data, dt = case.split("-")
       for portable in (False, True):
