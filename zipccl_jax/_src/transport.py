@@ -208,6 +208,15 @@ def unbits(u, dtype):
   return lax.bitcast_convert_type(u, dtype)
 
 
+def _target(name: str, shape, dtype, like, *args, vmap_method=None, **attrs):
+  """One result dtype[shape] of the transport FFI target `name` called on args
+  (attrs: its attributes), typed varying like `like` (`codec._result_type`)."""
+  from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+  _ffi.register()
+  out = _codec._result_type(tuple(shape), dtype, like)  # pylint: disable=protected-access
+  return jax.ffi.ffi_call(name, out, vmap_method=vmap_method)(*args, **attrs)
+
+
 def _bitcast(x, dtype, shape):
   """x's bytes as dtype[shape] by XLA ops (bitcast_convert_type and reshapes)."""
   dtype = np.dtype(dtype)
@@ -236,10 +245,7 @@ def copy_as(x, dtype, shape=None):
                      f"bytes of {x.dtype}{list(x.shape)}")
 
   def on_cpu(v):
-    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
-    _ffi.register()
-    out = _codec._result_type(shape, dtype, v)  # pylint: disable=protected-access
-    return jax.ffi.ffi_call("zipccl_bitcast_copy", out, vmap_method="broadcast_all")(v)
+    return _target("zipccl_bitcast_copy", shape, dtype, v, v, vmap_method="broadcast_all")
 
   return lax.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
 
@@ -251,10 +257,7 @@ def used_max(st):
   would be a kernel of their own for XLA:CPU to compile. Elsewhere jnp.max.
   """
   def on_cpu(v):
-    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
-    _ffi.register()
-    out = _codec._result_type((), jnp.int32, v)  # pylint: disable=protected-access
-    return jax.ffi.ffi_call("zipccl_used_max", out)(v)
+    return _target("zipccl_used_max", (), jnp.int32, v, v)
 
   return lax.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
 
@@ -271,10 +274,7 @@ def rung_index(agreed, rungs):
     return jnp.sum(agreed > units).astype(jnp.int32)
 
   def on_cpu(v):
-    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
-    _ffi.register()
-    out = _codec._result_type((), jnp.int32, v)  # pylint: disable=protected-access
-    return jax.ffi.ffi_call("zipccl_rung_index", out)(v, units=units)
+    return _target("zipccl_rung_index", (), jnp.int32, v, v, units=units)
 
   return lax.platform_dependent(agreed.astype(jnp.int32), cpu=on_cpu,
                                 default=lambda v: jnp.sum(v > units).astype(jnp.int32))
@@ -293,10 +293,8 @@ def row_prefix(payload, slot: int):
     return payload
 
   def on_cpu(p):
-    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
-    _ffi.register()
-    out = _codec._result_type(p.shape[:-1] + (slot,), jnp.uint8, p)  # pylint: disable=protected-access
-    return jax.ffi.ffi_call("zipccl_row_prefix", out, vmap_method="broadcast_all")(p)
+    return _target("zipccl_row_prefix", p.shape[:-1] + (slot,), jnp.uint8, p, p,
+                   vmap_method="broadcast_all")
 
   return lax.platform_dependent(payload, cpu=on_cpu, default=lambda p: p[..., :slot])
 
@@ -345,8 +343,7 @@ def _permute_rows(p, slot: int, axes, me):
   canon, index = _permute_index(axes)
   moved = [lax.ppermute(q, canon, [(index[j], index[(j + k) % n_peers]) for j in range(n_peers)])
            for k, q in enumerate(pieces, 1)]
-  out = _codec._result_type((n_peers, slot), jnp.uint8, p)  # pylint: disable=protected-access
-  return jax.ffi.ffi_call("zipccl_row_join", out)(p, my, *moved)
+  return _target("zipccl_row_join", (n_peers, slot), jnp.uint8, p, p, my, *moved)
 
 
 def a2a_slot(payload, slot: int, axes, me=None):
