@@ -170,6 +170,9 @@ def test_copy_as_keeps_every_bit(src, dst, shape):
   got = np.asarray(jax.jit(lambda a: transport.copy_as(a, dst, shape))(jnp.asarray(x)))
   assert got.dtype == np.dtype(dst) and got.shape == tuple(want_shape)
   assert got.tobytes() == x.tobytes()
+  # the other backends' path (XLA bitcasts), which a GPU runs: the same bytes
+  other = np.asarray(jax.jit(lambda a: transport._bitcast(a, dst, tuple(want_shape)))(jnp.asarray(x)))  # pylint: disable=protected-access
+  assert other.dtype == np.dtype(dst) and other.tobytes() == x.tobytes()
 
 
 def test_copy_as_rejects_another_byte_size():

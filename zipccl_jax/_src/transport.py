@@ -221,9 +221,7 @@ def _bitcast(x, dtype, shape):
   """x's bytes as dtype[shape] by XLA ops (bitcast_convert_type and reshapes)."""
   dtype = np.dtype(dtype)
   a, b = x.dtype.itemsize, dtype.itemsize
-  if a > b:
-    return lax.bitcast_convert_type(x, dtype).reshape(shape)
-  if a < b:
+  if a < b:   # narrower words: the last axis groups b // a of them
     return lax.bitcast_convert_type(x.reshape(shape + (b // a,)), dtype)
   return lax.bitcast_convert_type(x, dtype).reshape(shape)
 
