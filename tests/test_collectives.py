@@ -808,3 +808,37 @@ def test_bucket_bytes_validation(mesh8, value, err, match):
                lambda v: zc.compressed_ppermute(v, "x", [(0, 1)], bucket_bytes=value)):
     with pytest.raises(err, match=match):
       _trace(mesh8, call, x)
+
+
+@pytest.mark.parametrize("codec", ["zipccl", "raw"])
+def test_empty_leaf_moves_nothing_and_has_lax_shape(mesh8, codec):
+  """An empty leaf alone: lax's result shape and dtype (jax.eval_shape of the lax
+  op), zero wire bytes in the stats and no collective in the compiled program
+  (jax >= 0.11 rejects an empty all-gather; jaxlib 0.11.2 crashed on an empty raw
+  transport), for all five collectives, and its gradient is empty too."""
+  x = np.zeros((N * 8, 0), BF16)
+  perm = [(i, (i + 1) % N) for i in range(N)]
+  kw = dict(codec=codec, policy="always")
+  ops = {
+      "all_gather": (lambda v, **k: zc.compressed_all_gather(v, "x", axis=1, tiled=True, **k),
+                     lambda v: lax.all_gather(v, "x", axis=1, tiled=True), P("x")),
+      "psum_scatter": (lambda v, **k: zc.compressed_psum_scatter(v, "x", tiled=True, **k),
+                       lambda v: lax.psum_scatter(v, "x", tiled=True), P("x")),
+      "psum": (lambda v, **k: zc.compressed_psum(v, "x", **k), lambda v: lax.psum(v, "x"), P()),
+      "all_to_all": (lambda v, **k: zc.compressed_all_to_all(v, "x", 0, 1, tiled=True, **k),
+                     lambda v: lax.all_to_all(v, "x", 0, 1, tiled=True), P("x")),
+      "ppermute": (lambda v, **k: zc.compressed_ppermute(v, "x", perm, **k),
+                   lambda v: lax.ppermute(v, "x", perm), P("x")),
+  }
+  for name, (op, twin, out) in ops.items():
+    f = smap(mesh8, (P("x"),), (out, P()))(lambda v: op(v, stats=True, **kw))
+    want = jax.eval_shape(smap(mesh8, (P("x"),), out)(twin), x)
+    y, st = f(x)
+    assert y.shape == want.shape and y.dtype == want.dtype, (name, y.shape, want.shape)
+    assert int(np.max(st.wire_bytes)) == 0, name
+    text = jax.jit(f).lower(x).compile().as_text()
+    assert not any(c in text for c in ("all-gather", "all-to-all", "collective-permute",
+                                       "all-reduce", "custom-call")), name
+    g = jax.grad(lambda v: jnp.sum(smap(mesh8, (P("x"),), out)(lambda u: op(u, **kw))(v)
+                                   .astype(jnp.float32)))(x)
+    assert g.shape == x.shape and g.dtype == x.dtype, name

@@ -242,3 +242,60 @@ def test_nan_payloads_are_kept(mesh8):
                 if w & 0x7f80 == 0x7f80 and w & 0x7f}
     if jax.default_backend() == "cpu":   # documents lax's behaviour on XLA:CPU
       assert lax_nans == {0x7fc0, 0xffc0}, f"{name}: lax gave {sorted(map(hex, lax_nans))}"
+
+
+# ---- autodiff through jit, checkpoint and scan -----------------------------------------------
+
+WRAPS = {
+    "plain": lambda f: f,
+    "jit": jax.jit,
+    "checkpoint": jax.checkpoint,
+    "scan": lambda f: (lambda v: lax.scan(lambda c, _: (c, f(v)), 0.0, None, length=1)[1][0]),
+}
+
+
+def test_grad_through_jit_checkpoint_and_scan(mesh8):
+  """jax.grad of a loss whose collective sits inside an inner jax.jit, jax.checkpoint
+  (remat) or lax.scan, for all five collectives: JAX traces the collective's JVP
+  rule into a jaxpr there and transposes it later (before: "Transpose rule for
+  'custom_vjp_call' not implemented"). The gradient is bit-equal to the plain one
+  and to codec="raw"'s; jax.jvp through the same wrappers gives the collective of
+  the tangent; jax.vmap of the checkpointed grad equals the grad row by row."""
+  x = jnp.asarray(gaussian((N * 4, 256), F32, seed=11))
+  t = jnp.asarray(gaussian((N * 4, 256), F32, seed=12))
+  names = ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute")
+
+  def loss(name, codec, wrap):
+    op = zc_calls(codec=codec, **ALWAYS)[name]
+    inner = WRAPS[wrap](lambda v: jnp.sum(jnp.sin(op(v))))
+    return lambda v: lax.psum(inner(v), "x")
+
+  def grads(v, w):
+    out = {}
+    for name in names:
+      for wrap in WRAPS:
+        out[name, wrap] = jax.grad(loss(name, "zipccl", wrap))(v)
+        out[name, wrap, "jvp"] = jax.jvp(loss(name, "zipccl", wrap), (v,), (w,))[1]
+      out[name, "raw"] = jax.grad(loss(name, "raw", "checkpoint"))(v)
+    return out
+
+  keys = [(n, w) for n in names for w in WRAPS] + [(n, w, "jvp") for n in names for w in WRAPS] + \
+      [(n, "raw") for n in names]
+  specs = {k: (P() if len(k) == 3 else P("x")) for k in keys}
+  got = jax.jit(jax.shard_map(grads, mesh=mesh8, in_specs=(P("x"), P("x")),
+                              out_specs=specs))(x, t)
+  for name in names:
+    for wrap in WRAPS:
+      assert_bits_equal(got[name, wrap], got[name, "plain"], f"grad {name} {wrap}")
+      assert_bits_equal(got[name, wrap, "jvp"], got[name, "plain", "jvp"], f"jvp {name} {wrap}")
+    assert_bits_equal(got[name, "raw"], got[name, "plain"], f"grad {name} raw")
+
+  # vmap of grad of a checkpointed collective: batched forward and batched transpose.
+  xs = jnp.stack([x, t])
+  per = jax.jit(jax.shard_map(
+      lambda vs: jax.vmap(jax.grad(loss("all_gather", "zipccl", "checkpoint")))(vs),
+      mesh=mesh8, in_specs=P(None, "x"), out_specs=P(None, "x")))(xs)
+  one = jax.jit(jax.shard_map(jax.grad(loss("all_gather", "zipccl", "plain")), mesh=mesh8,
+                              in_specs=P("x"), out_specs=P("x")))
+  assert_bits_equal(per[0], one(x), "vmap grad row 0")
+  assert_bits_equal(per[1], one(t), "vmap grad row 1")

@@ -68,8 +68,28 @@ def _ag_assemble(g, shape, a, tiled, n_peers):
   return y
 
 
+def _empty(x, shape, cfg: _Cfg, name: str, varying: bool = True):
+  """The result of a collective on an empty leaf: nothing to move, no collective.
+
+  Why not the transport: jax >= 0.11 rejects an all-gather of a zero-sized
+  dimension in its verifier, and jaxlib 0.11.2's Shardy canonicalizer
+  (ManualComputationUnusedInputsPattern) crashed the process on our raw transport of
+  an empty row (tests/test_collectives.py's empty leaf, Python 3.12). The result is
+  typed varying over the axes like lax's, but for psum's (invariant).
+  """
+  y = jnp.zeros(shape, x.dtype)
+  if varying:
+    y = compat.pvary(y, cfg.axes)
+  return y, (stats_lib.make_stats(name, cfg.opts.codec, [stats_lib.plain_part(0)])
+             if cfg.stats else None)
+
+
 def _ag_impl(x, cfg: _Cfg):
   n = x.size
+  if n == 0:
+    shape = _ag_assemble(jnp.zeros((cfg.n_peers, 0), x.dtype), x.shape, cfg.dim, cfg.tiled,
+                         cfg.n_peers).shape
+    return _empty(x, shape, cfg, "all_gather", varying=cfg.to == "varying")
   plan = _plan(cfg, "all_gather", x.dtype, n)
   g, parts = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats,
                                    cfg.opts.check_decode)
@@ -79,20 +99,27 @@ def _ag_impl(x, cfg: _Cfg):
   return y, (stats_lib.make_stats("all_gather", cfg.opts.codec, parts) if cfg.stats else None)
 
 
+def _chunk_shape(shape, dim, tiled, n_peers):
+  """The shape of the chunk of a leaf of `shape` that goes to one peer."""
+  if tiled:
+    return shape[:dim] + (shape[dim] // n_peers,) + shape[dim + 1:]
+  return shape[:dim] + shape[dim + 1:]
+
+
 def _rows_for_peers(x, dim, tiled, n_peers):
   """x -> (rows[N, m], chunk shape): row j is the chunk along `dim` for peer j."""
   shape = x.shape
+  chunk = _chunk_shape(shape, dim, tiled, n_peers)
   if tiled:
-    c = shape[dim] // n_peers
-    x = x.reshape(shape[:dim] + (n_peers, c) + shape[dim + 1:])
-    chunk = shape[:dim] + (c,) + shape[dim + 1:]
-  else:
-    chunk = shape[:dim] + shape[dim + 1:]
-  rows = jnp.moveaxis(x, dim, 0).reshape(n_peers, -1)
+    x = x.reshape(shape[:dim] + (n_peers, chunk[dim]) + shape[dim + 1:])
+  rows = jnp.moveaxis(x, dim, 0).reshape(n_peers, int(np.prod(chunk, dtype=np.int64)))
   return rows, chunk
 
 
 def _rs_impl(x, cfg: _Cfg):
+  if x.size == 0:
+    return _empty(x, _chunk_shape(x.shape, cfg.dim, cfg.tiled, cfg.n_peers), cfg,
+                  "psum_scatter")
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, cfg.n_peers)
   plan = _plan(cfg, "psum_scatter", x.dtype, rows.shape[1], all_to_all=True)
   recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
@@ -102,6 +129,8 @@ def _rs_impl(x, cfg: _Cfg):
 
 def _psum_impl(x, cfg: _Cfg):
   n = x.size
+  if n == 0:
+    return _empty(x, x.shape, cfg, "psum", varying=False)
   n_peers = cfg.n_peers
   m = -(-n // n_peers)
   flat = x.reshape(n)
@@ -119,6 +148,11 @@ def _psum_impl(x, cfg: _Cfg):
 
 def _a2a_impl(x, cfg: _Cfg):
   n_peers = cfg.n_peers
+  if x.size == 0:
+    chunk = _chunk_shape(x.shape, cfg.dim, cfg.tiled, n_peers)
+    shape = _a2a_assemble(jnp.zeros((n_peers,) + chunk, x.dtype), chunk, cfg.dim2, cfg.tiled,
+                          n_peers).shape
+    return _empty(x, shape, cfg, "all_to_all")
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
   plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1], all_to_all=True)
   recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
@@ -136,6 +170,8 @@ def _a2a_assemble(recv, chunk, c, tiled, n_peers):
 
 def _pp_impl(x, cfg: _Cfg):
   n = x.size
+  if n == 0:
+    return _empty(x, x.shape, cfg, "ppermute")
   plan = _plan(cfg, "ppermute", x.dtype, n)
   y, parts = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan,
                                    cfg.stats, cfg.opts.check_decode)
@@ -164,7 +200,10 @@ def _with_vjp(impl, bwd):
   reverse mode JAX linearizes that custom_jvp rule and transposes the tangent
   map, which a custom_vjp call cannot be; there the rule differentiates the
   custom_vjp instead, which JAX records as a linear op with our `bwd` as its
-  transpose. `compat.is_linearizing` tells the two modes apart. The custom_vjp's
+  transpose. `compat.tangent_mode` tells the modes apart; where the rule is traced
+  into the JVP jaxpr of an inner jit, jax.checkpoint or lax.scan, JAX may later run
+  that jaxpr forward or transpose it, and the tangent is a `linear_call` (forward:
+  `impl`; transpose: `bwd`; `compat` gives it a batching rule). The custom_vjp's
   forward calls the custom_jvp function, so a jvp of a grad (Hessian-vector
   products) is forward mode through `bwd`'s collectives: it works too.
   """
@@ -175,10 +214,18 @@ def _with_vjp(impl, bwd):
   @f.defjvp
   def _jvp(cfg, primals, tangents):
     (x,), (t,) = primals, tangents
-    if compat.is_linearizing(jax.tree_util.tree_leaves(t)[0]):
+    mode = compat.tangent_mode(jax.tree_util.tree_leaves(t)[0])
+    if mode == "reverse":
       return jax.jvp(lambda u: vjp_fn(u, cfg), (x,), (t,))
     y, st = vjp_fn(x, cfg)
-    ty, _ = vjp_fn(t, cfg._replace(stats=False))
+    lin = cfg._replace(stats=False)
+    if mode == "either":
+      # The rule is traced into a JVP jaxpr (of a jit, checkpoint or scan) that JAX
+      # may run forward (jax.jvp) or split and transpose (jax.grad): a linear_call
+      # runs `impl` forward and transposes to `bwd`.
+      ty = compat.linear_call(lambda _, u: impl(u, lin)[0], lambda _, ct: bwd(lin, ct), (), t)
+    else:
+      ty, _ = vjp_fn(t, lin)
     return (y, st), (ty, jax.tree_util.tree_map(_float0_zeros, st))
 
   return f

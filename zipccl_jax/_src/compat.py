@@ -34,20 +34,86 @@ def backends_started() -> bool | None:
     return None
 
 
-def is_linearizing(tangent) -> bool:
-  """True when a custom_jvp rule runs for reverse mode rather than for jax.jvp.
+def tangent_mode(tangent) -> str:
+  """How JAX will use the tangent a custom_jvp rule is called with.
 
-  jax.grad/jax.vjp (and jax.linearize) call a custom_jvp rule with tangents that
-  are unknown values of a partial-evaluation trace: the tangent map is then
-  recorded and transposed, so it must consist of transposable ops. jax.jvp calls
-  it with ordinary values. A future JAX without this class answers True: reverse
-  mode stays exact and forward mode gets JAX's own error.
+  "reverse": jax.grad / jax.vjp / jax.linearize at the top level or under an outer
+  jit: the tangents are unknown values of a partial-evaluation trace (JaxprTracer);
+  the tangent map is recorded and transposed, so it must be transposable ops.
+  "either": the rule is being traced into the JVP jaxpr of a jit, checkpoint
+  (remat) or scan (DynamicJaxprTracer tangents). JAX caches that jaxpr and either
+  runs it forward (jax.jvp of the jit) or partially evaluates and transposes it
+  (jax.grad of the jit): both must work.
+  "forward": jax.jvp / jax.jacfwd with ordinary (or batched) values.
+  A future JAX without these classes answers "either".
   """
   try:
     from jax._src.interpreters import partial_eval as _pe  # pylint: disable=g-import-not-at-top
-    return isinstance(tangent, _pe.JaxprTracer)
+    if isinstance(tangent, _pe.JaxprTracer):
+      return "reverse"
+    if isinstance(tangent, _pe.DynamicJaxprTracer):
+      return "either"
+    return "forward"
   except (ImportError, AttributeError):  # pragma: no cover - future JAX
-    return True
+    return "either"
+
+
+def linear_call(fun, fun_transpose, residual_args, linear_args):
+  """jax.custom_derivatives.linear_call: fun(res, x), linear in x, whose transpose is
+  fun_transpose(res, ct); with a batching rule (`_register_linear_call_batcher`) so
+  that jax.vmap / jax.jacfwd over it work."""
+  from jax import custom_derivatives  # pylint: disable=g-import-not-at-top
+  _register_linear_call_batcher()
+  return custom_derivatives.linear_call(fun, fun_transpose, residual_args, linear_args)
+
+
+_LINEAR_CALL_BATCHER = []   # [True] once registered (or found), [False] if JAX's internals differ
+
+
+def _register_linear_call_batcher() -> bool:
+  """Gives JAX's linear_call primitive a batching rule when it has none (jax 0.10-0.12).
+
+  The rule moves every operand's batch dimension to the front (broadcasting the
+  unbatched ones), batches the callee jaxpr with every input and output batched at
+  0, and batches the transpose the same way when JAX asks for it (its constants
+  stay unbatched): the result is again a linear_call, so a vmap of a grad
+  transposes it too. Only JAX's internal batching API is used; where it differs
+  (a future JAX), nothing is registered and a vmap over the call gets JAX's own
+  error -- never a wrong result. A rule JAX brings itself is kept.
+  """
+  if _LINEAR_CALL_BATCHER:
+    return _LINEAR_CALL_BATCHER[0]
+  try:
+    from jax._src import custom_derivatives as _cd  # pylint: disable=g-import-not-at-top
+    from jax._src.interpreters import batching as _b  # pylint: disable=g-import-not-at-top
+    from jax._src.interpreters import partial_eval as _pe  # pylint: disable=g-import-not-at-top
+    prim = _cd.linear_call_p
+    if prim in _b.fancy_primitive_batchers:
+      _LINEAR_CALL_BATCHER.append(True)
+      return True
+
+    def batcher(axis_data, vals, dims, *, callee, transpose_thunk, num_callee_consts,
+                num_res):
+      vals = [_b.bdim_at_front(v, d, axis_data.size) for v, d in zip(vals, dims)]
+      b_callee, _ = _b.batch_jaxpr(callee, axis_data, [True] * len(vals), True)
+      n_out = len(callee.out_avals)
+
+      @_pe._memoize  # pylint: disable=protected-access
+      def b_thunk():
+        t_jaxpr, t_consts = transpose_thunk()
+        bt, _ = _b.batch_jaxpr(t_jaxpr, axis_data,
+                               [False] * len(t_consts) + [True] * (num_res + n_out), True)
+        return bt, t_consts
+
+      outs = prim.bind(*vals, callee=b_callee, transpose_thunk=b_thunk,
+                       num_callee_consts=num_callee_consts, num_res=num_res)
+      return outs, [0] * len(outs)
+
+    _b.fancy_primitive_batchers[prim] = batcher
+    _LINEAR_CALL_BATCHER.append(True)
+  except (ImportError, AttributeError):  # pragma: no cover - future JAX
+    _LINEAR_CALL_BATCHER.append(False)
+  return _LINEAR_CALL_BATCHER[0]
 
 
 def varying_axes(x) -> frozenset:

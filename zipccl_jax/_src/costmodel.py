@@ -6,7 +6,8 @@
     (fitted over a few sizes; bytes are *raw* bytes, the tensor's own size), and
     its compression ratio on synthetic Gaussian and heavy-tailed data;
   * the link: latency α (s) and per-byte time β (s/byte) of each XLA collective the
-    transport uses (all-gather, all-to-all, collective-permute, and the all-reduce
+    transport uses (all-gather, all-to-all as the transport runs it: N - 1
+    collective permutes on CPU, collective-permute, and the all-reduce
     of the tiny size agreement), by timing uncompressed uint8 collectives of a few
     message sizes inside `jax.shard_map` over the given mesh axis;
   * the ordered float32 sum of the reductions (same on both paths; it only enters
@@ -1031,6 +1032,7 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
   from jax import lax
   import jax.numpy as jnp
   import zipccl_jax as zc
+  from zipccl_jax._src import transport
   axes = meter.axes
   perm = [(i, (i + 1) % n_peers) for i in range(n_peers)]
   bf16 = jnp.bfloat16
@@ -1039,8 +1041,13 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
                      lambda v: lax.all_gather(v[0], axes, tiled=True)[None],
                      lambda r: np.zeros(r // 2, bf16),
                      lambda v: zc.compressed_all_gather(v[0], axes, tiled=True, codec="raw")[None]),
+      # The all-to-all the transport runs: on CPU N - 1 collective permutes
+      # (`transport.a2a_slot`), elsewhere lax.all_to_all. Timing lax.all_to_all on
+      # CPU fitted a link up to ~12% slower than the transport's (gloo, 10 Gbit/s,
+      # 2 processes: results/netns_2026-12-01_fixedsteps.md, "model err raw"),
+      # and the raw transport's copy term cannot go below 0 to correct it.
       "all_to_all": (lambda r: np.zeros((n_peers, r), np.uint8),
-                     lambda v: lax.all_to_all(v[0], axes, 0, 0, tiled=True)[None],
+                     lambda v: transport.a2a_slot(v[0], v.shape[-1], axes)[None],
                      lambda r: np.zeros((n_peers, r // 2), bf16),
                      lambda v: zc.compressed_all_to_all(v[0], axes, 0, 0, tiled=True,
                                                         codec="raw")[None]),
