@@ -352,16 +352,24 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
         for (int p = 0; p < P; ++p) pv[p] |= pl.p[p] << (8 * i);
       }
       // Plane bytes do not depend on the escape offsets: store them now, G bytes
-      // per plane in one store.
+      // per plane in one store. A short last block's planes are plane_bytes_of(len)
+      // bytes (a multiple of 16, so a thread's G bytes are all in or all out); its
+      // threads past them hold zero bits only and store nothing.
+      const uint32_t ps = plane_bytes_of(len);
       const uint64_t po = g.plane_off + (uint64_t)tl * (P * kPlaneBytes) + G * tid;
+      if (G * (uint32_t)tid < ps) {
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        uint8_t* dst = out + po + p * kPlaneBytes;
-        if (G == 1) *dst = (uint8_t)pv[p];
-        if (G == 2) *reinterpret_cast<unsigned short*>(dst) = (unsigned short)pv[p];
-        if (G == 4) *reinterpret_cast<uint32_t*>(dst) = pv[p];
-        csum += cs_bytes<G>(po + p * kPlaneBytes, pv[p]);
+        for (int p = 0; p < P; ++p) {
+          uint8_t* dst = out + po + p * ps;
+          if (G == 1) *dst = (uint8_t)pv[p];
+          if (G == 2) *reinterpret_cast<unsigned short*>(dst) = (unsigned short)pv[p];
+          if (G == 4) *reinterpret_cast<uint32_t*>(dst) = pv[p];
+          csum += cs_bytes<G>(po + p * ps, pv[p]);
+        }
       }
+      // The plane section's padding (< 128 bytes, after the last block's planes).
+      if (tl + 1 == g.nb)
+        for (uint64_t i = g.plane_end + tid; i < g.esc_off; i += NT) out[i] = 0;
     }
     // Exclusive prefix of the escape counts over the threads (element order).
     uint32_t incl = mine;
@@ -508,7 +516,7 @@ struct DecStage {
 
 template <typename T, int G>
 __device__ __forceinline__ void dec_issue(const DecArgs& a, uint64_t gt, DecStage<T, G>& st, int tid) {
-  constexpr int RB = Cfg<T>::kRB, PCH = T::kPlanes * 16, NT = tile_threads<G>();
+  constexpr int RB = Cfg<T>::kRB, NT = tile_threads<G>();
   const Geom& g = a.g;
   // gt < total_tiles < 2^31 (checked by the handler): a 32-bit division, not the
   // 64-bit software routine.
@@ -523,7 +531,9 @@ __device__ __forceinline__ void dec_issue(const DecArgs& a, uint64_t gt, DecStag
     else
       st.raw[q][tid] = make_uint2(0, 0);
   }
-  for (int c = tid; c < PCH; c += NT)
+  // The block's planes: P * plane_bytes_of(len) bytes (P * 256 but for a short last block).
+  const int pch = (int)(T::kPlanes * plane_bytes_of(block_len(g.n, b)) / 16);
+  for (int c = tid; c < pch; c += NT)
     cp_async16(&st.planes[c], in + g.plane_off + b * (uint64_t)(T::kPlanes * kPlaneBytes) + 16ull * c);
   if (tid < 2 && b + tid < g.nb) cp_async8(&st.rec[tid], in + g.table_off + 8 * (b + tid));
 }
@@ -596,12 +606,16 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
     uint32_t pb[G][P];
     uint32_t mine = 0;
     const uint8_t* pbytes = reinterpret_cast<const uint8_t*>(st.planes);
+    // Bytes per plane of this block; a thread past a short block's planes has none
+    // (its groups hold no element: zero bits).
+    const uint32_t ps = plane_bytes_of(len);
+    const bool has_planes = G * (uint32_t)tid < ps;
 #pragma unroll
     for (int i = 0; i < G; ++i) {
       uint32_t any = 0;
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        pb[i][p] = pbytes[p * kPlaneBytes + G * tid + i];
+        pb[i][p] = has_planes ? pbytes[p * ps + G * tid + i] : 0u;
         any |= pb[i][p];
       }
       if (any & ~vm[i]) bad |= 1u << kDecBadEscapes;  // a padding bit is set
@@ -696,7 +710,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
       uint32_t v = 0;
 #pragma unroll
       for (int i = 0; i < G; ++i) v |= pb[i][p] << (8 * i);
-      csum += cs_bytes<G>(po + p * kPlaneBytes, v);
+      if (has_planes) csum += cs_bytes<G>(po + p * ps, v);
     }
     if (tid == 0) csum += cs_u64(g.table_off + 8ull * b, recw);
     if (b + 1 == g.tiles) {
@@ -744,11 +758,18 @@ __global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* 
       }
     }
     if (tid < 16 && tid != (int)(kOffChecksum / 8)) x += cs_u64(8ull * tid, ld_u64(in + 8 * tid));
-    // Padding bytes (each section's padding is < 128 bytes): table, raw, escapes.
+    // Padding bytes (each section's padding is < 128 bytes): table, raw, planes,
+    // escapes. The plane section's padding is checksummed here (the tile kernels
+    // sum the planes themselves; the others' padding they sum with their section).
     if (tid < (int)kAlign) {
       const uint64_t t = g.table_off + 8ull * g.nb + tid, r = g.raw_off + g.n * (uint64_t)T::kRawBytes + tid;
+      const uint64_t pp = g.plane_end + tid;
       if (t < g.raw_off) pad |= in[t];
       if (r < g.plane_off) pad |= in[r];
+      if (pp < g.esc_off) {
+        pad |= in[pp];
+        x += cs_byte(pp, in[pp]);
+      }
       const uint64_t ec = load_u64(in + kOffEscCount);
       if (ec < span && ec + tid < span) pad |= in[g.esc_off + ec + tid];
     }

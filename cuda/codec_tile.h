@@ -106,12 +106,7 @@ ZC_TD uint32_t valid_mask(uint32_t len, uint32_t grp) {
   return nv >= 8 ? 0xFFu : (1u << nv) - 1u;
 }
 
-ZC_TD uint32_t block_len(uint64_t n, uint64_t b) {
-  const uint64_t i0 = b * kBlock;
-  if (i0 >= n) return 0u;
-  const uint64_t r = n - i0;
-  return r >= kBlock ? kBlock : (uint32_t)r;
-}
+// block_len(n, b): codec_format.h.
 
 // ---- per-dtype tile configuration ----------------------------------------------
 
@@ -344,6 +339,7 @@ struct Geom {
   uint64_t raw_size;    // align_up(n * RB): raw section incl. padding
   uint64_t table_size;  // align_up(8 * nb)
   uint64_t esc_size;    // align_up(cap)
+  uint64_t plane_end;   // plane_off + plane_section_bytes: the plane section's padding is [plane_end, esc_off)
   uint32_t nb;          // blocks
   uint32_t tiles;       // tiles per row = ceil(nb / kBPT)
 };
@@ -362,6 +358,7 @@ ZC_TD Geom geom_of(uint64_t n, uint64_t cap) {
   g.raw_size = L.plane_off - L.raw_off;
   g.table_size = L.raw_off - L.table_off;
   g.esc_size = L.total - L.esc_off;
+  g.plane_end = L.plane_off + plane_section_bytes(T::kCode, n);
   g.nb = (uint32_t)num_blocks(n);
   g.tiles = (g.nb + Cfg<T>::kBPT - 1) / Cfg<T>::kBPT;
   return g;

@@ -118,10 +118,11 @@ BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t
                               uint64_t esc_cap) {
   const Window w = block_window_generic<T>(x, len);
   uint32_t count = 0;
+  const uint32_t ps = plane_bytes_of(len);  // bytes per plane (256 for a full block)
   uint8_t* p0 = planes;
-  uint8_t* p1 = planes + kPlaneBytes;
-  uint8_t* p2 = planes + 2 * kPlaneBytes;
-  for (uint32_t t = 0; t < kPlaneBytes; ++t) {
+  uint8_t* p1 = planes + ps;
+  uint8_t* p2 = planes + 2 * ps;
+  for (uint32_t t = 0; t < ps; ++t) {
     uint64_t c8 = 0, r8 = 0, r9 = 0, rs = 0;
     uint32_t valid = 0;
     for (uint32_t k = 0; k < 8; ++k) {
@@ -153,9 +154,9 @@ BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t
     p1[t] = (uint8_t)b1;
     p2[t] = (uint8_t)b2;
     if (T::kRawPlanes) {
-      planes[3 * kPlaneBytes + t] = (uint8_t)pack8(r8);
-      planes[4 * kPlaneBytes + t] = (uint8_t)pack8(r9);
-      planes[5 * kPlaneBytes + t] = (uint8_t)pack8(rs);
+      planes[3 * ps + t] = (uint8_t)pack8(r8);
+      planes[4 * ps + t] = (uint8_t)pack8(r9);
+      planes[5 * ps + t] = (uint8_t)pack8(rs);
     }
     uint32_t escm = ~(b0 | b1 | b2) & valid;
     while (escm) {
@@ -324,6 +325,14 @@ BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, u
 // ---------------------------------------------------------------------------------
 // Row encoder.
 
+// Checksummed plane bytes of block b (of nb): P planes of 256 bytes for a block
+// before the last; the last block's planes and the section's padding up to esc_off
+// (as the last block's raw bytes take the raw section's padding).
+inline uint64_t plane_span(const Layout& L, uint32_t P, uint64_t b, uint64_t nb) {
+  const uint64_t start = L.plane_off + b * P * kPlaneBytes;
+  return b + 1 == nb ? L.esc_off - start : (uint64_t)P * kPlaneBytes;
+}
+
 template <typename T>
 RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity, uint8_t* out) {
   const DtypeCode d = T::kCode;
@@ -336,7 +345,8 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
   std::memset(out + L.table_off, 0, L.raw_off - L.table_off);
   const uint64_t raw_used = n * (uint64_t)T::kRawBytes;
   std::memset(out + L.raw_off + raw_used, 0, (L.plane_off - L.raw_off) - raw_used);
-  if (nb) std::memset(out + L.plane_off + (nb - 1) * P * kPlaneBytes, 0, P * kPlaneBytes);
+  // The last block's planes (its positions >= len) and the plane section's padding.
+  if (nb) std::memset(out + L.plane_off + (nb - 1) * P * kPlaneBytes, 0, L.esc_off - L.plane_off - (nb - 1) * P * kPlaneBytes);
 
   const int nt = num_threads_for(n);
   std::vector<uint64_t> t_b0(nt + 1);
@@ -377,7 +387,7 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
       const uint64_t raw_pos = L.raw_off + i0 * T::kRawBytes;
       const uint64_t raw_len = (b + 1 == nb) ? L.plane_off - raw_pos : (uint64_t)kBlock * T::kRawBytes;
       acc += cs_bytes(raw, raw_pos, raw_len);
-      acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, (uint64_t)P * kPlaneBytes);
+      acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, plane_span(L, P, b, nb));
     }
     t_count[t] = have;
     t_cs[t] = acc;
@@ -435,17 +445,18 @@ template <typename T>
 bool decode_block_generic(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r,
                           uint32_t len, typename T::bits_t* y) {
   const Window w{r.base, r.mode};
+  const uint32_t ps = plane_bytes_of(len);  // bytes per plane (256 for a full block)
   const uint8_t* p0 = planes;
-  const uint8_t* p1 = planes + kPlaneBytes;
-  const uint8_t* p2 = planes + 2 * kPlaneBytes;
+  const uint8_t* p1 = planes + ps;
+  const uint8_t* p2 = planes + 2 * ps;
   // Count escapes and check padding bits first: no escape byte is read unless the
   // block's planes agree with its record.
   uint32_t count = 0;
-  for (uint32_t t = 0; t < kPlaneBytes; ++t) {
+  for (uint32_t t = 0; t < ps; ++t) {
     const uint32_t lo = 8 * t;
     const uint32_t valid = lo >= len ? 0u : (len - lo >= 8 ? 0xFFu : (1u << (len - lo)) - 1);
     uint32_t any = p0[t] | p1[t] | p2[t];
-    for (uint32_t p = 3; p < (uint32_t)T::kPlanes; ++p) any |= planes[p * kPlaneBytes + t];
+    for (uint32_t p = 3; p < (uint32_t)T::kPlanes; ++p) any |= planes[p * ps + t];
     if (any & ~valid) return false;  // a padding bit is set
     count += __builtin_popcount(~(p0[t] | p1[t] | p2[t]) & valid);
   }
@@ -457,12 +468,12 @@ bool decode_block_generic(const uint8_t* raw, const uint8_t* planes, const uint8
   uint8_t lut[8];
   for (uint32_t c = 0; c < 8; ++c) lut[c] = c ? (uint8_t)exp_of(c, w) : 0;
   uint32_t used = 0;
-  for (uint32_t t = 0; t < kPlaneBytes && 8 * t < len; ++t) {
+  for (uint32_t t = 0; t < ps && 8 * t < len; ++t) {
     const uint64_t c8 = spread8(p0[t]) | (spread8(p1[t]) << 1) | (spread8(p2[t]) << 2);
     uint64_t r89 = 0;
     if (T::kRawPlanes) {
-      r89 = spread8(planes[3 * kPlaneBytes + t]) | (spread8(planes[4 * kPlaneBytes + t]) << 1) |
-            (spread8(planes[5 * kPlaneBytes + t]) << 2);
+      r89 = spread8(planes[3 * ps + t]) | (spread8(planes[4 * ps + t]) << 1) |
+            (spread8(planes[5 * ps + t]) << 2);
     }
     const uint32_t kend = std::min<uint32_t>(8, len - 8 * t);
     for (uint32_t k = 0; k < kend; ++k) {
@@ -650,7 +661,7 @@ int32_t decode_row_checked(const uint8_t* in, uint64_t nbytes, uint64_t n, typen
       const uint64_t raw_pos = L.raw_off + i0 * T::kRawBytes;
       const uint64_t raw_len = (b + 1 == nb) ? L.plane_off - raw_pos : (uint64_t)kBlock * T::kRawBytes;
       acc += cs_bytes(raw, raw_pos, raw_len);
-      acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, (uint64_t)P * kPlaneBytes);
+      acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, plane_span(L, P, b, nb));
     }
     t_cs[t] = acc;
   });
@@ -662,9 +673,11 @@ int32_t decode_row_checked(const uint8_t* in, uint64_t nbytes, uint64_t n, typen
   cs += cs_span(in + kOffChecksum + 8, kOffChecksum + 8, L.raw_off - kOffChecksum - 8);
   cs += cs_span(in + L.esc_off, L.esc_off, hi.used - L.esc_off);
   if (cs != load_u64(in + kOffChecksum)) return kDecBadChecksum;
-  // 9: the padding of the table, raw and escape sections (< 128 bytes each).
+  // 9: the padding of the table, raw, plane and escape sections (< 128 bytes each).
   if (!all_zero(in, L.table_off + nb * kRecordBytes, L.raw_off) ||
-      !all_zero(in, L.raw_off + n * T::kRawBytes, L.plane_off) || !all_zero(in, L.esc_off + esc_total, hi.used))
+      !all_zero(in, L.raw_off + n * T::kRawBytes, L.plane_off) ||
+      !all_zero(in, L.plane_off + plane_section_bytes(d, n), L.esc_off) ||
+      !all_zero(in, L.esc_off + esc_total, hi.used))
     return kDecBadPadding;
   return kDecOk;
 }

@@ -1,4 +1,4 @@
-// zipccl encoded format, version 2 (the window codec, codec id 1): layout
+// zipccl encoded format, version 3 (the window codec, codec id 1): layout
 // constants, per-dtype traits and the static-size contract, shared by the CPU codec
 // (ffi/codec_cpu.cc) and the CUDA codec (cuda/codec.cu). docs/format.md is the
 // normative text; this header is its executable form. Everything here is
@@ -10,10 +10,13 @@
 //   [0]            header            128 bytes (56 used, the rest reserved = 0)
 //   [128]          block table       nb records of 8 bytes, padded to 128
 //   [..]           raw section       n * kRawBytes bytes, padded to 128
-//   [..]           plane section     nb * kPlanes * 256 bytes
+//   [..]           plane section     kPlanes planes per block, padded to 128
 //   [esc_off]      escape section    escape_count bytes, padded to 128   <- last
 //
-// with nb = ceil(n / 2048). The escape section is last and its size is recorded in
+// with nb = ceil(n / 2048). A block of len elements has planes of
+// plane_bytes_of(len) = 16 * ceil(len / 128) bytes (256 for a full block), so a short
+// last block costs what its elements need, not a full block's 768 / 1536 bytes
+// (version 3; version 2 gave every block 256-byte planes). The escape section is last and its size is recorded in
 // the header (used_nbytes = esc_off + align128(escape_count)), so the first
 // used_nbytes bytes of a row decode on their own ("prefix-decodable"): the encoder
 // writes into a max_nbytes(d, n) buffer and a transport may send any prefix of at
@@ -31,14 +34,15 @@
 
 namespace zipccl {
 
-// ---- constants of format version 2 -------------------------------------------
+// ---- constants of format version 3 -------------------------------------------
 
 constexpr uint32_t kMagic = 0x4C43435Au;  // bytes 'Z' 'C' 'C' 'L'
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 constexpr uint8_t kCodecWindow = 1;                 // codec id of this (window) codec
 constexpr uint32_t kBlockLog2 = 11;
 constexpr uint32_t kBlock = 1u << kBlockLog2;       // elements per block (2048)
-constexpr uint32_t kPlaneBytes = kBlock / 8;        // bytes per bit plane (256)
+constexpr uint32_t kPlaneBytes = kBlock / 8;        // bytes per bit plane of a full block (256)
+constexpr uint32_t kPlaneAlign = 16;                // a short block's planes: multiples of 16 bytes
 constexpr uint32_t kAlign = 128;                    // section alignment (bytes)
 constexpr uint32_t kHeaderBytes = 128;              // header section size (bytes)
 constexpr uint32_t kRecordBytes = 8;                // block-table record size (bytes)
@@ -140,6 +144,30 @@ ZC_HD int elem_bytes_of(DtypeCode d) { return d == kF32 ? 4 : 2; }
 ZC_HD uint64_t align_up(uint64_t x) { return (x + (kAlign - 1)) / kAlign * kAlign; }
 ZC_HD uint64_t num_blocks(uint64_t n) { return (n + kBlock - 1) / kBlock; }
 
+// Bytes of each bit plane of a block of len (1..2048) elements: 16 * ceil(len / 128),
+// 256 for a full block. Multiples of 16 keep every plane 16-byte aligned (the CUDA
+// decoder copies planes in 16-byte chunks).
+ZC_HD uint32_t plane_bytes_of(uint32_t len) {
+  return (len + 8 * kPlaneAlign - 1) / (8 * kPlaneAlign) * kPlaneAlign;
+}
+
+// Elements in block b of a row of n elements (0 past the last block).
+ZC_HD uint32_t block_len(uint64_t n, uint64_t b) {
+  const uint64_t i0 = b * kBlock;
+  if (i0 >= n) return 0u;
+  const uint64_t rest = n - i0;
+  return rest < kBlock ? (uint32_t)rest : kBlock;
+}
+
+// Bytes of the plane section before padding: full blocks' P * 256 each, the last
+// block's P * plane_bytes_of(its len). Block b's planes start at plane_off +
+// b * P * 256 (every block before the last is full).
+ZC_HD uint64_t plane_section_bytes(DtypeCode d, uint64_t n) {
+  const uint64_t nb = num_blocks(n);
+  if (nb == 0) return 0;
+  return (uint64_t)planes_of(d) * ((nb - 1) * kPlaneBytes + plane_bytes_of(block_len(n, nb - 1)));
+}
+
 // Section offsets of a row of n elements whose escape section has room for
 // `capacity` escape bytes; total = esc_off + align128(capacity) is the buffer size.
 struct Layout {
@@ -152,7 +180,7 @@ ZC_HD Layout layout_of(DtypeCode d, uint64_t n, uint64_t capacity) {
   l.table_off = kHeaderBytes;
   l.raw_off = l.table_off + align_up(nb * kRecordBytes);
   l.plane_off = l.raw_off + align_up(n * (uint64_t)raw_bytes_of(d));
-  l.esc_off = l.plane_off + nb * (uint64_t)planes_of(d) * kPlaneBytes;
+  l.esc_off = l.plane_off + align_up(plane_section_bytes(d, n));
   l.total = l.esc_off + align_up(capacity);
   return l;
 }

@@ -1,4 +1,4 @@
-"""A second, independent implementation of the zipccl v2 (window codec) format in numpy.
+"""A second, independent implementation of the zipccl v3 (window codec) format in numpy.
 
 Written from docs/format.md alone (not from the C++), so that the tests compare two
 implementations of the text: the C++/CUDA encoders must produce exactly these bytes,
@@ -25,14 +25,42 @@ def align(x: int) -> int:
   return -(-x // ALIGN) * ALIGN
 
 
+def plane_bytes(length: int) -> int:
+  """Bytes of each bit plane of a block of `length` elements: 16 * ceil(length / 128)."""
+  return 16 * -(-length // 128)
+
+
 def layout(dtype, n: int, cap: int):
   _, _, _, _, rb, planes = SPECS[np.dtype(dtype)]
   nb = -(-n // B)
   table = 128
   raw = table + align(8 * nb)
   plane = raw + align(rb * n)
-  esc = plane + nb * planes * 256
-  return dict(nb=nb, table=table, raw=raw, plane=plane, esc=esc, total=esc + align(cap))
+  last = n - B * (nb - 1) if nb else 0
+  plane_end = plane + planes * ((nb - 1) * 256 + plane_bytes(last)) if nb else plane
+  esc = plane + align(plane_end - plane)
+  return dict(nb=nb, table=table, raw=raw, plane=plane, plane_end=plane_end, last=last,
+              esc=esc, total=esc + align(cap))
+
+
+def planes_to_bytes(pl: np.ndarray, last: int) -> np.ndarray:
+  """[nb, P, 256] plane bytes -> the plane section's bytes (the last block's planes
+  cut to plane_bytes(last) each; no padding)."""
+  if pl.shape[0] == 0:
+    return np.zeros(0, np.uint8)
+  return np.concatenate([pl[:-1].reshape(-1), pl[-1, :, :plane_bytes(last)].reshape(-1)])
+
+
+def bytes_to_planes(sec: np.ndarray, nb: int, nplanes: int, last: int) -> np.ndarray:
+  """The inverse of planes_to_bytes: [nb, P, 256], the last block's bytes past its
+  planes zero."""
+  pl = np.zeros((nb, nplanes, 256), np.uint8)
+  if nb:
+    full = (nb - 1) * nplanes * 256
+    pl[:-1] = sec[:full].reshape(nb - 1, nplanes, 256)
+    pb = plane_bytes(last)
+    pl[-1, :, :pb] = sec[full:full + nplanes * pb].reshape(nplanes, pb)
+  return pl
 
 
 def min_nbytes(dtype, n: int) -> int:
@@ -147,14 +175,14 @@ def encode(x: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, int, int,
     bits += [np.where(vb, (wp >> s) & 1, 0) for s in (8, 9, 15)]
   pl = np.stack([np.packbits(b.reshape(nb, 256, 8).astype(np.uint8), axis=2, bitorder="little")
                  .reshape(nb, 256) for b in bits], 1) if nb else np.zeros((0,), np.uint8)
-  buf[L["plane"]:L["esc"]] = pl.reshape(-1)
+  buf[L["plane"]:L["plane_end"]] = planes_to_bytes(pl.reshape(nb, len(bits), 256), L["last"])
 
   buf[L["esc"]:L["esc"] + escapes.size] = escapes
 
   used = L["esc"] + align(total) if status == 0 else L["total"]
   hdr = np.zeros(56, np.uint8)
   hdr[0:4] = np.frombuffer(np.uint32(MAGIC).tobytes(), np.uint8)
-  hdr[4], hdr[5], hdr[6], hdr[7] = 2, code, 1, status
+  hdr[4], hdr[5], hdr[6], hdr[7] = 3, code, 1, status
   hdr[32] = 11
   for off, v in ((8, n), (16, used), (40, cap), (48, total)):
     hdr[off:off + 8] = np.frombuffer(np.uint64(v).tobytes(), np.uint8)
@@ -170,7 +198,7 @@ def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
   """
   code, wdt, eb, mb, rb, nplanes = SPECS[np.dtype(dtype)]
   u64 = lambda o: int(buf[o:o + 8].view("<u8")[0])
-  if buf.size < 128 or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 2 or buf[6] != 1:
+  if buf.size < 128 or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 3 or buf[6] != 1:
     raise ValueError("bad size/magic/version/codec")
   used, count = u64(16), u64(48)
   L = layout(dtype, n, count)
@@ -187,7 +215,7 @@ def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
   off = rec[:, 0:4].copy().view("<u4").reshape(-1).astype(np.int64)
   base = rec[:, 6].astype(np.int64)
   mode = rec[:, 7].astype(np.int64)
-  pl = buf[L["plane"]:L["esc"]].reshape(nb, nplanes, 256)
+  pl = bytes_to_planes(buf[L["plane"]:L["plane_end"]], nb, nplanes, L["last"])
   bits = np.unpackbits(pl, axis=2, bitorder="little").reshape(nb, nplanes, B).astype(np.int64)
   c = bits[:, 0] | (bits[:, 1] << 1) | (bits[:, 2] << 2)
   e = np.where(mode[:, None] == 1, np.where(c == 1, 0, base[:, None] + c - 2), base[:, None] + c - 1)

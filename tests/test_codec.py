@@ -383,6 +383,46 @@ def test_specific_defects_report_their_status():
     zc.decode(zc.Encoded(jnp.asarray(q), jnp.int32(0), jnp.int32(0), jnp.int32(0), (n,), BF16))
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16), np.dtype(np.float32)],
+                         ids=["bf16", "fp16", "fp32"])
+def test_short_last_block_has_short_planes(dtype):
+  """Format v3: a last block of len elements has planes of 16 * ceil(len / 128) bytes,
+  the plane section padded to 128; bits past len in them, or a nonzero padding byte,
+  are rejected (7 / 9), and the row matches the reference bytes."""
+  dtype = np.dtype(dtype)
+  P = 6 if dtype == np.float16 else 3
+  rb = 3 if dtype == np.float32 else 1
+  for n, last in ((2048 + 4, 4), (4096 + 300, 300), (2048, 2048), (100, 100)):
+    nb = -(-n // 2048)
+    plane_sec = P * ((nb - 1) * 256 + 16 * -(-last // 128))
+    fixed = 128 + 128 + -(-rb * n // 128) * 128 + -(-plane_sec // 128) * 128
+    assert zc.min_nbytes(dtype, n) == fixed == ref.min_nbytes(dtype, n), (n, dtype)
+  n = 2048 + 4                      # last block: 4 elements, planes of 16 bytes, 80 B padding
+  x, used, p = _payload(dtype, n=n, seed=3)
+  want, status, _, want_used = ref.encode(x)
+  assert status == 0 and used == want_used and np.array_equal(p[:used], want[:used])
+  plane_off = 128 + 128 + -(-rb * n // 128) * 128
+  last_planes = plane_off + P * 256             # block 1's planes: P x 16 bytes
+  pad = last_planes + P * 16                    # then padding up to esc_off
+  assert pad < zc.min_nbytes(dtype, n)
+
+  def status_of(off, value):
+    q = p.copy()
+    q[off] |= value
+    st, y = _decode_status(dtype, ref.reseal(q), n)
+    _assert_filled(st, y)
+    return st
+
+  assert status_of(last_planes, 0x10) == 7           # position 4 of block 1: past its len
+  assert status_of(last_planes + 16 + 15, 0x01) == 7  # plane 1, position 120
+  assert status_of(pad, 0x01) == 9                   # plane-section padding (resealed)
+  q = p.copy()
+  q[pad] = 1
+  assert _decode_status(dtype, q, n)[0] == 8         # ... not resealed: the checksum covers it
+  assert np.array_equal(np.asarray(zc.decode(zc.encode(jnp.asarray(x)))).view(np.uint8),
+                        x.view(np.uint8))
+
+
 def test_fp16_escape_byte_above_31_is_rejected():
   f16 = np.dtype(np.float16)
   x, used, p = _payload(f16, n=3000, seed=1)
@@ -643,7 +683,7 @@ def test_simd_and_portable_paths_are_identical(tmp_path, dtype):
     P = 6 if dtype == np.float16 else 3
     raw_off = 128 + -(-nb * 8 // 128) * 128
     plane_off = raw_off + -(-n // 128) * 128
-    esc_off = plane_off + nb * P * 256
+    esc_off = zc.min_nbytes(dtype, n)   # plane section: full blocks, the last one cut short
     for t in range(12):
       q = p.copy()
       kind = t % 4

@@ -307,7 +307,7 @@ void check_case(const std::string& kind, uint64_t rows, uint64_t n, int corrupt,
   if (ref_stats[0] != kEncOk) return;
   // Crafted defects with a re-sealed checksum (random flips almost never keep it
   // valid): statuses 6, 7 and 9, and a window shift the planes survive.
-  for (int it = 0; it < 10 && g.nb > 0; ++it) {
+  for (int it = 0; it < 11 && g.nb > 0; ++it) {
     std::vector<uint8_t> bad = ref;
     const uint64_t b = rng() % g.nb;
     Record r = load_record(bad.data() + g.table_off + 8 * b);
@@ -317,10 +317,11 @@ void check_case(const std::string& kind, uint64_t rows, uint64_t n, int corrupt,
       case 2: r.mode = 2; break;
       case 3: r.base = T::kExpMax; break;
       case 4: r.base = r.base > 0 ? r.base - 1 : r.base + 1; break;
-      case 5: bad[g.plane_off + b * T::kPlanes * kPlaneBytes + (rng() % 256)] ^= 0xFF; break;
+      case 5: bad[g.plane_off + b * T::kPlanes * kPlaneBytes + (rng() % (T::kPlanes * plane_bytes_of(block_len(n, b))))] ^= 0xFF; break;
       case 6: if (g.table_off + 8ull * g.nb < g.raw_off) bad[g.raw_off - 1] = 1; break;         // table padding
       case 7: if (g.raw_off + n * T::kRawBytes < g.plane_off) bad[g.plane_off - 1] = 0x80; break;  // raw padding
       case 8: if (g.esc_off + esc_count < used) bad[used - 1] = 2; break;                       // escape padding
+      case 9: if (g.plane_end < g.esc_off) bad[g.esc_off - 1] = 4; break;                          // plane padding (v3)
       default: if (esc_count) bad[g.esc_off + rng() % esc_count] = (uint8_t)(T::kExpMax + 1 + rng() % (255 - T::kExpMax + (T::kExpMax == 255))); break;
     }
     store_record(bad.data() + g.table_off + 8 * b, r);

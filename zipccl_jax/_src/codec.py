@@ -1,6 +1,6 @@
 """The zipccl codec: `encode`, `decode`, the static-size contract and `analyze`.
 
-A tensor of n bf16/fp16/fp32 elements becomes one *row* (docs/format.md, version 2):
+A tensor of n bf16/fp16/fp32 elements becomes one *row* (docs/format.md, version 3):
 sign and mantissa bits verbatim, the exponent as a 3-bit code (three bit planes)
 against a per-block window of 7 exponents, and the escaped exponents (outside the
 window) in an escape section that comes last. The encoder writes into a static
@@ -30,7 +30,7 @@ from zipccl_jax._src import ffi as _ffi
 
 # ---- static-size contract (mirror of ffi/codec_format.h) ---------------------------
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CODEC_ID = 1            # the window codec's id in the common row header (byte 6)
 BLOCK = 2048            # elements per block
 _ALIGN = 128            # section alignment and used_nbytes unit, bytes
@@ -125,7 +125,11 @@ def min_nbytes(dtype, n: int) -> int:
   _, raw_bytes, planes = _dtype_info(dtype)
   n = _check_n(n, "min_nbytes")
   nb = -(-n // BLOCK)
-  return _HEADER_BYTES + _align(_RECORD_BYTES * nb) + _align(raw_bytes * n) + nb * planes * _PLANE_BYTES
+  # Full blocks' planes are _PLANE_BYTES each; the last block's 16 * ceil(len / 128)
+  # (format version 3), the plane section padded to 128.
+  last = n - BLOCK * (nb - 1) if nb else 0
+  plane_section = planes * ((nb - 1) * _PLANE_BYTES + 16 * -(-last // 128)) if nb else 0
+  return _HEADER_BYTES + _align(_RECORD_BYTES * nb) + _align(raw_bytes * n) + _align(plane_section)
 
 
 def max_escape_capacity(dtype, n: int) -> int:
@@ -365,7 +369,7 @@ def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None =
 # ---- public API -----------------------------------------------------------------------
 
 _DECODE_ERRORS = {
-    1: "bad magic, format version or codec id (not a zipccl v2 window-codec payload)",
+    1: "bad magic, format version or codec id (not a zipccl v3 window-codec payload)",
     2: "dtype or block size differ from what the decoder expects",
     3: "n differs from what the decoder expects, or used_nbytes exceeds the payload, "
        "is not a multiple of 128 or is below min_nbytes",

@@ -952,7 +952,7 @@ def synthetic(kind: str, n: int, dtype, seed: int = 0) -> np.ndarray:
 
 
 def used_nbytes(row: np.ndarray) -> int:
-  """Bytes of an encoded row that matter: the v2 header's used_nbytes, else its length."""
+  """Bytes of an encoded row that matter: the row header's used_nbytes, else its length."""
   row = np.asarray(row, np.uint8).reshape(-1)
   if row.size >= 32 and row[4] >= 2:
     used = int(np.frombuffer(row[16:24].tobytes(), "<u8")[0])

@@ -248,16 +248,30 @@ def copy_as(x, dtype, shape=None):
   return lax.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
 
 
+@jax.custom_batching.custom_vmap
 def used_max(st):
   """max(0, st[:, 2]) of an encoder's stats rows s32[R, 4] (used sizes, units of 128 B).
 
   A custom call on CPU backends ("zipccl_used_max"): the slice and reduction
   would be a kernel of their own for XLA:CPU to compile. Elsewhere jnp.max.
+
+  Under jax.vmap the maximum is taken over the batch as well and is not batched
+  (`_used_max_vmap`): every batch member then moves on the same rung, one switch,
+  instead of a batched switch index, which JAX turns into running every rung's
+  collectives and selecting (and the custom call has no batched form).
   """
-  def on_cpu(v):
-    return _target("zipccl_used_max", (), jnp.int32, v, v)
+  def on_cpu(v):   # "sequential": where JAX batches the call itself (see below)
+    return _target("zipccl_used_max", (), jnp.int32, v, v, vmap_method="sequential")
 
   return lax.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
+
+
+@used_max.def_vmap
+def _used_max_vmap(axis_size, in_batched, st):
+  del axis_size
+  if in_batched[0]:   # [B, R, 4] -> [B * R, 4]: the batch's rows are rows like any other
+    st = st.reshape(-1, st.shape[-1])
+  return used_max(st), False
 
 
 def rung_index(agreed, rungs):
@@ -272,7 +286,7 @@ def rung_index(agreed, rungs):
     return jnp.sum(agreed > units).astype(jnp.int32)
 
   def on_cpu(v):
-    return _target("zipccl_rung_index", (), jnp.int32, v, v, units=units)
+    return _target("zipccl_rung_index", (), jnp.int32, v, v, units=units, vmap_method="sequential")
 
   return lax.platform_dependent(agreed.astype(jnp.int32), cpu=on_cpu,
                                 default=lambda v: jnp.sum(v > units).astype(jnp.int32))
@@ -337,11 +351,14 @@ def _permute_rows(p, slot: int, axes, me):
   n_peers = p.shape[0]
   piece = _codec._result_type((slot,), jnp.uint8, p)  # pylint: disable=protected-access
   my = lax.axis_index(axes).astype(jnp.int32) if me is None else me
-  pieces = jax.ffi.ffi_call("zipccl_row_split", [piece] * (n_peers - 1))(p, my)
+  # Under jax.vmap both custom calls run once per batch member ("sequential"); the
+  # permutes between them batch as lax's do.
+  pieces = jax.ffi.ffi_call("zipccl_row_split", [piece] * (n_peers - 1), vmap_method="sequential")(p, my)
   canon, index = _permute_index(axes)
   moved = [lax.ppermute(q, canon, [(index[j], index[(j + k) % n_peers]) for j in range(n_peers)])
            for k, q in enumerate(pieces, 1)]
-  return _target("zipccl_row_join", (n_peers, slot), jnp.uint8, p, p, my, *moved)
+  return _target("zipccl_row_join", (n_peers, slot), jnp.uint8, p, p, my, *moved,
+                 vmap_method="sequential")
 
 
 def a2a_slot(payload, slot: int, axes, me=None):
