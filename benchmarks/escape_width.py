@@ -1,6 +1,7 @@
-"""Design study: how many bytes the window codec's escapes would take under other codings.
+"""Escape codings of the window codec: the design study behind format v4, and its check.
 
-The window codec (format v3) stores every escaped exponent as one byte. Escapes sit
+Format v3 stored every escaped exponent as one byte; format v4 stores each block's
+escapes as w-bit distances from its window ("width" below). Escapes sit
 just outside the block's 7-exponent window most of the time (a Gaussian's tail one
 to three binades below it, a gradient's mixed scales on both sides), so a byte per
 escape spends most of its bits on nothing. This study takes the windows the codec
@@ -8,19 +9,20 @@ itself chose (read from the block table of its own rows) and prices the same
 escapes under:
 
   byte      format v3: 8 bits per escape
-  width     per block, w bits per escape: the smallest w in 1..7 with 2^w >= D_b + D_a
+  width     format v4: per block, w bits per escape: the smallest w in 1..7 with 2^w >= D_b + D_a
             (D_b / D_a: how far below / above the window the block's farthest escape
             lies, in binades; value v < D_b means lo - 1 - v, else hi + 1 + v - D_b),
             w = 8 (the exponent byte itself) when 7 bits do not reach; each block's
             stream byte-aligned. Fits the 8-byte block record (w in esc_count's 4 free
-            bits, D_b in the mode byte's 7), so only the escape section changes.
+            bits, D_b in the mode byte's 7). docs/format.md, "Escape section".
   nibble    4 bits per escape within 8 binades below / 7 above, else 4 + 8 bits (a
             long escape); needs a second offset per block (not priced here)
   entropy   per block, the order-0 entropy of the escapes' (side, distance) symbol:
             the floor of any code that prices escapes one by one (not reachable)
 
-and reports the row ratio raw / (fixed part + escape bytes, padded to 128) for each,
-next to the codec's own used size (which equals the byte column). Data: the six
+and reports the row ratio raw / (fixed part + escape bytes, padded to 128) for each;
+the codec's own used size must equal the width column (asserted: this prices what
+the encoder writes). Data: the six
 synthetic kinds of benchmarks/ladder.py, real MLP gradients (benchmarks/netns_bench.py's
 trained 64-256-256-10 MLP), and the pretrained tensors of benchmarks/pretrained.py
 when their packages are installed. No timing.
@@ -56,7 +58,7 @@ def windows(x_bf16: np.ndarray):
   assert status == 0
   nb = -(-n // BLOCK)
   rec = buf[128:128 + 8 * nb].reshape(nb, 8)
-  base, mode = rec[:, 6].astype(np.int64), rec[:, 7].astype(np.int64)
+  base, mode = rec[:, 6].astype(np.int64), rec[:, 7].astype(np.int64) & 1   # bits 1..7: split
   e = np.full(nb * BLOCK, -1, np.int64)
   e[:n] = (words >> 7) & 0xFF
   e = e.reshape(nb, BLOCK)
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
   for name, x in datasets(args.elements).items():
     fixed, used, e, lo, hi, zero_in = windows(x)
     r = escape_bytes(e, lo, hi, zero_in)
-    assert fixed + al(r["byte"]) == used, (name, fixed, r["byte"], used)   # the codec's own size
+    assert fixed + al(r["width"]) == used, (name, fixed, r["width"], used)   # the codec's own size
     raw = 2 * x.size
     ratio = {k: raw / (fixed + al(r[k])) for k in ("byte", "width", "nibble", "entropy")}
     rows.append((name, x.size, r, ratio))
@@ -125,11 +127,11 @@ def main(argv=None) -> int:
         "  ".join(f"{k} {v:.4f}" for k, v in ratio.items()))
   lines = [f"# Escape codings of the window codec: a design study ({common.today()})", "",
            "Ratios raw / (fixed part + escape bytes padded to 128) of one bf16 row per data kind, "
-           "with the windows the codec's own encoder chose (format v3). *byte* is today's "
-           "format (equal to the codec's used size, asserted); *width*, *nibble*, *entropy*: "
-           "the same escapes priced as described in the script's docstring. No format "
-           "implements *width* or *nibble* yet.", "",
-           "| data | elements | escapes | byte (v3) | width | nibble | entropy floor | mean w, bits | width / byte |",
+           "with the windows the codec's own encoder chose. *byte*: format v3 (a byte per "
+           "escape); *width*: format v4, equal to the codec's own used size (asserted); "
+           "*nibble*, *entropy*: the same escapes priced as described in the script's "
+           "docstring (not implemented).", "",
+           "| data | elements | escapes | byte (v3) | width (v4) | nibble | entropy floor | mean w, bits | width / byte |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for name, n, r, ratio in rows:
     lines.append(f"| {name} | {n:,} | {100 * r['escapes'] / n:.1f}% | {ratio['byte']:.4f} | "

@@ -233,9 +233,11 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
   ZC_SHARED(uint32_t, s_red, [NW][2]);
   ZC_SHARED(uint32_t, s_cnt, [NW][2]);
   ZC_SHARED(uint32_t, s_scan, [NW]);
+  ZC_SHARED(uint32_t, s_dep, [NW]);    // per warp: largest escape distance below | above << 16
   ZC_SHARED(uint32_t, s_tk, [S + 1]);  // prologue tickets
   ZC_SHARED(uint32_t, s_next, );       // a new ticket, broadcast at barrier (3)
   ZC_SHARED(uint32_t, s_excl, );
+  ZC_SHARED(uint32_t, s_code, );       // the block's width | split << 8, broadcast at barrier (3)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const Geom& g = a.g;
@@ -371,6 +373,40 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
       if (tl + 1 == g.nb)
         for (uint64_t i = g.plane_end + tid; i < g.esc_off; i += NT) out[i] = 0;
     }
+    // The escapes' exponent bytes: word k >> 2 of the thread's group, byte k & 3, by a
+    // tree of selects on the bits of k (a compare chain, or indexing, is compiled to
+    // a local-memory table).
+    auto esc_exp = [&](int k) -> uint32_t {
+      uint32_t v[G];
+#pragma unroll
+      for (int i = 0; i < G; ++i) v[i] = (k & 4) ? sp[i].E[1] : sp[i].E[0];
+      if (G == 4) {
+        v[0] = (k & 16) ? v[2 % G] : v[0];
+        v[1 % G] = (k & 16) ? v[3 % G] : v[1 % G];
+      }
+      if (G >= 2) v[0] = (k & 8) ? v[1 % G] : v[0];
+      return (v[0] >> (8 * (k & 3))) & 0xFFu;
+    };
+    uint32_t m0 = 0;  // escapes of all G groups: bit 8i + k = element k of group i
+#pragma unroll
+    for (int i = 0; i < G; ++i) m0 |= esc[i] << (8 * i);
+    // How far the escapes lie below and above the window (the block's width and
+    // split, codec_format.h "escape coding"): per thread, then per warp.
+    const uint32_t wlo = win.base, whi = window_hi(win.base, win.mode);
+    uint32_t db = 0, da = 0;
+#pragma unroll
+    for (int i = 0; i < G; ++i) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {   // predicated, no loop over the mask: fewer registers
+        const uint32_t e = (sp[i].E[k >> 2] >> (8 * (k & 3))) & 0xFFu;
+        const bool is_esc = (esc[i] >> k) & 1u;
+        const uint32_t below = is_esc && e < wlo ? wlo - e : 0u, above = is_esc && e > whi ? e - whi : 0u;
+        db = db > below ? db : below;
+        da = da > above ? da : above;
+      }
+    }
+    db = __reduce_max_sync(kFull, db);
+    da = __reduce_max_sync(kFull, da);
     // Exclusive prefix of the escape counts over the threads (element order).
     uint32_t incl = mine;
 #pragma unroll
@@ -378,25 +414,40 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
       const uint32_t y = __shfl_up_sync(kFull, incl, o);
       if (lane >= o) incl += y;
     }
-    if (lane == 31) s_scan[warp] = incl;
-    __syncthreads();  // (2) s_scan
+    if (lane == 31) {
+      s_scan[warp] = incl;
+      s_dep[warp] = db | (da << 16);  // each <= 255
+    }
+    __syncthreads();  // (2) s_scan, s_dep
     uint32_t pre = 0, cnt = 0;
+    db = 0;
+    da = 0;
 #pragma unroll
     for (int i = 0; i < NW; ++i) {
       const uint32_t v = s_scan[i];
       pre += i < warp ? v : 0u;
       cnt += v;
+      db = db > (s_dep[i] & 0xFFFFu) ? db : (s_dep[i] & 0xFFFFu);
+      da = da > (s_dep[i] >> 16) ? da : (s_dep[i] >> 16);
     }
     const uint32_t excl = pre + incl - mine;
+    uint32_t sbytes;
+    {
+      uint32_t width, split;
+      escape_width(cnt, db, da, &width, &split);
+      sbytes = stream_bytes(cnt, width);
+      if (tid == 0) s_code = width | (split << 8);  // read after barrier (3): not live across it
+    }
 
     const bool last_tile = tl + 1 == g.tiles;
     if (warp == 0) {
-      // Publish this tile's count, then find the escapes before it.
-      if (lane == 0) st_relaxed(states + tl, (tl == 0 ? kFlagPrefix : kFlagAggregate) | cnt);
+      // Publish this tile's stream bytes, then find the bytes before it.
+      if (lane == 0) st_relaxed(states + tl, (tl == 0 ? kFlagPrefix : kFlagAggregate) | sbytes);
       const uint32_t ex = tl > 0 ? lookback<G == 1 ? 1 : 4>(states, tl, lane) : 0u;
       if (lane == 0) {
-        if (tl > 0) st_relaxed(states + tl, kFlagPrefix | (ex + cnt));
-        if (last_tile) st_u64(ws + kWsTotal, (uint64_t)ex + cnt);
+        if (tl > 0) st_relaxed(states + tl, kFlagPrefix | (ex + sbytes));
+        if (last_tile) st_u64(ws + kWsTotal, (uint64_t)ex + sbytes);
+        if (cnt) atomicAdd(reinterpret_cast<unsigned long long*>(ws + kWsCount), (unsigned long long)cnt);
         s_excl = ex;
         s_next = pend;  // lane 0 of warp 0 is thread 0, the one that took it
       }
@@ -406,8 +457,9 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
       if (8 * wi < g.table_size) st_u64(out + g.table_off + 8 * wi, 0);
     }
     /*ZC_MUTATE:enc_sync3*/ __syncthreads();  // (3) s_excl, s_next
-    const uint32_t boff = s_excl;  // escapes before this block in the row
+    const uint32_t boff = s_excl;  // stream bytes before this block in the row
     const uint32_t fresh = s_next;
+    const uint32_t width = s_code & 0xFFu, split = s_code >> 8;
 
     if (tid == 0) {
       Record r;
@@ -415,35 +467,34 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
       r.esc_count = cnt;
       r.base = win.base;
       r.mode = win.mode;
+      r.width = width;
+      r.split = split;
       const uint64_t v = record_word(r);
       st_u64(out + g.table_off + 8ull * tl, v);
       csum += cs_u64(g.table_off + 8ull * tl, v);
     }
-    // One loop over the escapes of all G groups (bit 8i + k: element k of group i),
-    // not one per group: a warp runs the loop as often as its busiest lane needs.
-    uint32_t m = 0;
-#pragma unroll
-    for (int i = 0; i < G; ++i) m |= esc[i] << (8 * i);
-    uint64_t ei = (uint64_t)boff + excl;  // row index of this thread's next escape
-    while (m) {
-      const int k = __ffs(m) - 1;
-      m &= m - 1;
-      if (ei < g.cap) {  // does not fit: only the first cap escapes are stored
-        // Exponent word k >> 2 of the thread by a tree of selects on the bits of k
-        // (a compare chain, or indexing, is compiled to a local-memory table).
-        uint32_t v[G];
-#pragma unroll
-        for (int i = 0; i < G; ++i) v[i] = (k & 4) ? sp[i].E[1] : sp[i].E[0];
-        if (G == 4) {
-          v[0] = (k & 16) ? v[2 % G] : v[0];
-          v[1 % G] = (k & 16) ? v[3 % G] : v[1 % G];
-        }
-        if (G >= 2) v[0] = (k & 8) ? v[1 % G] : v[0];
-        const uint32_t e = (v[0] >> (8 * (k & 3))) & 0xFFu;
-        out[g.esc_off + ei] = (uint8_t)e;
-        csum += cs_byte(g.esc_off + ei, e);
+    // The thread's escapes are ranks excl .. excl + mine - 1 of the block: bits
+    // (excl + j) * width of its stream. Neighbouring threads share bytes, so each
+    // ORs its bits into the (pre-zeroed) section by 32-bit words; the bits are
+    // disjoint, so the words' checksum terms add up to those of the final words.
+    // Only words below the capacity are written (a multiple of 128 bytes).
+    // Bit b of the stream is bit lb = 8 * (boff & 3) + b of the words from word q on
+    // (32-bit arithmetic inside the block: lb < 2^15).
+    const uint64_t q = boff >> 2;
+    uint32_t lb = 8 * (boff & 3) + excl * width;
+    for (uint32_t m = m0; m; m &= m - 1) {
+      const uint32_t v = escape_value(esc_exp(__ffs(m) - 1), wlo, whi, width, split);
+      const uint32_t lo32 = v << (lb & 31), hi32 = (lb & 31) ? v >> (32 - (lb & 31)) : 0u;
+      const uint64_t off = 4 * (q + (lb >> 5));  // the section's byte offset of the first word
+      if (lo32 && off < g.cap) {
+        atomicOr(reinterpret_cast<unsigned*>(out + g.esc_off + off), lo32);
+        csum += cs_word(g.esc_off + off, lo32);
       }
-      ++ei;
+      if (hi32 && off + 4 < g.cap) {
+        atomicOr(reinterpret_cast<unsigned*>(out + g.esc_off + off + 4), hi32);
+        csum += cs_word(g.esc_off + off + 4, hi32);
+      }
+      lb += width;
     }
 
 #pragma unroll
@@ -455,40 +506,44 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
   flush_sum(a.ws + (uint64_t)acc_row * a.ws_row + kWsSum, csum, lane);
 }
 
-// Per row: zero escape bytes [min(total, cap), esc_size) (split over `chunks` CTAs),
-// then CTA 0 writes the header and the stats.
+// Per row, before the tiles: zero the escape section [0, esc_size) (split over
+// `chunks` CTAs), which the tiles then OR their escape streams into.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) encode_finalize(EncArgs a, int32_t* stats, uint32_t chunks) {
+__global__ void __launch_bounds__(kThreads) encode_zero(EncArgs a, uint32_t chunks) {
   const int tid = threadIdx.x;
   const uint32_t row = blockIdx.x / chunks, k = blockIdx.x - row * chunks;
   const Geom& g = a.g;
+  uint8_t* esc = a.out + (uint64_t)row * a.out_row + g.esc_off;
+  const uint64_t lo = (uint64_t)k * kZeroChunk;   // multiples of 16 (esc_size is of 128)
+  const uint64_t hi = g.esc_size < lo + kZeroChunk ? g.esc_size : lo + kZeroChunk;
+  for (uint64_t i = lo + 16ull * tid; i < hi; i += 16ull * kThreads)
+    *reinterpret_cast<uint4*>(esc + i) = make_uint4(0, 0, 0, 0);
+}
+
+// Per row: the header and the stats (one CTA per row).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) encode_finalize(EncArgs a, int32_t* stats) {
+  const int tid = threadIdx.x;
+  const uint32_t row = blockIdx.x;
+  const Geom& g = a.g;
   uint8_t* out = a.out + (uint64_t)row * a.out_row;
   const uint8_t* ws = a.ws + (uint64_t)row * a.ws_row;
-  const uint64_t total = ld_u64(ws + kWsTotal);
-  const uint64_t written = total < g.cap ? total : g.cap;
-  const uint64_t c0 = (uint64_t)k * kZeroChunk;
-  const uint64_t lo = written > c0 ? written : c0;
-  const uint64_t hi = g.esc_size < c0 + kZeroChunk ? g.esc_size : c0 + kZeroChunk;  // multiple of 16
-  if (lo < hi) {
-    uint8_t* esc = out + g.esc_off;
-    const uint64_t lo16 = ((lo + 15) & ~15ull) < hi ? ((lo + 15) & ~15ull) : hi;
-    for (uint64_t i = lo + tid; i < lo16; i += kThreads) esc[i] = 0;
-    for (uint64_t i = lo16 + 16ull * tid; i < hi; i += 16ull * kThreads)
-      *reinterpret_cast<uint4*>(esc + i) = make_uint4(0, 0, 0, 0);
-  }
-  if (k == 0 && tid < 16) {
+  const uint64_t total = ld_u64(ws + kWsTotal);   // escape-section bytes
+  const uint64_t count = ld_u64(ws + kWsCount);   // escapes
+  if (tid < 16) {
     // A row that fits uses esc_off + align128(total) bytes (the escape bytes past
     // `total` are zero, so the tiles' checksum terms are those of [0, used)); one
     // that does not fit "uses" the whole buffer.
     const uint8_t status = total > g.cap ? kEncDoesNotFit : kEncOk;
-    const Header h{T::kCode, status, g.n, status == kEncOk ? g.esc_off + align_up(total) : g.total, g.cap, total};
+    const Header h{T::kCode, status, g.n, status == kEncOk ? g.esc_off + align_up(total) : g.total, g.cap,
+                   count, total};
     uint64_t v;
     if (tid == (int)(kOffChecksum / 8))
       v = ld_u64(ws + kWsSum) + header_cs(h);
     else
       v = header_word(tid, h);  // 0 for reserved words
     st_u64(out + 8 * tid, v);
-    if (tid == 0) store_row_stats(stats + 4 * (uint64_t)row, status, total, h.used, g.total);
+    if (tid == 0) store_row_stats(stats + 4 * (uint64_t)row, status, count, h.used, g.total);
   }
 }
 
@@ -573,7 +628,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
   uint32_t bad = 0;  // bit 6: a bad record, bit 7: planes disagree with a record
   // The row's escape count and checksummed escape bytes by its header (validated by
   // decode_finalize; here they only bound every read to the buffer).
-  uint64_t esc_total = ld_u64(a.in + (uint64_t)acc_row * a.in_row + kOffEscCount);
+  uint64_t esc_total = ld_u64(a.in + (uint64_t)acc_row * a.in_row + kOffEscBytes);
   uint64_t span = esc_span(a.in + (uint64_t)acc_row * a.in_row, g.esc_off, a.in_row);
   int stage = 0;
 
@@ -584,7 +639,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
       csum = 0;
       bad = 0;
       acc_row = row;
-      esc_total = ld_u64(a.in + (uint64_t)row * a.in_row + kOffEscCount);
+      esc_total = ld_u64(a.in + (uint64_t)row * a.in_row + kOffEscBytes);
       span = esc_span(a.in + (uint64_t)row * a.in_row, g.esc_off, a.in_row);
     }
     const uint8_t* in = a.in + (uint64_t)row * a.in_row;
@@ -656,21 +711,38 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
       m |= (~(pb[i][0] | pb[i][1] | pb[i][2]) & vm[i]) << (8 * i);
     }
     // One loop over all G groups' escapes (a warp runs it as often as its busiest
-    // lane needs), each read at offset + rank.
-    uint64_t idx = (uint64_t)rec.esc_offset + (pre + incl - mine);  // row index of the next escape
+    // lane needs): escape rank r of the block is bits r * width of its stream.
+    const uint32_t width = rec.width, wlo = rec.base, whi = window_hi(rec.base, rec.mode);
+    uint64_t bit = 8ull * rec.esc_offset + (uint64_t)(pre + incl - mine) * width;
     while (m) {
       const int k = __ffs(m) - 1;
       m &= m - 1;
       // Reads stay inside the escape section whatever the record says; a block whose
       // record failed is reported as BAD_TABLE and its values are not meaningful.
-      const uint32_t e = (ok && idx < span) ? (uint32_t)in[g.esc_off + idx] : 0u;
-      if (T::kExpMax < 255u && e > T::kExpMax) bad |= 1u << kDecBadEscapes;  // fp16: would reach the sign
+      const uint64_t byte = bit >> 3;
+      uint32_t v = 0;
+      if (ok && byte < span) v = in[g.esc_off + byte];
+      if (ok && (bit & 7) + width > 8 && byte + 1 < span) v |= (uint32_t)in[g.esc_off + byte + 1] << 8;
+      v = (v >> (bit & 7)) & ((1u << width) - 1);
+      uint32_t e = 0;
+      if (ok && !escape_exponent<T>(v, wlo, whi, rec.mode, width, rec.split, &e)) bad |= 1u << kDecBadEscapes;
+      e &= 0xFFu;
       const int sh = 8 * (k & 3);
 #pragma unroll
       for (int j = 0; j < 2 * G; ++j)  // selects: no dynamically indexed (local) array
         E[j] = (k >> 2) == j ? (E[j] & ~(0xFFu << sh)) | (e << sh) : E[j];
-      ++idx;
+      bit += width;
     }
+    // The stream's bits past count * width (in its last byte) must be zero; and the
+    // tiles add the records' counts for decode_finalize (the CPU's count sum).
+    if (tid == 0 && ok) {
+      const uint32_t used_bits = (rec.esc_count * width) & 7;
+      const uint64_t last = (uint64_t)rec.esc_offset + stream_bytes(rec.esc_count, width) - 1;
+      if (used_bits && last < span && (in[g.esc_off + last] >> used_bits) != 0) bad |= 1u << kDecBadEscapes;
+    }
+    if (tid == 0 && rec.esc_count)
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.ws + (uint64_t)row * a.ws_row + kWsCount),
+                (unsigned long long)rec.esc_count);
     uint32_t wout[G * GW];
 #pragma unroll
     for (int i = 0; i < G; ++i)
@@ -770,7 +842,7 @@ __global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* 
         pad |= in[pp];
         x += cs_byte(pp, in[pp]);
       }
-      const uint64_t ec = load_u64(in + kOffEscCount);
+      const uint64_t ec = load_u64(in + kOffEscBytes);
       if (ec < span && ec + tid < span) pad |= in[g.esc_off + ec + tid];
     }
   }
@@ -794,7 +866,8 @@ __global__ void __launch_bounds__(kThreads) decode_finalize(DecArgs a, int32_t* 
         cs += s_x[i];
         p |= s_pad[i];
       }
-      if ((g.nb == 0 && hi.esc_count != 0) || (bad & (1u << kDecBadTable)))
+      const uint64_t counted = ld_u64(ws + kWsCount);  // the records' escape counts, summed
+      if ((g.nb == 0 && hi.esc_bytes != 0) || counted != hi.esc_count || (bad & (1u << kDecBadTable)))
         s = kDecBadTable;
       else if (bad & (1u << kDecBadEscapes))
         s = kDecBadEscapes;
@@ -924,12 +997,17 @@ ffi::Error encode_launch(cudaStream_t stream, const uint8_t* x, uint8_t* out, in
 
   if (const cudaError_t e = cudaMemsetAsync(ws, 0, s.rows * s.ws_row, stream); e != cudaSuccess)
     return cuda_error(kEncodeTarget, "workspace memset", e);
+  if (s.rows && a.g.esc_size) {
+    ZC_LAUNCH(encode_zero<T>, s.rows * chunks, kThreads, stream, a, (uint32_t)chunks);
+    ffi::Error e = check_launch(kEncodeTarget, "encode_zero launch");
+    if (e.failure()) return e;
+  }
   if (total_tiles) {
     launch_tiles<T>(encode_kernel<T, 1>, encode_kernel<T, 2>, encode_kernel<T, 4>, total_tiles, stream, a);
     ffi::Error e = check_launch(kEncodeTarget, "encode_kernel launch");
     if (e.failure()) return e;
   }
-  ZC_LAUNCH(encode_finalize<T>, s.rows * chunks, kThreads, stream, a, stats, (uint32_t)chunks);
+  ZC_LAUNCH(encode_finalize<T>, s.rows, kThreads, stream, a, stats);
   return check_launch(kEncodeTarget, "encode_finalize launch");
 }
 

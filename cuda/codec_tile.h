@@ -372,30 +372,36 @@ ZC_TD uint64_t raw_word_off(uint64_t b, uint32_t grp, int q) {
   return (b * kBlock + 8ull * grp) * (uint64_t)Cfg<T>::kRB + 8ull * (uint64_t)q;
 }
 
+// The record as the little-endian u64 of its 8 bytes (codec_format.h store_record).
 ZC_TD uint64_t record_word(Record r) {
-  return (uint64_t)r.esc_offset | ((uint64_t)(r.esc_count & 0xFFFFu) << 32) |
-         ((uint64_t)(r.base & 0xFFu) << 48) | ((uint64_t)(r.mode & 0xFFu) << 56);
+  const uint64_t cw = (r.esc_count & 0xFFFu) | ((r.width & 0xFu) << 12);
+  return (uint64_t)r.esc_offset | (cw << 32) | ((uint64_t)(r.base & 0xFFu) << 48) |
+         ((uint64_t)((r.mode & 1u) | (r.split << 1)) << 56);
 }
 
 ZC_TD Record record_of_word(uint64_t v) {
   Record r;
   r.esc_offset = (uint32_t)v;
-  r.esc_count = (uint32_t)(v >> 32) & 0xFFFFu;
+  r.esc_count = (uint32_t)(v >> 32) & 0xFFFu;
+  r.width = (uint32_t)(v >> 44) & 0xFu;
   r.base = (uint32_t)(v >> 48) & 0xFFu;
-  r.mode = (uint32_t)(v >> 56) & 0xFFu;
+  r.mode = (uint32_t)(v >> 56) & 1u;
+  r.split = (uint32_t)(v >> 57) & 0x7Fu;
   return r;
 }
 
 // Decoder check of one block record (the CPU's sequential table check, made local:
-// offset(0) = 0, offset(b) + count(b) = offset(b + 1), and for the last block
-// offset + count = the header's escape_count; together these hold exactly when the
-// CPU's running sum matches every offset and the header).
+// the record's own fields, offset(0) = 0, offset(b) + stream_bytes(b) = offset(b + 1),
+// and for the last block offset + stream_bytes = the header's escape_bytes; together
+// these hold exactly when the CPU's running sum matches every offset and the header.
+// The CPU's count sum is checked apart: the tiles add the counts, decode_finalize
+// compares).
 template <typename T>
 ZC_TD bool record_ok(Record r, uint64_t b, uint32_t nb, uint32_t len, bool have_next, uint32_t next_off,
                      uint64_t esc_total) {
-  if (!window_valid<T>(r.base, r.mode) || r.esc_count > len) return false;
+  if (!window_valid<T>(r.base, r.mode) || !record_codes_ok(r, len)) return false;
   if (b == 0 && r.esc_offset != 0) return false;
-  const uint64_t end = (uint64_t)r.esc_offset + r.esc_count;
+  const uint64_t end = (uint64_t)r.esc_offset + stream_bytes(r.esc_count, r.width);
   if (b + 1 < nb) return have_next && end == (uint64_t)next_off;
   return end == esc_total;
 }
@@ -411,8 +417,8 @@ ZC_TD uint64_t cs_u64(uint64_t off, uint64_t v) {  // off % 8 == 0
 }
 ZC_TD uint64_t cs_byte(uint64_t off, uint32_t b) { return cs_word(off, (b & 0xFFu) << (8 * (off & 3))); }
 
-// The header's first 56 bytes as seven u64 words (word 3, the checksum, is 0 here;
-// words 7..15 are reserved, 0).
+// The header's first 64 bytes as eight u64 words (word 3, the checksum, is 0 here;
+// words 8..15 are reserved, 0).
 ZC_TD uint64_t header_word(int i, const Header& f) {
   switch (i) {
     case 0:
@@ -423,6 +429,7 @@ ZC_TD uint64_t header_word(int i, const Header& f) {
     case 4: return (uint64_t)kBlockLog2;
     case 5: return f.capacity;
     case 6: return f.esc_count;
+    case 7: return f.esc_bytes;
     default: return 0;
   }
 }
@@ -450,15 +457,17 @@ ZC_TD uint64_t esc_chunk_of(uint64_t esc_size, uint32_t tiles) {
   return ((esc_size + t - 1) / t + 15) & ~15ull;
 }
 
-// Encoder finalize: escape-section bytes zeroed per CTA (a multiple of 16).
+// Encoder: escape-section bytes zeroed per CTA before the tiles OR their streams in
+// (a multiple of 16).
 constexpr uint64_t kZeroChunk = 32768;
 
 // Workspace layout per row (workspace_nbytes(n) bytes; memset to 0 by the handler).
 constexpr uint32_t kWsTicket = 0;   // u32, row 0 only: tile tickets of the encoder (all rows)
 constexpr uint32_t kWsSum = 8;      // u64: checksum terms of the row's words written/read by tiles
-constexpr uint32_t kWsTotal = 16;   // u64: encoder, escapes in the row (set by its last tile)
+constexpr uint32_t kWsTotal = 16;   // u64: encoder, escape-section bytes of the row (set by its last tile)
 constexpr uint32_t kWsBad = 24;     // u32: decoder, bit s set when a tile found status s (6, 7)
-constexpr uint32_t kWsStates = 128; // u64 per tile: encoder look-back state (flag << 32 | count)
+constexpr uint32_t kWsCount = 32;   // u64: escapes of the row (encoder: found; decoder: the records' sum)
+constexpr uint32_t kWsStates = 128; // u64 per tile: encoder look-back state (flag << 32 | stream bytes)
 constexpr uint64_t kFlagAggregate = 1ull << 32;
 constexpr uint64_t kFlagPrefix = 2ull << 32;
 

@@ -82,9 +82,9 @@ int num_threads_for(uint64_t n) {
 using par::parallel_for;
 
 // ---------------------------------------------------------------------------------
-// Block encoder (portable). Writes the block's raw bytes and planes, appends its
-// escapes to esc[] while fewer than esc_cap are there, returns the record (with
-// esc_offset = 0; the caller places it).
+// Block encoder (portable). Writes the block's raw bytes and planes, the exponents
+// of its escapes to esc[0..count) (kBlock bytes of the caller's), returns the
+// record's count, base and mode (the caller codes the escapes and places them).
 
 struct BlockOut {
   Record rec;
@@ -114,8 +114,7 @@ Window block_window_generic(const typename T::bits_t* x, uint32_t len) {
 
 template <typename T>
 BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t* raw,
-                              uint8_t* planes, uint8_t* esc, uint64_t esc_have,
-                              uint64_t esc_cap) {
+                              uint8_t* planes, uint8_t* esc) {
   const Window w = block_window_generic<T>(x, len);
   uint32_t count = 0;
   const uint32_t ps = plane_bytes_of(len);  // bytes per plane (256 for a full block)
@@ -162,12 +161,11 @@ BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t
     while (escm) {
       const uint32_t k = __builtin_ctz(escm);
       escm &= escm - 1;
-      if (esc_have + count < esc_cap) esc[count] = (uint8_t)T::exponent(x[8 * t + k]);
-      ++count;
+      esc[count++] = (uint8_t)T::exponent(x[8 * t + k]);
     }
   }
   BlockOut o;
-  o.rec = Record{0, count, w.base, w.mode};
+  o.rec = Record{0, count, w.base, w.mode, 0, 0};
   return o;
 }
 
@@ -182,8 +180,7 @@ BlockOut encode_block_generic(const typename T::bits_t* x, uint32_t len, uint8_t
 // probe counts and pass 2 are shared.
 template <typename T>
 __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_avx2(
-    const uint16_t* x, uint8_t* raw, uint8_t* planes, uint8_t* esc, uint64_t esc_have,
-    uint64_t esc_cap) {
+    const uint16_t* x, uint8_t* raw, uint8_t* planes, uint8_t* esc) {
   static_assert(std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value,
                 "the AVX2 block paths cover the 16-bit dtypes");
   constexpr bool kF16 = std::is_same<T, F16Traits>::value;
@@ -294,12 +291,11 @@ __attribute__((target("avx2,bmi,popcnt"))) BlockOut encode_block_avx2(
     while (escm) {
       const uint32_t k = __builtin_ctz(escm);
       escm &= escm - 1;
-      if (esc_have + count < esc_cap) esc[count] = ebuf[j + k];
-      ++count;
+      esc[count++] = ebuf[j + k];
     }
   }
   BlockOut o;
-  o.rec = Record{0, count, w.base, w.mode};
+  o.rec = Record{0, count, w.base, w.mode, 0, 0};
   return o;
 }
 
@@ -312,18 +308,48 @@ bool have_avx2() {
 
 template <typename T>
 BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, uint8_t* planes,
-                      uint8_t* esc, uint64_t esc_have, uint64_t esc_cap) {
+                      uint8_t* esc) {
 #if ZIPCCL_X86
   if constexpr (std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value) {
     if (len == kBlock && have_avx2() && !env::simd_disabled())
-      return encode_block_avx2<T>(x, raw, planes, esc, esc_have, esc_cap);
+      return encode_block_avx2<T>(x, raw, planes, esc);
   }
 #endif
-  return encode_block_generic<T>(x, len, raw, planes, esc, esc_have, esc_cap);
+  return encode_block_generic<T>(x, len, raw, planes, esc);
 }
 
 // ---------------------------------------------------------------------------------
 // Row encoder.
+
+// Codes a block's escapes (exponents ex[0..count), window w): fills the record's
+// width and split and writes its stream (codec_format.h, "escape coding") to
+// out[0..stream_bytes), only the bytes below `room` (the rest of the capacity).
+// Returns the stream bytes.
+inline uint32_t code_escapes(const uint8_t* ex, Record* r, uint8_t* out, uint64_t room) {
+  const uint32_t count = r->esc_count, lo = r->base, hi = window_hi(r->base, r->mode);
+  uint32_t db = 0, da = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t e = ex[i];
+    if (e < lo) db = std::max(db, lo - e);
+    else da = std::max(da, e - hi);  // e > hi: escapes lie outside the window
+  }
+  escape_width(count, db, da, &r->width, &r->split);
+  const uint32_t sb = stream_bytes(count, r->width);
+  if (r->width == 8) {
+    std::memcpy(out, ex, std::min<uint64_t>(count, room));
+    return sb;
+  }
+  uint64_t acc = 0;
+  uint32_t bits = 0, o = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    acc |= (uint64_t)escape_value(ex[i], lo, hi, r->width, r->split) << bits;
+    bits += r->width;
+    for (; bits >= 8; bits -= 8, acc >>= 8, ++o)
+      if (o < room) out[o] = (uint8_t)acc;
+  }
+  if (bits && o < room) out[o] = (uint8_t)acc;
+  return sb;
+}
 
 // Checksummed plane bytes of block b (of nb): P planes of 256 bytes for a block
 // before the last; the last block's planes and the section's padding up to esc_off
@@ -351,7 +377,8 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
   const int nt = num_threads_for(n);
   std::vector<uint64_t> t_b0(nt + 1);
   for (int t = 0; t <= nt; ++t) t_b0[t] = nb * t / nt;
-  std::vector<uint64_t> t_count(nt, 0);
+  std::vector<uint64_t> t_count(nt, 0);   // escape-section bytes of the thread's blocks
+  std::vector<uint64_t> t_escapes(nt, 0);
   std::vector<uint64_t> t_cs(nt, 0);
   std::vector<std::vector<uint8_t>> t_esc(nt);
   uint8_t* esc_sec = out + L.esc_off;
@@ -370,18 +397,22 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
       t_esc[t].resize(esc_cap);
       esc = t_esc[t].data();
     }
-    uint64_t have = 0;
+    uint64_t have = 0, escapes = 0;
     uint64_t acc = 0;
+    alignas(32) uint8_t ex[kBlock];  // the block's escaped exponents
     for (uint64_t b = b0; b < b1; ++b) {
       const uint64_t i0 = b * kBlock;
       const uint32_t len = (uint32_t)std::min<uint64_t>(kBlock, n - i0);
       uint8_t* raw = out + L.raw_off + i0 * T::kRawBytes;
       uint8_t* planes = out + L.plane_off + b * P * kPlaneBytes;
-      BlockOut o = encode_block<T>(x + i0, len, raw, planes, esc + std::min(have, esc_cap), have, esc_cap);
+      BlockOut o = encode_block<T>(x + i0, len, raw, planes, ex);
       Record r = o.rec;
+      const uint64_t at = std::min(have, esc_cap);
+      const uint32_t sb = code_escapes(ex, &r, esc + at, esc_cap - at);
       r.esc_offset = (uint32_t)have;  // local; fixed up below
       store_record(out + L.table_off + b * kRecordBytes, r);
-      have += r.esc_count;
+      have += sb;
+      escapes += r.esc_count;
       // Checksum of this block's raw bytes (the last block: up to the raw section's
       // end, padding included) and planes, while they are in L1.
       const uint64_t raw_pos = L.raw_off + i0 * T::kRawBytes;
@@ -390,15 +421,17 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
       acc += cs_bytes(planes, L.plane_off + b * P * kPlaneBytes, plane_span(L, P, b, nb));
     }
     t_count[t] = have;
+    t_escapes[t] = escapes;
     t_cs[t] = acc;
   });
 
   // Prefix over threads; place staged escapes; fix record offsets.
-  uint64_t total = 0;
+  uint64_t total = 0, escapes = 0;   // escape-section bytes, escapes
   std::vector<uint64_t> t_pre(nt);
   for (int t = 0; t < nt; ++t) {
     t_pre[t] = total;
     total += t_count[t];
+    escapes += t_escapes[t];
   }
   const uint64_t written = std::min(total, capacity);
   // The escape area past the escapes: most of a worst-case buffer's tail (~19 MiB
@@ -421,7 +454,7 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
   // `total` are zero (above), so the checksum over the whole escape section equals
   // the one over [0, used). A row that does not fit "uses" its whole buffer.
   const uint8_t status = total > capacity ? kEncDoesNotFit : kEncOk;
-  const Header h{d, status, n, status == kEncOk ? L.esc_off + align_up(total) : L.total, capacity, total};
+  const Header h{d, status, n, status == kEncOk ? L.esc_off + align_up(total) : L.total, capacity, escapes, total};
   uint64_t cs = header_checksum(h);
   for (int t = 0; t < nt; ++t) cs += t_cs[t];
   cs += cs_span(out + L.table_off, L.table_off, L.raw_off - L.table_off);  // table + padding
@@ -432,7 +465,7 @@ RowStats encode_row_t(const typename T::bits_t* x, uint64_t n, uint64_t capacity
   store_header(out, h, cs);
   RowStats s;
   s.status = status;
-  s.escape_count = total;
+  s.escape_count = escapes;
   s.used_nbytes = h.used;
   return s;
 }
@@ -601,9 +634,38 @@ __attribute__((target("avx2,bmi,popcnt"))) bool decode_block_avx2(
 }
 #endif
 
+// A block's escape stream (codec_format.h, "escape coding") -> the exponents
+// ex[0..count). False when a value names no exponent of the dtype or a bit past
+// count * width is set. Reads exactly stream_bytes(count, width) bytes.
 template <typename T>
-bool decode_block(const uint8_t* raw, const uint8_t* planes, const uint8_t* esc, Record r,
+bool unpack_escapes(const uint8_t* in, const Record& r, uint8_t* ex) {
+  const uint32_t count = r.esc_count, w = r.width, lo = r.base, hi = window_hi(r.base, r.mode);
+  if (w == 8) {
+    uint32_t high = 0;
+    for (uint32_t i = 0; i < count; ++i) high |= in[i] & ~T::kExpMax;
+    std::memcpy(ex, in, count);
+    return high == 0;
+  }
+  const uint64_t mask = (1u << w) - 1;
+  uint64_t acc = 0;
+  uint32_t bits = 0, o = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    for (; bits < w; bits += 8) acc |= (uint64_t)in[o++] << bits;
+    uint32_t e;
+    if (!escape_exponent<T>((uint32_t)(acc & mask), lo, hi, r.mode, w, r.split, &e)) return false;
+    ex[i] = (uint8_t)e;
+    acc >>= w;
+    bits -= w;
+  }
+  return acc == 0;  // the stream's last bits past count * w
+}
+
+template <typename T>
+bool decode_block(const uint8_t* raw, const uint8_t* planes, const uint8_t* stream, Record r,
                   uint32_t len, typename T::bits_t* y) {
+  // The escapes first, as exponent bytes: the block decoders read esc[0..count).
+  alignas(32) uint8_t esc[kBlock];
+  if (r.esc_count > len || !unpack_escapes<T>(stream, r, esc)) return false;
 #if ZIPCCL_X86
   if constexpr (std::is_same<T, BF16Traits>::value || std::is_same<T, F16Traits>::value) {
     if (len == kBlock && have_avx2() && !env::simd_disabled())
@@ -629,18 +691,20 @@ int32_t decode_row_checked(const uint8_t* in, uint64_t nbytes, uint64_t n, typen
   HeaderInfo hi;
   const int32_t hs = check_header<T>(in, n, nbytes, &hi);
   if (hs != kDecOk) return hs;
-  const uint64_t esc_total = hi.esc_count;
-  // 6: block table (sequential, nb records).
+  const uint64_t esc_total = hi.esc_bytes;
+  // 6: block table (sequential, nb records): each record consistent, the streams
+  // back to back from 0, their bytes and counts summing to the header's.
   const uint64_t nb = num_blocks(n);
-  uint64_t run = 0;
+  uint64_t run = 0, escapes = 0;
   for (uint64_t b = 0; b < nb; ++b) {
     const Record r = load_record(in + L.table_off + b * kRecordBytes);
     const uint32_t len = (uint32_t)std::min<uint64_t>(kBlock, n - b * kBlock);
-    if (!window_valid<T>(r.base, r.mode) || r.esc_count > len || r.esc_offset != run) return kDecBadTable;
-    run += r.esc_count;
+    if (!window_valid<T>(r.base, r.mode) || !record_codes_ok(r, len) || r.esc_offset != run) return kDecBadTable;
+    run += stream_bytes(r.esc_count, r.width);
+    escapes += r.esc_count;
   }
-  if (run != esc_total) return kDecBadTable;
-  // 7: blocks (parallel); every escape read is within [0, esc_total), inside [0, used).
+  if (run != esc_total || escapes != hi.esc_count) return kDecBadTable;
+  // 7: blocks (parallel); every stream read is within [0, esc_total), inside [0, used).
   const int nt = num_threads_for(n);
   const uint32_t P = T::kPlanes;
   std::atomic<bool> bad{false};

@@ -1,4 +1,4 @@
-// zipccl encoded format, version 3 (the window codec, codec id 1): layout
+// zipccl encoded format, version 4 (the window codec, codec id 1): layout
 // constants, per-dtype traits and the static-size contract, shared by the CPU codec
 // (ffi/codec_cpu.cc) and the CUDA codec (cuda/codec.cu). docs/format.md is the
 // normative text; this header is its executable form. Everything here is
@@ -11,13 +11,15 @@
 //   [128]          block table       nb records of 8 bytes, padded to 128
 //   [..]           raw section       n * kRawBytes bytes, padded to 128
 //   [..]           plane section     kPlanes planes per block, padded to 128
-//   [esc_off]      escape section    escape_count bytes, padded to 128   <- last
+//   [esc_off]      escape section    escape_bytes bytes, padded to 128   <- last
 //
 // with nb = ceil(n / 2048). A block of len elements has planes of
 // plane_bytes_of(len) = 16 * ceil(len / 128) bytes (256 for a full block), so a short
 // last block costs what its elements need, not a full block's 768 / 1536 bytes
-// (version 3; version 2 gave every block 256-byte planes). The escape section is last and its size is recorded in
-// the header (used_nbytes = esc_off + align128(escape_count)), so the first
+// (version 3; version 2 gave every block 256-byte planes). Each block's escapes take
+// w bits each (version 4; 8 before), w the block's own width: see "escape coding".
+// The escape section is last and its size is recorded in
+// the header (used_nbytes = esc_off + align128(escape_bytes)), so the first
 // used_nbytes bytes of a row decode on their own ("prefix-decodable"): the encoder
 // writes into a max_nbytes(d, n) buffer and a transport may send any prefix of at
 // least used_nbytes bytes. See docs/format.md for every field and bit.
@@ -34,10 +36,10 @@
 
 namespace zipccl {
 
-// ---- constants of format version 3 -------------------------------------------
+// ---- constants of format version 4 -------------------------------------------
 
 constexpr uint32_t kMagic = 0x4C43435Au;  // bytes 'Z' 'C' 'C' 'L'
-constexpr uint8_t kVersion = 3;
+constexpr uint8_t kVersion = 4;
 constexpr uint8_t kCodecWindow = 1;                 // codec id of this (window) codec
 constexpr uint32_t kBlockLog2 = 11;
 constexpr uint32_t kBlock = 1u << kBlockLog2;       // elements per block (2048)
@@ -60,8 +62,9 @@ constexpr uint32_t kOffUsed = 16;        // u64 used_nbytes: the decodable prefi
 constexpr uint32_t kOffChecksum = 24;    // u64 position-weighted word sum over [0, used_nbytes)
 constexpr uint32_t kOffBlockLog2 = 32;   // u8  = kBlockLog2 (bytes 33..39 reserved, zero)
 constexpr uint32_t kOffCapacity = 40;    // u64 escape bytes the encoder's buffer had room for
-constexpr uint32_t kOffEscCount = 48;    // u64 escapes found (exceeds the capacity when status = 1)
-constexpr uint32_t kHeaderUsed = 56;     // bytes [56, 128) are reserved, zero
+constexpr uint32_t kOffEscCount = 48;    // u64 escapes found
+constexpr uint32_t kOffEscBytes = 56;    // u64 escape-section bytes used (exceeds the capacity when status = 1)
+constexpr uint32_t kHeaderUsed = 64;     // bytes [64, 128) are reserved, zero
 
 // Largest n and escape capacity the layout arithmetic accepts: below these every
 // offset fits in 63 bits (n * 3 + nb * 1536 < 2^59, align128(capacity) <= 2^62), so
@@ -86,7 +89,7 @@ enum DecodeStatus : int32_t {
   kDecNotDecodable = 4,    // status byte 1: the encoder reported DOES_NOT_FIT
   kDecBadHeader = 5,       // status byte, escape count/capacity/used_nbytes or reserved bytes
   kDecBadTable = 6,        // a block record is inconsistent (base, mode, offset, count)
-  kDecBadEscapes = 7,      // planes disagree with the table, or an escape byte > the exponent max
+  kDecBadEscapes = 7,      // planes disagree with the table, an escape value outside [0, emax], stream padding bits
   kDecBadChecksum = 8,     // checksum mismatch (corrupted bytes)
   kDecBadPadding = 9,      // checksum fine, but a padding byte of a section is not zero
 };
@@ -210,9 +213,9 @@ ZC_HD uint64_t max_escape_capacity(DtypeCode d, uint64_t n) {
 // The static payload row size of the FFI encoder (= layout total at the max capacity).
 ZC_HD uint64_t max_nbytes(DtypeCode d, uint64_t n) { return min_nbytes(d, n) + max_escape_capacity(d, n); }
 
-// used_nbytes of a row with esc_count escapes that fits.
-ZC_HD uint64_t used_nbytes_of(DtypeCode d, uint64_t n, uint64_t esc_count) {
-  return min_nbytes(d, n) + align_up(esc_count);
+// used_nbytes of a row whose escape streams take esc_bytes bytes and fit.
+ZC_HD uint64_t used_nbytes_of(DtypeCode d, uint64_t n, uint64_t esc_bytes) {
+  return min_nbytes(d, n) + align_up(esc_bytes);
 }
 
 // The encoder's stats row (s32 x 4): status, escapes (saturated at INT32_MAX),
@@ -361,28 +364,115 @@ ZC_HD uint64_t load_u64(const uint8_t* p) {
   return v;
 }
 
-// Block-table record: u32 esc_offset | u16 esc_count | u8 base | u8 mode.
+// Block-table record (8 bytes):
+//   [0..3]  u32 esc_offset: byte offset of the block's escape stream in the escape
+//           section (the stream bytes of all earlier blocks)
+//   [4..5]  u16 esc_count (bits 0..11, <= block length) | width << 12 (bits 12..15)
+//   [6]     u8  base
+//   [7]     u8  mode (bit 0) | split << 1 (bits 1..7)
 struct Record {
-  uint32_t esc_offset;  // escapes of all earlier blocks (element order)
+  uint32_t esc_offset;  // stream bytes of all earlier blocks
   uint32_t esc_count;   // escapes in this block, <= block length
   uint32_t base;
   uint32_t mode;
+  uint32_t width;       // bits per escape: 0 (no escapes), 1..7 (mapped), 8 (the exponent byte)
+  uint32_t split;       // mapped values below it lie below the window (0..127)
 };
 
 ZC_HD void store_record(uint8_t* p, Record r) {
   store_u32(p, r.esc_offset);
-  p[4] = (uint8_t)(r.esc_count & 0xFF);
-  p[5] = (uint8_t)(r.esc_count >> 8);
+  const uint32_t cw = (r.esc_count & 0xFFFu) | ((r.width & 0xFu) << 12);
+  p[4] = (uint8_t)(cw & 0xFF);
+  p[5] = (uint8_t)(cw >> 8);
   p[6] = (uint8_t)r.base;
-  p[7] = (uint8_t)r.mode;
+  p[7] = (uint8_t)((r.mode & 1u) | (r.split << 1));
 }
 ZC_HD Record load_record(const uint8_t* p) {
   Record r;
   r.esc_offset = load_u32(p);
-  r.esc_count = (uint32_t)p[4] | ((uint32_t)p[5] << 8);
+  const uint32_t cw = (uint32_t)p[4] | ((uint32_t)p[5] << 8);
+  r.esc_count = cw & 0xFFFu;
+  r.width = cw >> 12;
   r.base = p[6];
-  r.mode = p[7];
+  r.mode = p[7] & 1u;
+  r.split = p[7] >> 1;
   return r;
+}
+
+// ---- escape coding (version 4) -------------------------------------------------------
+//
+// An escape is an exponent outside the block's window [lo, hi] (lo = base, hi =
+// base + 6, or base + 5 in zero mode, where e = 0 is inside too). Escapes sit near
+// the window (a Gaussian's tail a few binades below it, a gradient's mixed scales
+// on both sides), so each block stores them as w-bit values, w its own:
+//   below the window, distance d = lo - e >= 1:  v = d - 1          (v < split)
+//   above the window, distance d = e - hi >= 1:  v = split + d - 1  (v < 2^w)
+// with split = the block's largest below-distance. w = 8 stores e itself (split 0)
+// when 7 bits do not reach (below-distance > 127, or both sides over 128 values).
+// The encoder's rule (part of the format, so that every encoder writes the same
+// bytes): no escape -> w = 0; else D_b / D_a = the largest below / above distance
+// (0 if none); D_b <= 127 and D_b + D_a <= 128 -> w = max(1, ceil(log2(D_b + D_a))),
+// split = D_b; else w = 8, split = 0. Stream: escape r of the block occupies bits
+// r*w .. r*w + w - 1 (value bit 0 first) of its stream, bit i of the stream being
+// bit i % 8 of stream byte i / 8; stream_bytes = ceil(count * w / 8), the bits past
+// count * w zero. benchmarks/results/escape_width_*.md measures what this saves.
+
+ZC_HD uint32_t window_hi(uint32_t base, uint32_t mode) { return base + (mode ? 5u : 6u); }
+
+ZC_HD uint32_t stream_bytes(uint32_t count, uint32_t width) { return (count * width + 7) / 8; }
+
+// The encoder's width and split for a block whose escapes lie at most db below and
+// da above its window (db, da: the largest distances, 0 if none).
+ZC_HD void escape_width(uint32_t count, uint32_t db, uint32_t da, uint32_t* width, uint32_t* split) {
+  *width = 0;
+  *split = 0;
+  if (count == 0) return;
+  const uint32_t need = db + da;
+  if (db > 127 || need > 128) {
+    *width = 8;
+    return;
+  }
+  uint32_t w = 1;
+  while ((1u << w) < need) ++w;
+  *width = w;
+  *split = db;
+}
+
+// The w-bit value of escaped exponent e (outside the window) in a block coded with
+// (width, split).
+ZC_HD uint32_t escape_value(uint32_t e, uint32_t lo, uint32_t hi, uint32_t width, uint32_t split) {
+  if (width == 8) return e;
+  return e < lo ? lo - e - 1 : split + (e - hi) - 1;
+}
+
+// The exponent of value v; false when v names no exponent of the dtype (a mapped
+// value below 0, or in zero mode below 1, or above kExpMax; a raw one above kExpMax).
+template <typename T>
+ZC_HD bool escape_exponent(uint32_t v, uint32_t lo, uint32_t hi, uint32_t mode, uint32_t width,
+                           uint32_t split, uint32_t* e) {
+  if (width == 8) {
+    *e = v;
+    return v <= T::kExpMax;
+  }
+  if (v < split) {
+    const uint32_t floor = mode ? 1u : 0u;
+    if (lo < floor + 1 + v) return false;  // lo - 1 - v < floor
+    *e = lo - 1 - v;
+    return true;
+  }
+  const uint32_t x = hi + 1 + (v - split);
+  *e = x;
+  return x <= T::kExpMax;
+}
+
+// A record's own consistency (the decoder's table check, besides the window and the
+// offsets): count <= len, width <= 8, width = 0 exactly when count = 0, split = 0
+// unless 1 <= width <= 7, split <= 2^width.
+ZC_HD bool record_codes_ok(const Record& r, uint32_t len) {
+  if (r.esc_count > len || r.width > 8) return false;
+  if ((r.esc_count == 0) != (r.width == 0)) return false;
+  if (r.width == 0 || r.width == 8) return r.split == 0;
+  return r.split <= (1u << r.width);
 }
 
 // ---- checksum ----------------------------------------------------------------------
@@ -407,7 +497,7 @@ ZC_HD uint64_t checksum_span(const uint8_t* p, uint64_t j0, uint64_t count) {
 struct Header {
   DtypeCode dtype;
   uint8_t status;
-  uint64_t n, used, capacity, esc_count;
+  uint64_t n, used, capacity, esc_count, esc_bytes;
 };
 
 // The header's first kHeaderUsed bytes (bytes [kHeaderUsed, 128) are the caller's:
@@ -425,6 +515,7 @@ ZC_HD void store_header(uint8_t* h, const Header& f, uint64_t checksum) {
   h[kOffBlockLog2] = (uint8_t)kBlockLog2;
   store_u64(h + kOffCapacity, f.capacity);
   store_u64(h + kOffEscCount, f.esc_count);
+  store_u64(h + kOffEscBytes, f.esc_bytes);
 }
 
 // Checksum contribution of the header (its checksum field as zero).
@@ -437,7 +528,8 @@ ZC_HD uint64_t header_checksum(const Header& f) {
 // What the decoder learns from a header that passed check_header.
 struct HeaderInfo {
   uint64_t used;       // used_nbytes (<= the buffer, >= min_nbytes, multiple of 128)
-  uint64_t esc_count;  // escapes (used = min_nbytes + align128(esc_count))
+  uint64_t esc_count;  // escapes (<= n)
+  uint64_t esc_bytes;  // escape-section bytes (used = min_nbytes + align128(esc_bytes))
 };
 
 // Decoder checks 1-5 (docs/format.md, "Decoding") on a row buffer of L >= 128
@@ -456,15 +548,18 @@ ZC_HD int32_t check_header(const uint8_t* in, uint64_t n, uint64_t L, HeaderInfo
   const uint8_t st = in[kOffStatus];
   if (st == kEncDoesNotFit) return kDecNotDecodable;
   if (st != kEncOk) return kDecBadHeader;
-  const uint64_t esc = load_u64(in + kOffEscCount), area = used - fixed;
+  const uint64_t esc = load_u64(in + kOffEscBytes), area = used - fixed;
+  const uint64_t count = load_u64(in + kOffEscCount);
   // used = fixed + align128(esc) <=> esc <= area < esc + 128 (area is a multiple of 128)
   if (esc > load_u64(in + kOffCapacity) || esc > area || area - esc >= kAlign) return kDecBadHeader;
+  if (count > n) return kDecBadHeader;
   for (uint32_t i = kOffBlockLog2 + 1; i < kOffCapacity; ++i)
     if (in[i]) return kDecBadHeader;
   for (uint32_t i = kHeaderUsed; i < kHeaderBytes; ++i)
     if (in[i]) return kDecBadHeader;
   info->used = used;
-  info->esc_count = esc;
+  info->esc_count = count;
+  info->esc_bytes = esc;
   return kDecOk;
 }
 

@@ -35,7 +35,7 @@ namespace ent {
 // ---- constants -------------------------------------------------------------------
 
 constexpr uint32_t kMagic = 0x4C43435Au;  // bytes 'Z' 'C' 'C' 'L'
-constexpr uint8_t kVersion = 4;  // the window codec's rows carry version 3
+constexpr uint8_t kVersion = 4;  // the window codec's rows carry version 4
 constexpr uint8_t kCodecId = 2;
 constexpr uint32_t kAlign = 128;
 constexpr uint32_t kHeaderBytes = 128;

@@ -1,4 +1,4 @@
-"""A second, independent implementation of the zipccl v3 (window codec) format in numpy.
+"""A second, independent implementation of the zipccl v4 (window codec) format in numpy.
 
 Written from docs/format.md alone (not from the C++), so that the tests compare two
 implementations of the text: the C++/CUDA encoders must produce exactly these bytes,
@@ -41,6 +41,48 @@ def layout(dtype, n: int, cap: int):
   esc = plane + align(plane_end - plane)
   return dict(nb=nb, table=table, raw=raw, plane=plane, plane_end=plane_end, last=last,
               esc=esc, total=esc + align(cap))
+
+
+def escape_stream(ex: np.ndarray, base: int, mode: int) -> tuple[int, int, np.ndarray]:
+  """(width, split, stream bytes) of a block's escaped exponents ex (element order),
+  docs/format.md "Escape section": w-bit values, below the window d - 1, above
+  split + d - 1; the exponent byte itself (w = 8) when 7 bits do not reach."""
+  ex = ex.astype(np.int64)
+  if ex.size == 0:
+    return 0, 0, np.zeros(0, np.uint8)
+  lo, hi = base, base + (5 if mode else 6)
+  db = int((lo - ex[ex < lo]).max()) if (ex < lo).any() else 0
+  da = int((ex[ex > hi] - hi).max()) if (ex > hi).any() else 0
+  if db > 127 or db + da > 128:
+    w, sp, v = 8, 0, ex
+  else:
+    w = max(1, int(db + da - 1).bit_length())
+    sp = db
+    v = np.where(ex < lo, lo - ex - 1, sp + ex - hi - 1)
+  bits = ((v[:, None] >> np.arange(w)) & 1).reshape(-1).astype(np.uint8)
+  return w, sp, np.packbits(bits, bitorder="little")
+
+
+def unpack_stream(sec: np.ndarray, count: int, w: int, sp: int, base: int, mode: int,
+                  emax: int) -> np.ndarray:
+  """The exponents of a block's escape stream at sec[0:]; ValueError if one is invalid."""
+  if count == 0:
+    return np.zeros(0, np.int64)
+  nbytes = -(-count * w // 8)
+  bits = np.unpackbits(sec[:nbytes], bitorder="little")
+  if bits[count * w:].any():
+    raise ValueError("stream padding bits")
+  v = (bits[:count * w].reshape(count, w).astype(np.int64) << np.arange(w)).sum(1)
+  if w == 8:
+    e = v
+  else:
+    lo, hi = base, base + (5 if mode else 6)
+    e = np.where(v < sp, lo - 1 - v, hi + 1 + v - sp)
+    if (e < (1 if mode else 0)).any():
+      raise ValueError("escape below the dtype")
+  if (e > emax).any():
+    raise ValueError("escape above the exponent max")
+  return e
 
 
 def planes_to_bytes(pl: np.ndarray, last: int) -> np.ndarray:
@@ -143,17 +185,22 @@ def encode(x: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, int, int,
   c = np.where(vb, c, 0)
   escaped = vb & (c == 0)
   esc_count = escaped.sum(1)
-  esc_off = np.concatenate([[0], np.cumsum(esc_count)[:-1]]) if nb else np.zeros(0, np.int64)
-  total = int(esc_count.sum())
+  coded = [escape_stream(eb_[b][escaped[b]], int(base[b]), int(mode[b])) for b in range(nb)]
+  width = np.asarray([w for w, _, _ in coded], np.int64)
+  split = np.asarray([sp for _, sp, _ in coded], np.int64)
+  sbytes = np.asarray([st.size for _, _, st in coded], np.int64)
+  esc_off = np.concatenate([[0], np.cumsum(sbytes)[:-1]]) if nb else np.zeros(0, np.int64)
+  total = int(sbytes.sum())
   status = 1 if total > cap else 0
-  escapes = eb_[escaped][: min(total, cap)].astype(np.uint8)
+  escapes = (np.concatenate([st for _, _, st in coded]) if nb else np.zeros(0, np.uint8))[: min(total, cap)]
 
   # block table
   rec = np.zeros((nb, 8), np.uint8)
   rec[:, 0:4] = esc_off.astype("<u4").view(np.uint8).reshape(nb, 4) if nb else rec[:, 0:4]
-  rec[:, 4:6] = esc_count.astype("<u2").view(np.uint8).reshape(nb, 2) if nb else rec[:, 4:6]
+  cw = esc_count | (width << 12)
+  rec[:, 4:6] = cw.astype("<u2").view(np.uint8).reshape(nb, 2) if nb else rec[:, 4:6]
   rec[:, 6] = base
-  rec[:, 7] = mode
+  rec[:, 7] = mode | (split << 1)
   buf[L["table"]:L["table"] + 8 * nb] = rec.reshape(-1)
 
   # raw section
@@ -180,15 +227,15 @@ def encode(x: np.ndarray, cap: int | None = None) -> tuple[np.ndarray, int, int,
   buf[L["esc"]:L["esc"] + escapes.size] = escapes
 
   used = L["esc"] + align(total) if status == 0 else L["total"]
-  hdr = np.zeros(56, np.uint8)
+  hdr = np.zeros(64, np.uint8)
   hdr[0:4] = np.frombuffer(np.uint32(MAGIC).tobytes(), np.uint8)
-  hdr[4], hdr[5], hdr[6], hdr[7] = 3, code, 1, status
+  hdr[4], hdr[5], hdr[6], hdr[7] = 4, code, 1, status
   hdr[32] = 11
-  for off, v in ((8, n), (16, used), (40, cap), (48, total)):
+  for off, v in ((8, n), (16, used), (40, cap), (48, int(esc_count.sum())), (56, total)):
     hdr[off:off + 8] = np.frombuffer(np.uint64(v).tobytes(), np.uint8)
-  buf[:56] = hdr
+  buf[:64] = hdr
   buf[24:32] = np.frombuffer(np.uint64(checksum(buf[:used])).tobytes(), np.uint8)
-  return buf, status, total, used
+  return buf, status, int(esc_count.sum()), used
 
 
 def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
@@ -198,9 +245,9 @@ def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
   """
   code, wdt, eb, mb, rb, nplanes = SPECS[np.dtype(dtype)]
   u64 = lambda o: int(buf[o:o + 8].view("<u8")[0])
-  if buf.size < 128 or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 3 or buf[6] != 1:
+  if buf.size < 128 or int(buf[:4].view("<u4")[0]) != MAGIC or buf[4] != 4 or buf[6] != 1:
     raise ValueError("bad size/magic/version/codec")
-  used, count = u64(16), u64(48)
+  used, count = u64(16), u64(56)
   L = layout(dtype, n, count)
   if (buf[5] != code or buf[32] != 11 or u64(8) != n or used > buf.size
       or used != L["total"]):
@@ -213,8 +260,9 @@ def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
   nb = L["nb"]
   rec = buf[L["table"]:L["table"] + 8 * nb].reshape(nb, 8)
   off = rec[:, 0:4].copy().view("<u4").reshape(-1).astype(np.int64)
+  cw = rec[:, 4:6].copy().view("<u2").reshape(-1).astype(np.int64)
   base = rec[:, 6].astype(np.int64)
-  mode = rec[:, 7].astype(np.int64)
+  mode = rec[:, 7].astype(np.int64) & 1
   pl = bytes_to_planes(buf[L["plane"]:L["plane_end"]], nb, nplanes, L["last"])
   bits = np.unpackbits(pl, axis=2, bitorder="little").reshape(nb, nplanes, B).astype(np.int64)
   c = bits[:, 0] | (bits[:, 1] << 1) | (bits[:, 2] << 2)
@@ -222,7 +270,10 @@ def decode(buf: np.ndarray, dtype, n: int) -> np.ndarray:
   flat_c = c.reshape(-1)[:n]
   flat_e = e.reshape(-1)[:n]
   esc_idx = np.flatnonzero(flat_c == 0)
-  flat_e[esc_idx] = buf[L["esc"]:L["esc"] + esc_idx.size]
+  emax = (1 << eb) - 1
+  ex = [unpack_stream(buf[L["esc"] + off[b]:], int(cw[b] & 0xFFF), int(cw[b] >> 12),
+                      int(rec[b, 7] >> 1), int(base[b]), int(mode[b]), emax) for b in range(nb)]
+  flat_e[esc_idx] = np.concatenate(ex) if nb else np.zeros(0, np.int64)
   raw_sec = buf[L["raw"]:L["raw"] + rb * n].astype(np.int64)
   if code == 1:
     w = ((raw_sec & 0x80) << 8) | (flat_e << 7) | (raw_sec & 0x7F)

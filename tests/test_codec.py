@@ -129,7 +129,7 @@ def test_relu_uses_zero_mode():
   # half the elements are zero: zero mode codes them instead of escaping them
   assert status == 0 and count < 0.05 * x.size
   rec = np.asarray(zc.encode(jnp.asarray(x)).payload)[128:128 + 8 * 4].reshape(4, 8)
-  assert (rec[:, 7] == 1).all()
+  assert (rec[:, 7] & 1 == 1).all()   # mode bit (bits 1..7: the escape split)
 
 
 def test_nan_payloads_and_signed_zeros_bit_exact():
@@ -258,12 +258,16 @@ def test_does_not_fit_guard_bytes_and_refusal(dtype):
 
 
 def test_exact_capacity_boundary():
+  """The capacity counts escape-stream bytes (header field escape_bytes, format v4):
+  a row fits exactly when they are at most the capacity."""
   x = make("gauss", 4096, BF16, seed=9)
-  count = int(zc.encode(jnp.asarray(x)).escape_count)
-  assert host_encode(x, count)[1] == 0
-  assert host_encode(x, count - 1)[1] == 1
-  check_against_reference(x, count)
-  check_against_reference(x, count - 1)
+  p = np.asarray(zc.encode(jnp.asarray(x)).payload)
+  esc_bytes = int(p[56:64].view("<u8")[0])
+  assert 0 < esc_bytes < int(zc.encode(jnp.asarray(x)).escape_count)   # < a byte per escape
+  assert host_encode(x, esc_bytes)[1] == 0
+  assert host_encode(x, esc_bytes - 1)[1] == 1
+  check_against_reference(x, esc_bytes)
+  check_against_reference(x, esc_bytes - 1)
 
 
 # ---- malformed payloads ------------------------------------------------------------------
@@ -341,6 +345,7 @@ def test_specific_defects_report_their_status():
   n = x.size
   esc_off = zc.min_nbytes(BF16, n)
   count = int(p[48:56].view("<u8")[0])
+  esc_bytes = int(p[56:64].view("<u8")[0])
 
   def st_of(mutate, reseal=False):
     q = p.copy()
@@ -365,9 +370,13 @@ def test_specific_defects_report_their_status():
   assert st_of(lambda q: q.__setitem__(7, 9)) == 5                # bad status byte
   assert st_of(lambda q: q.__setitem__(100, 1)) == 5              # reserved byte
   assert st_of(lambda q: q.__setitem__(35, 1)) == 5               # reserved byte after block_log2
-  assert st_of(lambda q: _set_u64(q, 40, count - 1)) == 5         # escape_count > capacity
-  assert st_of(lambda q: _set_u64(q, 48, 2**64 - 1)) == 5         # huge escape count
-  assert st_of(lambda q: _set_u64(q, 16, used + 128)) == 5        # used != esc_off + align(count)
+  assert st_of(lambda q: _set_u64(q, 40, esc_bytes - 1)) == 5     # escape_bytes > capacity
+  assert st_of(lambda q: _set_u64(q, 56, 2**64 - 1)) == 5         # huge escape bytes
+  assert st_of(lambda q: _set_u64(q, 48, n + 1)) == 5             # escape_count > n
+  assert st_of(lambda q: _set_u64(q, 48, count + 1), reseal=True) == 6  # != the records' sum
+  assert st_of(lambda q: _set_u64(q, 16, used + 128)) == 5        # used != esc_off + align(bytes)
+  assert st_of(lambda q: q.__setitem__(128 + 5, q[128 + 5] ^ 0x90), reseal=True) == 6  # width > 8
+  assert st_of(lambda q: q.__setitem__(128 + 7, q[128 + 7] | 0xFE), reseal=True) == 6  # split > 2^w
   assert st_of(lambda q: q.__setitem__(128 + 6, 255)) == 6        # invalid window base
   assert st_of(lambda q: q.__setitem__(128 + 8, q[128 + 8] + 1)) == 6  # offset of block 1
   assert _decode_status(BF16, p, n + 1)[0] == 3                   # caller expects other n
@@ -423,18 +432,48 @@ def test_short_last_block_has_short_planes(dtype):
                         x.view(np.uint8))
 
 
-def test_fp16_escape_byte_above_31_is_rejected():
+def _spread_f16(n=3000, seed=1):
+  """fp16 data whose block 0 escapes far on both sides of its window (width 5)."""
   f16 = np.dtype(np.float16)
-  x, used, p = _payload(f16, n=3000, seed=1)
-  esc_off = zc.min_nbytes(f16, x.size)
-  count = int(p[48:56].view("<u8")[0])
-  assert count > 0
-  for bad in (32, 0x80, 0xFF):
+  x = make("gauss", n, f16, seed=seed)
+  x[:64:2] = np.float16(6e4)      # exponent 30, far above
+  x[1:64:2] = np.float16(1e-7)    # subnormal: exponent 0, far below (mode 0)
+  return x
+
+
+def test_escape_values_naming_no_exponent_are_rejected():
+  """Format v4: an escape value is a distance from the window; one that names an
+  exponent outside the dtype (fp16: above 31, whose bits would leak into the sign;
+  below 0), or a set bit past a stream's last value, is BAD_ESCAPES (7)."""
+  f16 = np.dtype(np.float16)
+  x = _spread_f16()
+  enc = zc.encode(jnp.asarray(x))
+  p, used, n = np.asarray(enc.payload).copy(), int(enc.used_nbytes), x.size
+  esc_off = zc.min_nbytes(f16, n)
+  rec = p[128:136]
+  count, width = int(rec[4:6].view("<u2")[0]) & 0xFFF, int(rec[5]) >> 4
+  split = int(rec[7]) >> 1
+  assert count > 0 and width == 5 and 0 < split < 31, (count, width, split)
+
+  def status_of(mutate):
     q = p.copy()
-    q[esc_off] = bad      # the first escape: its bits above 4 would land in the sign
-    status, y = _decode_status(f16, ref.reseal(q), x.size)
-    assert status == 7, (bad, status)
-    _assert_filled(status, y)
+    mutate(q)
+    st, y = _decode_status(f16, ref.reseal(q), n)
+    _assert_filled(st, y)
+    return st
+
+  assert status_of(lambda q: None) == 0
+  # the first value all ones with split 0: e = hi + 1 + 31 > 31
+  assert status_of(lambda q: (q.__setitem__(esc_off, q[esc_off] | 0x1F),
+                              q.__setitem__(128 + 7, q[128 + 7] & 1))) == 7
+  # split = 2^5 and the first value 31: below the window, e = lo - 32 < 0
+  assert status_of(lambda q: (q.__setitem__(esc_off, q[esc_off] | 0x1F),
+                              q.__setitem__(128 + 7, (q[128 + 7] & 1) | (32 << 1)))) == 7
+  # a bit past the last value of block 0's stream (count * 5 bits)
+  sb = -(-count * 5 // 8)
+  if (count * 5) % 8:
+    assert status_of(lambda q: q.__setitem__(esc_off + sb - 1, q[esc_off + sb - 1] | 0x80)) == 7
+  assert np.array_equal(np.asarray(zc.decode(zc.encode(jnp.asarray(x)))).view(np.uint16), x.view(np.uint16))
 
 
 def test_jit_decode_of_bad_payloads_is_all_ones():
@@ -679,6 +718,7 @@ def test_simd_and_portable_paths_are_identical(tmp_path, dtype):
     p, status, count, used = host_encode(x, n)
     assert status == 0
     p = p[:used]
+    esc_bytes = int(p[56:64].view("<u8")[0])
     nb = -(-n // 2048)
     P = 6 if dtype == np.float16 else 3
     raw_off = 128 + -(-nb * 8 // 128) * 128
@@ -690,10 +730,10 @@ def test_simd_and_portable_paths_are_identical(tmp_path, dtype):
       if kind == 0:    # one bit of a full block's planes (codes, or fp16's raw planes)
         i = plane_off + int(rng.integers((n // 2048) * P * 256))
         q[i] ^= np.uint8(1 << int(rng.integers(8)))
-      elif kind == 1:  # an escape byte: random, or above fp16's 31
-        if count == 0:
+      elif kind == 1:  # a byte of the escape streams: random, or mostly ones
+        if esc_bytes == 0:
           continue
-        q[esc_off + int(rng.integers(count))] = rng.choice([32, 0x80, 0xFF, int(rng.integers(256))])
+        q[esc_off + int(rng.integers(esc_bytes))] = rng.choice([32, 0x80, 0xFF, int(rng.integers(256))])
       elif kind == 2:  # a window byte (base or mode) or the count byte of a record
         q[128 + 8 * int(rng.integers(nb)) + int(rng.choice([4, 6, 7]))] = rng.integers(256)
       else:            # a few random bytes anywhere in the table, raw, plane or escape sections

@@ -280,7 +280,7 @@ void check_case(const std::string& kind, uint64_t rows, uint64_t n, int corrupt,
   // Corruptions: flip bits in every section, compare statuses with the CPU.
   const tile::Geom g = tile::geom_of<T>(n, cap);
   const uint64_t used = (uint64_t)ref_stats[2] * kAlign <= nbytes ? (uint64_t)ref_stats[2] * kAlign : nbytes;
-  const uint64_t esc_count = load_u64(ref.data() + kOffEscCount);
+  const uint64_t esc_count = load_u64(ref.data() + kOffEscBytes);  // escape-section bytes (v4)
   struct Region {
     uint64_t lo, hi;
   };
@@ -307,7 +307,7 @@ void check_case(const std::string& kind, uint64_t rows, uint64_t n, int corrupt,
   if (ref_stats[0] != kEncOk) return;
   // Crafted defects with a re-sealed checksum (random flips almost never keep it
   // valid): statuses 6, 7 and 9, and a window shift the planes survive.
-  for (int it = 0; it < 11 && g.nb > 0; ++it) {
+  for (int it = 0; it < 13 && g.nb > 0; ++it) {
     std::vector<uint8_t> bad = ref;
     const uint64_t b = rng() % g.nb;
     Record r = load_record(bad.data() + g.table_off + 8 * b);
@@ -322,6 +322,8 @@ void check_case(const std::string& kind, uint64_t rows, uint64_t n, int corrupt,
       case 7: if (g.raw_off + n * T::kRawBytes < g.plane_off) bad[g.plane_off - 1] = 0x80; break;  // raw padding
       case 8: if (g.esc_off + esc_count < used) bad[used - 1] = 2; break;                       // escape padding
       case 9: if (g.plane_end < g.esc_off) bad[g.esc_off - 1] = 4; break;                          // plane padding (v3)
+      case 10: r.width = r.width == 8 ? 7 : r.width + 1; break;                                   // escape width (v4)
+      case 11: r.split = (r.split + 1) & 0x7F; break;                                             // escape split (v4)
       default: if (esc_count) bad[g.esc_off + rng() % esc_count] = (uint8_t)(T::kExpMax + 1 + rng() % (255 - T::kExpMax + (T::kExpMax == 255))); break;
     }
     store_record(bad.data() + g.table_off + 8 * b, r);

@@ -319,6 +319,13 @@ inline unsigned reduce_or(int line, unsigned mask, unsigned v) {
   return r;
 }
 
+inline unsigned reduce_max(int line, unsigned mask, unsigned v) {
+  const uint64_t* s = exchange(line, mask, v, "__reduce_max_sync");
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r = (unsigned)s[i] > r ? (unsigned)s[i] : r;
+  return r;
+}
+
 inline unsigned ballot(int line, unsigned mask, int pred) {
   const uint64_t* s = exchange(line, mask, pred ? 1 : 0, "__ballot_sync");
   unsigned r = 0;
@@ -536,6 +543,7 @@ void launch_async(unsigned grid, unsigned block, Stream, std::function<void()> b
 #define __shfl_up_sync(mask, v, d) ::simt::shfl_up(__LINE__, mask, v, d)
 #define __reduce_add_sync(mask, v) ::simt::reduce_add(__LINE__, mask, v)
 #define __reduce_or_sync(mask, v) ::simt::reduce_or(__LINE__, mask, v)
+#define __reduce_max_sync(mask, v) ::simt::reduce_max(__LINE__, mask, v)
 #define __ballot_sync(mask, p) ::simt::ballot(__LINE__, mask, p)
 #define __any_sync(mask, p) ::simt::any(__LINE__, mask, p)
 inline int __ffs(int x) { return __builtin_ffs(x); }

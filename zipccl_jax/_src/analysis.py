@@ -12,7 +12,7 @@ import numpy as np
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import registry
-from zipccl_jax._src.codec import default_escape_capacity, encoded_nbytes, max_escape_capacity
+from zipccl_jax._src.codec import encoded_nbytes, max_nbytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +103,8 @@ def analyze(x, codec: str = "zipccl") -> Analysis:
   return Analysis(
       escape_count=esc, escape_rate=esc / n if n else 0.0,
       actual_nbytes=used, static_nbytes=static, ratio=raw / used if n else 0.0,
-      static_ratio=raw / static if n else 0.0, overflow=esc > default_escape_capacity(n),
-      fits=esc <= max_escape_capacity(x.dtype, n), roundtrip_ok=bool(ok), count=int(esc),
+      static_ratio=raw / static if n else 0.0, overflow=used > static,
+      fits=used <= max_nbytes(x.dtype, n), roundtrip_ok=bool(ok), count=int(esc),
       **common)
 
 

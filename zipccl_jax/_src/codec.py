@@ -1,9 +1,10 @@
 """The zipccl codec: `encode`, `decode`, the static-size contract and `analyze`.
 
-A tensor of n bf16/fp16/fp32 elements becomes one *row* (docs/format.md, version 3):
+A tensor of n bf16/fp16/fp32 elements becomes one *row* (docs/format.md, version 4):
 sign and mantissa bits verbatim, the exponent as a 3-bit code (three bit planes)
 against a per-block window of 7 exponents, and the escaped exponents (outside the
-window) in an escape section that comes last. The encoder writes into a static
+window) as w-bit distances from it (w per block, version 4) in an escape section
+that comes last. The encoder writes into a static
 buffer of `max_nbytes(dtype, n)` bytes and records in the header how many it used
 (`used_nbytes`, a multiple of 128): the first `used_nbytes` bytes decode on their
 own, so a transport may send any prefix at least that long. A row that needs more
@@ -30,7 +31,7 @@ from zipccl_jax._src import ffi as _ffi
 
 # ---- static-size contract (mirror of ffi/codec_format.h) ---------------------------
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 CODEC_ID = 1            # the window codec's id in the common row header (byte 6)
 BLOCK = 2048            # elements per block
 _ALIGN = 128            # section alignment and used_nbytes unit, bytes
@@ -153,11 +154,12 @@ def max_nbytes(dtype, n: int) -> int:
 
 
 def encoded_nbytes(dtype, n: int, escape_capacity: int | None = None) -> int:
-  """Bytes of a row prefix with room for `escape_capacity` escapes (a fixed slot).
+  """Bytes of a row prefix with room for `escape_capacity` escape bytes (a fixed slot).
 
-  `min(min_nbytes + align128(escape_capacity), max_nbytes)`: a row with at most
-  that many escapes decodes from its first `encoded_nbytes(...)` bytes. This is
-  the v1 row size, now the slot of a fixed-slot transport.
+  `min(min_nbytes + align128(escape_capacity), max_nbytes)`: a row whose escape
+  streams take at most that many bytes decodes from its first `encoded_nbytes(...)`
+  bytes (format v4 packs escapes into w-bit values, w <= 8, so that many escapes
+  always fit). This is the v1 row size, now the slot of a fixed-slot transport.
   `escape_capacity=None` means `default_escape_capacity(n)`.
   """
   _dtype_info(dtype)
@@ -168,7 +170,7 @@ def encoded_nbytes(dtype, n: int, escape_capacity: int | None = None) -> int:
 
 
 def default_escape_capacity(n: int) -> int:
-  """Default escape slots of a fixed slot: ceil(3.75% n) + 64, rounded up to 128.
+  """Default escape bytes of a fixed slot: ceil(3.75% n) + 64, rounded up to 128.
 
   Rounding to the 128-byte alignment costs nothing; a capacity >= n can never
   be exceeded.
@@ -369,16 +371,17 @@ def decode_rows(payload: jax.Array, n: int, dtype, escape_capacity: int | None =
 # ---- public API -----------------------------------------------------------------------
 
 _DECODE_ERRORS = {
-    1: "bad magic, format version or codec id (not a zipccl v3 window-codec payload)",
+    1: "bad magic, format version or codec id (not a zipccl v4 window-codec payload)",
     2: "dtype or block size differ from what the decoder expects",
     3: "n differs from what the decoder expects, or used_nbytes exceeds the payload, "
        "is not a multiple of 128 or is below min_nbytes",
     4: "the encoder reported DOES_NOT_FIT: the row needs more escape bytes than max_nbytes "
        "holds, so it is not decodable (its data barely compresses: use codec='raw')",
-    5: "invalid header (status byte, escape count, capacity, used_nbytes or reserved bytes)",
-    6: "inconsistent block table (window, escape offset or escape count)",
-    7: "code planes disagree with the block table, or an escape byte exceeds the "
-       "exponent range (corrupted planes or escapes)",
+    5: "invalid header (status byte, escape count or bytes, capacity, used_nbytes or "
+       "reserved bytes)",
+    6: "inconsistent block table (window, escape offset, count, width or split)",
+    7: "code planes disagree with the block table, an escape names no exponent of the "
+       "dtype, or a stream's padding bits are set (corrupted planes or escapes)",
     8: "checksum mismatch (corrupted bytes)",
     9: "nonzero padding after a matching checksum (a crafted or mis-encoded payload)",
 }

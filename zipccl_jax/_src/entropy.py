@@ -29,7 +29,7 @@ ENCODE_TARGET = "zipccl_entropy_encode"
 DECODE_TARGET = "zipccl_entropy_decode"
 
 CODEC_ID = 2
-FORMAT_VERSION = 4      # entropy rows (4: fp16 symbols carry the top mantissa bit); the window codec's rows carry 3
+FORMAT_VERSION = 4      # entropy rows (4: fp16 symbols carry the top mantissa bit); the window codec's rows carry 4
 BLOCK = 4096            # elements per block
 STREAMS = 8             # bit streams per Huffman block
 MAX_CODE_LEN = 11       # bits
