@@ -646,18 +646,27 @@ bool unpack_escapes(const uint8_t* in, const Record& r, uint8_t* ex) {
     std::memcpy(ex, in, count);
     return high == 0;
   }
+  // Value -> exponent table of the block (2^w <= 128 entries; 0x100 marks a value
+  // that names no exponent), then one lookup per escape.
+  uint16_t lut[128];
+  for (uint32_t v = 0; v < (1u << w); ++v) {
+    uint32_t e;
+    lut[v] = escape_exponent<T>(v, lo, hi, r.mode, w, r.split, &e) ? (uint16_t)e : (uint16_t)0x100;
+  }
+  const uint32_t sb = stream_bytes(count, w);
   const uint64_t mask = (1u << w) - 1;
   uint64_t acc = 0;
-  uint32_t bits = 0, o = 0;
+  uint32_t bits = 0, o = 0, bad = 0;
   for (uint32_t i = 0; i < count; ++i) {
-    for (; bits < w; bits += 8) acc |= (uint64_t)in[o++] << bits;
-    uint32_t e;
-    if (!escape_exponent<T>((uint32_t)(acc & mask), lo, hi, r.mode, w, r.split, &e)) return false;
-    ex[i] = (uint8_t)e;
+    if (bits < w)  // refill to 57+ bits, never past the stream
+      for (; bits <= 56 && o < sb; bits += 8) acc |= (uint64_t)in[o++] << bits;
+    const uint32_t x = lut[acc & mask];
+    bad |= x;
+    ex[i] = (uint8_t)x;
     acc >>= w;
     bits -= w;
   }
-  return acc == 0;  // the stream's last bits past count * w
+  return !(bad & 0x100) && acc == 0;  // acc: the stream's last bits past count * w
 }
 
 template <typename T>
