@@ -1085,7 +1085,7 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
     # The uncompressed transport at the largest size, against the bare collective
     # timed just before: its extra copies per received byte (>= 0).
     r = max(row_sizes) // 2 * 2
-    t_raw = meter.time(meter.smap(body_raw), meter.array(make_raw(r)))
+    t_raw = meter.time(meter.smap(body_raw), meter.array(make_raw(r)), reps=max(meter.reps, 5), stat=min)
     wire = _wire_rows(algo, n_peers) * r
     big = int(np.argmax(row_sizes))
     ts[big] = _bounded_bare(ts[big], t_raw, lambda: meter.time(f, meter.array(make(row_sizes[big]))),
