@@ -288,20 +288,17 @@ def make(dist: str, n: int, dtype, seed: int):
 
 
 def sections(dtype, n: int, nbytes: int) -> list[tuple[str, int, int]]:
-  """The row's sections (format v3) in a row of nbytes bytes: the escape section runs to the end;
-  "planes" includes the plane section's padding (a short last block has 16 * ceil(len / 128)
-  bytes per plane)."""
+  """The row's sections (format v4) in a row of nbytes bytes: the escape section runs to the end;
+  "planes" includes the plane section's padding (its end is the library's min_nbytes)."""
   import numpy as np
-  rb, planes = {2: (1, 3), 4: (3, 3)}[np.dtype(dtype).itemsize]
-  if np.dtype(dtype) == np.dtype(np.float16):
-    planes = 6
+  import zipccl_jax as zc
+  rb = 3 if np.dtype(dtype).itemsize == 4 else 1
   al = lambda v: -(-v // 128) * 128  # noqa: E731
   nb = -(-n // 2048)
   t0 = 128
   r0 = t0 + al(8 * nb)
   p0 = r0 + al(rb * n)
-  last = n - 2048 * (nb - 1) if nb else 0
-  e0 = p0 + (al(planes * ((nb - 1) * 256 + 16 * -(-last // 128))) if nb else 0)
+  e0 = zc.min_nbytes(dtype, n)
   return [("header", 0, 128), ("table", t0, r0), ("raw", r0, p0), ("planes", p0, e0), ("escapes", e0, max(nbytes, e0))]
 
 
