@@ -8,6 +8,7 @@ that runs many collectives, to keep the suite fast on 2 cores.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -552,6 +553,80 @@ def test_policy_auto_with_a_calibration_asks_the_cost_model(mesh8):
     assert _auto_wire(mesh8, big).common == first_rung + 4 < raw_big   # + the agreement
   finally:
     zc.set_calibration(None)
+
+
+def _ratio_calibration(entropy_ratio: float, entropy_slowdown: float = 1.0):
+  """A 1 Gbit/s calibration of both codecs (window codec at ratio 1.40), the entropy
+  codec at `entropy_ratio` and `entropy_slowdown` x the window codec's codec time."""
+  from zipccl_jax import costmodel as cm
+  base = cm.projected_calibration(cm.default_calibration("cpu", codecs=("zipccl", "entropy")),
+                                  link_gbit=1.0, encode_GBps=3.0, decode_GBps=3.5)
+  ent = {d: dataclasses.replace(
+      f, encode_s_per_byte=f.encode_s_per_byte * entropy_slowdown,
+      decode_s_per_byte=f.decode_s_per_byte * entropy_slowdown, ratio=entropy_ratio)
+      for d, f in base.codecs["entropy"].items()}
+  win = {d: dataclasses.replace(f, ratio=1.40) for d, f in base.codecs["zipccl"].items()}
+  return dataclasses.replace(base, codecs={"zipccl": win, "entropy": ent})
+
+
+def test_codec_auto_takes_the_modelled_fastest_codec(mesh8):
+  """codec="auto" (the default): AUTO_CODEC without a calibration; with one, the
+  codec `costmodel.fastest_codec` names for the call, in every collective and its
+  VJP, and the stats name it. Bits equal that codec's, compared as words."""
+  from zipccl_jax import costmodel as cm
+  x = gaussian((N * 4, 4096), BF16, seed=71)              # 32 KiB rows per device
+  x32 = gaussian((N * 4, 1024), F32, seed=72)
+
+  def run(codec_kw):
+    def f(v, w):
+      ag, s1 = zc.compressed_all_gather(v, "x", tiled=True, stats=True, **codec_kw)
+      rs, s2 = zc.compressed_psum_scatter(v, "x", scatter_dimension=1, tiled=True,
+                                          stats=True, **codec_kw)
+      ps, s3 = zc.compressed_psum(v, "x", stats=True, **codec_kw)
+      a2, s4 = zc.compressed_all_to_all(v, "x", 1, 1, tiled=True, stats=True, **codec_kw)
+      pp, s5 = zc.compressed_ppermute(v, "x", [(i, (i + 1) % N) for i in range(N)],
+                                      stats=True, **codec_kw)
+      f32, s6 = zc.compressed_all_gather(w, "x", tiled=True, stats=True, **codec_kw)
+      g = jax.grad(lambda u: jnp.sum(zc.compressed_psum_scatter(
+          u, "x", scatter_dimension=1, tiled=True, **codec_kw).astype(jnp.float32) ** 2))(v)
+      names.append(tuple(s.codec for s in (s1, s2, s3, s4, s5, s6)))   # static, at trace
+      return ag, rs, ps, a2, pp, f32, g
+    names = []
+    out = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=(P("x"), P("x")), out_specs=P("x"),
+                                check_vma=False))(x, x32)
+    return out, names[0]
+
+  pol = dict(policy="always")
+  out, names = run(pol)                                  # no calibration in force
+  assert zc.AUTO_CODEC == "zipccl" and names == ("zipccl",) * 6
+  want, _ = run(dict(pol, codec="zipccl"))
+  for a, b in zip(out, want):
+    assert_bits_equal(a, b)
+  try:
+    # A slow link and a much better entropy ratio: the entropy codec wherever it
+    # takes the dtype (bf16); fp32 has the window codec only.
+    zc.set_calibration(_ratio_calibration(1.9))
+    assert cm.fastest_codec("all_gather", BF16, 4 * 4096, N) == "entropy"
+    out, names = run(pol)
+    assert names == ("entropy",) * 5 + ("zipccl",)
+    want, _ = run(dict(pol, codec="entropy"))
+    for a, b in zip(out, want):
+      assert_bits_equal(a, b)
+    # The same ratio but 20x the codec time: the window codec is faster.
+    zc.set_calibration(_ratio_calibration(1.5, entropy_slowdown=20.0))
+    _, names = run(pol)
+    assert names == ("zipccl",) * 6
+    # policy="auto" with codec="auto": decide() over all codecs; a fast link keeps
+    # the rows raw (the stats still name the codec the model preferred).
+    zc.set_calibration(cm.default_calibration("cpu", codecs=("zipccl", "entropy")))
+    hlo = jax.jit(jax.shard_map(lambda v: zc.compressed_all_gather(v, "x", tiled=True),
+                                mesh=mesh8, in_specs=P("x"), out_specs=P("x"))
+                  ).lower(x).compile().as_text()
+    assert zc.hlo_wire_bytes(hlo).total == 4 * 4096 * 2
+  finally:
+    zc.set_calibration(None)
+  with pytest.raises(ValueError, match="'auto' is reserved"):
+    zc.register_codec(zc.Codec("auto", 9, "zipccl_jax._src.codec"))
 
 
 def test_stats_wire_bytes_match_hlo(mesh8):

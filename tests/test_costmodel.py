@@ -116,6 +116,23 @@ def test_picks_the_faster_codec_and_ties_identically():
   # Equal codecs: the first in sorted order, whatever order they were given in.
   same = dataclasses.replace(base, codecs={"b": fast, "a": fast})
   assert cm.decide("psum", "bfloat16", 2**22, 2, same, codecs=("b", "a"))[1] == "a"
+  # fastest_codec (codec="auto"): decide's codec, but also where raw is faster
+  # (then decide says no); None without a candidate or without a message.
+  for c in (cal, cal5, same):
+    for coll in cm.COLLECTIVES:
+      ok, best = cm.decide(coll, "bfloat16", 2**22, 2, c)
+      assert ok and cm.fastest_codec(coll, "bfloat16", 2**22, 2, c) == best, coll
+  fast_link = dataclasses.replace(cal, links={a: cm.LinkFit(5e-6, 1 / (400 * GBIT))
+                                              for a in cm.ALGORITHMS})
+  assert cm.decide("all_gather", "bfloat16", 2**22, 2, fast_link) == (False, None)
+  assert cm.fastest_codec("all_gather", "bfloat16", 2**22, 2, fast_link) == "zipccl"
+  assert cm.fastest_codec("all_gather", "bfloat16", 2**22, 2, cal, codecs=("nope",)) is None
+  assert cm.fastest_codec("all_gather", "bfloat16", 0, 2, cal) is None
+  assert cm.fastest_codec("all_gather", "bfloat16", 2**22, 1, cal) is None
+  with pytest.raises(ValueError, match="fastest_codec: collective"):
+    cm.fastest_codec("gather", "bfloat16", 8, 2, cal)
+  with pytest.raises(TypeError, match="fastest_codec: codecs must be codec names"):
+    cm.fastest_codec("psum", "bfloat16", 8, 2, cal, codecs=(1,))
 
 
 def test_identical_inputs_identical_decisions_also_in_another_process(tmp_path):

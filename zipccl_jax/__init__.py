@@ -44,7 +44,7 @@ from zipccl_jax._src.costmodel import (
 from zipccl_jax._src.ffi import has_cuda_support, native
 from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
-from zipccl_jax._src.options import AUTO_MIN_ROW_BYTES
+from zipccl_jax._src.options import AUTO_CODEC, AUTO_MIN_ROW_BYTES
 from zipccl_jax._src.options import BUCKET_BYTES
 from zipccl_jax._src.options import codec_ladder
 from zipccl_jax._src.registry import Codec, get as get_codec, names as codec_names
@@ -56,6 +56,7 @@ from zipccl_jax._src.transport import ladder as slot_ladder
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTO_CODEC",
     "AUTO_MIN_ROW_BYTES",
     "BUCKET_BYTES",
     "BLOCK",

@@ -30,6 +30,7 @@ from zipccl_jax._src.costmodel import (
     decide,
     default_calibration,
     default_path,
+    fastest_codec,
     fit_alpha_beta,
     format_projection,
     load_calibration,

@@ -55,6 +55,13 @@ class _Cfg(NamedTuple):
   perm: tuple = ()      # ppermute
 
 
+def _resolved(cfg: _Cfg, collective: str, dtype, m: int) -> _Cfg:
+  """cfg with codec="auto" resolved for this call's rows (m elements of dtype), so
+  that its transports and its stats use and name one codec (options.auto_codec)."""
+  return cfg._replace(opts=options.resolve_codec(cfg.opts, dtype, m, collective=collective,
+                                                 n_peers=cfg.n_peers))
+
+
 def _plan(cfg: _Cfg, collective: str, dtype, m: int, all_to_all: bool = False) -> options.Plan:
   return options.plan(cfg.fn, dtype, m, cfg.opts, collective=collective, n_peers=cfg.n_peers,
                       all_to_all=all_to_all)
@@ -77,6 +84,7 @@ def _empty(x, shape, cfg: _Cfg, name: str, varying: bool = True):
   an empty row (tests/test_collectives.py's empty leaf, Python 3.12). The result is
   typed varying over the axes like lax's, but for psum's (invariant).
   """
+  cfg = _resolved(cfg, name, x.dtype, 0)
   y = jnp.zeros(shape, x.dtype)
   if varying:
     y = compat.pvary(y, cfg.axes)
@@ -90,6 +98,7 @@ def _ag_impl(x, cfg: _Cfg):
     shape = _ag_assemble(jnp.zeros((cfg.n_peers, 0), x.dtype), x.shape, cfg.dim, cfg.tiled,
                          cfg.n_peers).shape
     return _empty(x, shape, cfg, "all_gather", varying=cfg.to == "varying")
+  cfg = _resolved(cfg, "all_gather", x.dtype, n)
   plan = _plan(cfg, "all_gather", x.dtype, n)
   g, parts = transport.gather_rows(x.reshape(n), cfg.axes, cfg.n_peers, plan, cfg.stats,
                                    cfg.opts.check_decode)
@@ -121,6 +130,7 @@ def _rs_impl(x, cfg: _Cfg):
     return _empty(x, _chunk_shape(x.shape, cfg.dim, cfg.tiled, cfg.n_peers), cfg,
                   "psum_scatter")
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, cfg.n_peers)
+  cfg = _resolved(cfg, "psum_scatter", x.dtype, rows.shape[1])
   plan = _plan(cfg, "psum_scatter", x.dtype, rows.shape[1], all_to_all=True)
   recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   y = transport.ordered_sum(recv, x.dtype).reshape(chunk)
@@ -137,6 +147,7 @@ def _psum_impl(x, cfg: _Cfg):
   if n_peers * m != n:
     flat = jnp.pad(flat, (0, n_peers * m - n))
   check = cfg.opts.check_decode
+  cfg = _resolved(cfg, "psum", x.dtype, m)
   plan = _plan(cfg, "psum", x.dtype, m, all_to_all=True)
   recv, p1 = transport.a2a_rows(flat.reshape(n_peers, m), cfg.axes, plan, cfg.stats, check)
   mine = transport.ordered_sum(recv, x.dtype)
@@ -154,6 +165,7 @@ def _a2a_impl(x, cfg: _Cfg):
                           n_peers).shape
     return _empty(x, shape, cfg, "all_to_all")
   rows, chunk = _rows_for_peers(x, cfg.dim, cfg.tiled, n_peers)
+  cfg = _resolved(cfg, "all_to_all", x.dtype, rows.shape[1])
   plan = _plan(cfg, "all_to_all", x.dtype, rows.shape[1], all_to_all=True)
   recv, parts = transport.a2a_rows(rows, cfg.axes, plan, cfg.stats, cfg.opts.check_decode)
   y = _a2a_assemble(recv, chunk, cfg.dim2, cfg.tiled, n_peers)
@@ -172,6 +184,7 @@ def _pp_impl(x, cfg: _Cfg):
   n = x.size
   if n == 0:
     return _empty(x, x.shape, cfg, "ppermute")
+  cfg = _resolved(cfg, "ppermute", x.dtype, n)
   plan = _plan(cfg, "ppermute", x.dtype, n)
   y, parts = transport.permute_row(x.reshape(n), cfg.axes, cfg.perm, cfg.n_peers, plan,
                                    cfg.stats, cfg.opts.check_decode)
@@ -446,9 +459,13 @@ def _takes_lax(fn, leaf) -> bool:
 # ---- public API ----------------------------------------------------------------------------
 
 _OPTIONS_DOC = """
-    codec: a registered codec ("zipccl", the window codec), "raw" (the same
-      algorithm moving uncompressed uint16/uint32 bitcasts: the exact twin,
-      bit-identical results) or None (the plain `jax.lax` collective, the oracle).
+    codec: "auto" (default): with a calibration in force (`zipccl_jax.calibrate`),
+      the registered codec with the lowest modelled time for this call
+      (`zipccl_jax.costmodel.fastest_codec`), else AUTO_CODEC ("zipccl");
+      a registered codec ("zipccl", the window codec; "entropy", per-block
+      Huffman); "raw" (the same algorithm moving uncompressed uint16/uint32
+      bitcasts: the exact twin, bit-identical results) or None (the plain
+      `jax.lax` collective, the oracle). Every codec gives the same bits.
     escape_capacity: deprecated and ignored (DeprecationWarning): each call sizes
       its wire from the data (the slot ladder, docs/design.md).
     grad_escape_capacity: deprecated and ignored, as escape_capacity.
@@ -489,7 +506,7 @@ def _with_options_doc(f):
 
 @_with_options_doc
 def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
-                          to: str = "varying", codec: str | None = "zipccl",
+                          to: str = "varying", codec: str | None = "auto",
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
                           stats: bool = False, check_decode: bool | None = None,
@@ -560,7 +577,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
 
 @_with_options_doc
 def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
-                            codec: str | None = "zipccl", escape_capacity: int | None = None,
+                            codec: str | None = "auto", escape_capacity: int | None = None,
                             grad_escape_capacity: int | None = None,
                             policy: str = "auto", stats: bool = False,
                             check_decode: bool | None = None,
@@ -624,7 +641,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
 
 
 @_with_options_doc
-def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
+def compressed_psum(x, axis_name, *, codec: str | None = "auto",
                     escape_capacity: int | None = None,
                     grad_escape_capacity: int | None = None, policy: str = "auto",
                     stats: bool = False, check_decode: bool | None = None,
@@ -676,7 +693,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "zipccl",
 
 @_with_options_doc
 def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
-                          tiled: bool = False, codec: str | None = "zipccl",
+                          tiled: bool = False, codec: str | None = "auto",
                           escape_capacity: int | None = None,
                           grad_escape_capacity: int | None = None, policy: str = "auto",
                           stats: bool = False, check_decode: bool | None = None,
@@ -735,7 +752,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
 
 
 @_with_options_doc
-def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "zipccl",
+def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "auto",
                         escape_capacity: int | None = None,
                         grad_escape_capacity: int | None = None, policy: str = "auto",
                         stats: bool = False, check_decode: bool | None = None,

@@ -680,28 +680,68 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
   if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
     raise ValueError(f"{fn}: margin must be a number in [0, 1), got {margin!r}")
   cal = resolve_calibration(calibration)
-  if codecs is None:
-    names = sorted(cal.codecs)
-  else:
-    if isinstance(codecs, str):
-      codecs = (codecs,)
-    names = list(codecs)
-    for c in names:
-      if not isinstance(c, str):
-        raise TypeError(f"{fn}: codecs must be codec names (str), got {c!r}")
-  # Sorted: ties break the same way whatever order the caller listed them in.
-  names = sorted({c for c in names if c in cal.codecs and dt in cal.codecs[c]})
-  if n == 1 or m == 0 or not names:
+  names = sorted(cal.codecs) if codecs is None else _codec_names(fn, codecs)
+  if n == 1 or m == 0:
     return False, None
-  raw = model_time(collective, dt, m, n, cal, None, chunks=chunks)
+  best, best_t = _fastest(collective, dt, m, n, cal, names, chunks, overlap)
+  if best is not None and best_t < (1.0 - margin) * model_time(collective, dt, m, n, cal,
+                                                                None, chunks=chunks):
+    return True, best
+  return False, None
+
+
+def _fastest(collective, dt, m, n, cal, names, chunks=1, overlap=None):
+  """(codec, modelled time) of the fastest of `names` the calibration has for dt,
+  (None, inf) when it has none. Candidates are sorted first, so ties break the
+  same way whatever order the caller listed them in."""
   best, best_t = None, math.inf
-  for c in names:
+  for c in sorted({c for c in names if dt in cal.codecs.get(c, {})}):
     t = model_time(collective, dt, m, n, cal, c, chunks=chunks, overlap=overlap)
     if t < best_t:
       best, best_t = c, t
-  if best_t < (1.0 - margin) * raw:
-    return True, best
-  return False, None
+  return best, best_t
+
+
+def fastest_codec(collective: str, dtype, row_elements: int, n_peers: int,
+                  calibration: Calibration | str | os.PathLike | None = None,
+                  codecs: Iterable[str] | None = None) -> str | None:
+  """The codec with the lowest modelled time for one call (compressing or not).
+
+  What `codec="auto"` compresses with once a calibration is in force: unlike
+  `decide` it does not compare with raw (policy="always" still compresses;
+  policy="auto" then asks `decide` about this codec alone, which is the same
+  answer as `decide` over all of them). Static, so identical on every
+  participant holding the same calibration.
+
+  Args:
+    collective, dtype, row_elements, n_peers, calibration: as `decide`.
+    codecs: candidate codec names (default: every codec the calibration has);
+      names the calibration lacks for this dtype are skipped.
+
+  Returns:
+    A codec name, or None when the calibration has no candidate for the dtype
+    (or the call moves nothing: one peer, or no elements).
+  """
+  fn = "fastest_codec"
+  if collective not in COLLECTIVES:
+    raise ValueError(f"{fn}: collective must be one of {COLLECTIVES}, got {collective!r}")
+  dt = _dtype_name(fn, dtype)
+  m = _check_int(fn, "row_elements", row_elements, 0)
+  n = _check_int(fn, "n_peers", n_peers, 1)
+  cal = resolve_calibration(calibration)
+  names = sorted(cal.codecs) if codecs is None else _codec_names(fn, codecs)
+  if n == 1 or m == 0:
+    return None
+  return _fastest(collective, dt, m, n, cal, names)[0]
+
+
+def _codec_names(fn, codecs) -> list:
+  """`codecs=`: a codec name or an iterable of names (checked to be str)."""
+  names = [codecs] if isinstance(codecs, str) else list(codecs)
+  for c in names:
+    if not isinstance(c, str):
+      raise TypeError(f"{fn}: codecs must be codec names (str), got {c!r}")
+  return names
 
 
 # ---- projection to other clusters ----------------------------------------------------------

@@ -24,8 +24,17 @@ POLICIES = ("always", "never", "auto")
 
 
 def collective_codecs() -> tuple:
-  """What `codec=` accepts: the registered codecs, "raw" and None."""
-  return registry.names() + ("raw", None)
+  """What `codec=` accepts: "auto", the registered codecs, "raw" and None."""
+  return ("auto",) + registry.names() + ("raw", None)
+
+
+# codec="auto" (the collectives' default) without a calibration in force: the window
+# codec. Why: on one CPU core its modelled time (bytes/ratio/link + bytes/encode +
+# bytes/decode) is the lower one on 10-100 Gb/s links (README, "Which codec"); on an
+# H200 the entropy codec's is 3-11% lower at 10-25 Gb/s and the two are within 4%
+# at 100 Gb/s, so with a calibration the cost model picks per call instead
+# (`auto_codec`).
+AUTO_CODEC = "zipccl"
 
 
 # policy="auto" without a calibration: compress a collective when each row (the
@@ -197,6 +206,7 @@ def plan(fn, dtype, m: int, opts: Opts, *, collective: str | None = None,
     raise ValueError(f"{fn}: a row (one peer's message) must have fewer than 2^31 elements, "
                      f"got {m}")
   raw_row = m * dtype.itemsize
+  opts = resolve_codec(opts, dtype, m, collective=collective, n_peers=n_peers)
   if opts.codec in (None, "raw") or opts.policy == "never" or m == 0:
     return Plan(False, m, dtype, raw_row)
   codec = registry.get(opts.codec)
@@ -286,6 +296,36 @@ def auto_chunks(*, codec: str, dtype, m: int, collective: str | None = None,
   if cal is None or codec not in cal.codecs:
     return 1
   return costmodel.best_chunks(collective, dtype, m, n_peers, cal, codec)
+
+
+def auto_codec(*, dtype, m: int, collective: str | None = None,
+               n_peers: int | None = None) -> str:
+  """codec="auto": the registered codec a call of rows of m elements of `dtype` uses.
+
+  With a calibration in force (as `auto_compress`), the one with the lowest
+  modelled time among the codecs it measured for `dtype`
+  (`costmodel.fastest_codec`); without one, or when it measured none of them,
+  AUTO_CODEC. Static, identical on every participant that holds the same
+  calibration; whether the call then compresses at all is the policy's business.
+  """
+  dt = np.dtype(dtype)
+  names = tuple(c for c in registry.names() if registry.get(c).supports(dt))
+  cal = costmodel.active_calibration() if collective is not None and n_peers else None
+  if cal is not None:
+    best = costmodel.fastest_codec(collective, dt, m, n_peers, cal, names)
+    if best is not None:
+      return best
+  return AUTO_CODEC if AUTO_CODEC in names or not names else names[0]
+
+
+def resolve_codec(opts: Opts, dtype, m: int, *, collective: str | None = None,
+                  n_peers: int | None = None) -> Opts:
+  """`opts` with codec="auto" replaced by `auto_codec`'s choice (else unchanged), so
+  that plans and stats name the codec the call actually uses."""
+  if opts.codec != "auto":
+    return opts
+  return opts._replace(codec=auto_codec(dtype=dtype, m=m, collective=collective,
+                                        n_peers=n_peers))
 
 
 def auto_compress(*, codec: str, dtype, m: int, min_nbytes: int,

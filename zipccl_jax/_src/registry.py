@@ -72,6 +72,9 @@ def register(codec: Codec) -> Codec:
     raise TypeError(f"register_codec: expected a Codec, got {type(codec).__name__}")
   if codec.name in _REGISTRY or codec.name == "raw":
     raise ValueError(f"register_codec: codec {codec.name!r} is already registered")
+  if codec.name == "auto":   # the collectives' codec="auto" (options.auto_codec)
+    raise ValueError("register_codec: the name 'auto' is reserved (codec=\"auto\" lets "
+                     "the cost model choose among the registered codecs)")
   _REGISTRY[codec.name] = codec
   return codec
 
