@@ -22,6 +22,7 @@ import pytest
 
 import zipccl_jax as zc
 from zipccl_jax import costmodel as cm
+from zipccl_jax._src import costmodel as cm_src
 
 GBIT = 1e9 / 8   # bytes per second of 1 Gbit/s
 BF16_NP = np.dtype(ml_dtypes.bfloat16)
@@ -224,6 +225,21 @@ def test_decide_errors_name_the_argument(kwargs, exc, words):
 def test_model_time_unknown_codec_names_it():
   with pytest.raises(ValueError, match="codec 'entropy'"):
     cm.model_time("psum", "bfloat16", 1024, 2, _cal(), "entropy")
+
+
+def test_mix_factor_and_sample_row():
+  """The speed scaling of `calibrate`: a byte mix's time over the Gaussian time."""
+  assert cm_src._mix_factor(2.0, 4.0, 0.5) == 1.5       # half the bytes twice as slow
+  assert cm_src._mix_factor(2.0, 1.0, 1.0) == 0.5       # the samples alone, faster
+  assert cm_src._mix_factor(0.0, 1.0, 0.5) == 1.0       # no Gaussian time: unscaled
+  row = cm_src._sample_row([np.arange(3, dtype=np.float32), np.ones((2, 2), np.float32)],
+                           10, np.float32)
+  assert row.tolist() == [0, 1, 2, 1, 1, 1, 1, 0, 1, 2]
+  with pytest.raises(ValueError, match="samples: no elements"):
+    cm_src._sample_row([np.zeros(0, np.float32)], 4, np.float32)
+  # Old calibration files (no mix factors) load with factor 1.
+  f = cm.CodecFit(1e-6, 1e-9, 1e-6, 1e-9, 1.4)
+  assert (f.encode_mix_factor, f.decode_mix_factor) == (1.0, 1.0)
 
 
 def test_fit_alpha_beta():
@@ -446,13 +462,22 @@ def test_calibrate_on_8_devices(mesh8, tmp_path):
       assert wire == (1 if algo == "ppermute" else 7) * 2**13 and t > 0 and t_model > 0
       extra = f.extra_s_per_byte(algo)
       assert extra == max((t - t_model) / wire, -0.5 * t_model / wire)
-      probe = dataclasses.replace(cal, codecs={codec: {"bfloat16": dataclasses.replace(
-          f, ratio=f.ratio_gaussian)}})
+      probe = dataclasses.replace(cal, codecs={codec: {"bfloat16": cm_src.gaussian_fit(f)}})
       assert cm.model_time(algo, "bfloat16", 2**12, 8, probe, codec) == pytest.approx(
           t_model + extra * wire, rel=1e-9)
       assert cm.model_time(algo, "bfloat16", 2**12, 8, probe, codec, residual=False) == (
           pytest.approx(t_model, rel=1e-9))
   assert "residual ns per received byte" in cal.summary()
+  # The speeds hold the time on the ratio's data (half heavy-tailed): the Gaussian
+  # fit divides the factor back out.
+  for codec, per in cal.codecs.items():
+    f = per["bfloat16"]
+    assert 0.2 < f.encode_mix_factor < 5 and 0.2 < f.decode_mix_factor < 5, (codec, f)
+    g = cm_src.gaussian_fit(f)
+    assert g.encode_s_per_byte * f.encode_mix_factor == pytest.approx(f.encode_s_per_byte)
+    assert g.decode_s_per_byte * f.decode_mix_factor == pytest.approx(f.decode_s_per_byte)
+    assert g.ratio == f.ratio_gaussian and g.encode_mix_factor == g.decode_mix_factor == 1.0
+  assert "speeds on the ratio's data" in cal.summary()
   # The user's own tensors set the assumed ratio: Gaussian alone compresses better
   # than the synthetic mix; a row of all-distinct exponents does not fit (ratio 1).
   gauss = cm.synthetic("gaussian", 2**15, BF16_NP, seed=3)

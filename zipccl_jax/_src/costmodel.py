@@ -118,6 +118,11 @@ class CodecFit:
       measured Gaussian and heavy-tailed ratios (the bytes of a 50/50 mix of both;
       pulled towards the worse one, conservative against Gaussian alone).
     ratio_gaussian, ratio_heavy: the measured ratios (informative).
+    encode_mix_factor, decode_mix_factor: the codec's time on the data of `ratio`
+      (the 50/50 mix, or the user's `samples`) over its time on Gaussian data, at
+      the largest codec size (`calibrate`); encode_s_per_byte / decode_s_per_byte
+      already include it (both codecs are slower on heavy-tailed data: escapes,
+      longer codes). 1.0 when not measured.
     extra_all_gather_s_per_byte, extra_all_to_all_s_per_byte,
       extra_ppermute_s_per_byte: the compressed transport's end-to-end residual
       per received raw byte on that algorithm: what a compressed call of this
@@ -139,6 +144,8 @@ class CodecFit:
   extra_all_gather_s_per_byte: float = 0.0
   extra_all_to_all_s_per_byte: float = 0.0
   extra_ppermute_s_per_byte: float = 0.0
+  encode_mix_factor: float = 1.0
+  decode_mix_factor: float = 1.0
 
   def extra_s_per_byte(self, algo: str) -> float:
     """The residual of `algo` (0 for algorithms without one, e.g. all_reduce)."""
@@ -270,6 +277,10 @@ class Calibration:
         lines.append(f"  {c:8s} {d:9s} encode {f.encode_GBps:6.2f} GB/s  decode "
                      f"{f.decode_GBps:6.2f} GB/s  ratio {f.ratio:.3f} "
                      f"(gaussian {f.ratio_gaussian:.3f}, heavy {f.ratio_heavy:.3f})")
+        if (f.encode_mix_factor, f.decode_mix_factor) != (1.0, 1.0):
+          lines.append(f"  {'':8s} {'':9s} speeds on the ratio's data: encode "
+                       f"x{f.encode_mix_factor:.3f}, decode x{f.decode_mix_factor:.3f} of the "
+                       f"Gaussian time")
         extra = [f"{a} {f.extra_s_per_byte(a) * 1e9:+.3f}" for a in _RESIDUAL_ALGOS
                  if f.extra_s_per_byte(a)]
         if extra:
@@ -803,9 +814,9 @@ def projected_calibration(calibration: Calibration | None = None, *,
     codecs[c] = {}
     for d, f in per.items():
       if encode_GBps is not None:
-        f = dataclasses.replace(f, encode_s_per_byte=1e-9 / encode_GBps)
+        f = dataclasses.replace(f, encode_s_per_byte=1e-9 / encode_GBps, encode_mix_factor=1.0)
       if decode_GBps is not None:
-        f = dataclasses.replace(f, decode_s_per_byte=1e-9 / decode_GBps)
+        f = dataclasses.replace(f, decode_s_per_byte=1e-9 / decode_GBps, decode_mix_factor=1.0)
       if encode_GBps is not None or decode_GBps is not None:
         # the residual was measured with this machine's codec: another codec
         # (e.g. a GPU's) has its own, unknown
@@ -1203,8 +1214,55 @@ def _measure_codec(meter: _Meter, codec: str, dtype: str, sizes: Sequence[int], 
     log(f"  {codec:8s} {dtype:9s} ratio on {len(samples)} sample(s): {ratio:.3f}")
   else:
     ratio = 2.0 / (1.0 / ratios["gaussian"] + 1.0 / ratios["heavy"])
-  return CodecFit(fe.alpha_s, fe.beta_s_per_byte, fd.alpha_s, fd.beta_s_per_byte,
-                  ratio, ratios["gaussian"], ratios["heavy"])
+  # Speed on the same data as the ratio: the largest size timed on it (the
+  # heavy-tailed half of the mix, or a row tiled from the samples) against
+  # Gaussian data, interleaved and the fastest call of each (noise only adds
+  # time: one 8 MiB Gaussian encode measured 3.7 ms, then 2.1 ms a second later),
+  # scales the per-byte terms fitted on Gaussian data.
+  other = (_sample_row(samples, n, jnp_dtype) if samples
+           else synthetic("heavy", n, jnp_dtype, seed=2))
+  xg, xo = meter.array(synthetic("gaussian", n, jnp_dtype, seed=1)), meter.array(other)
+  eg, eo = enc_f(xg), enc_f(xo)
+  best = {k: math.inf for k in ("eg", "eo", "dg", "do")}
+  reps = max(meter.reps, 5)
+  for _ in range(3):
+    for k, f, a in (("eg", enc_f, xg), ("eo", enc_f, xo), ("dg", dec_f, eg), ("do", dec_f, eo)):
+      best[k] = min(best[k], meter.time(f, a, reps=reps, warmup=1, stat=min))
+  share = 1.0 if samples else 0.5     # the other data's share of the ratio's bytes
+  fac_e = _mix_factor(best["eg"], best["eo"], share)
+  fac_d = _mix_factor(best["dg"], best["do"], share)
+  log(f"  {codec:8s} {dtype:9s} on the ratio's data: encode x{fac_e:.3f}, decode x{fac_d:.3f} "
+      f"of the Gaussian time")
+  return CodecFit(fe.alpha_s, fe.beta_s_per_byte * fac_e, fd.alpha_s, fd.beta_s_per_byte * fac_d,
+                  ratio, ratios["gaussian"], ratios["heavy"],
+                  encode_mix_factor=fac_e, decode_mix_factor=fac_d)
+
+
+def gaussian_fit(f: CodecFit) -> CodecFit:
+  """f as measured on Gaussian data: its Gaussian ratio and speeds (the mix factors
+  divided out). The residuals are measured against it, on Gaussian rows, so that
+  they hold what the model misses and not the data."""
+  return dataclasses.replace(
+      f, ratio=f.ratio_gaussian or f.ratio,
+      encode_s_per_byte=f.encode_s_per_byte / f.encode_mix_factor,
+      decode_s_per_byte=f.decode_s_per_byte / f.decode_mix_factor,
+      encode_mix_factor=1.0, decode_mix_factor=1.0)
+
+
+def _mix_factor(t_gauss: float, t_other: float, share: float) -> float:
+  """Time of a byte mix (`share` of the other data, the rest Gaussian) over the
+  Gaussian time, from one timing of each at the same size."""
+  if not t_gauss > 0:
+    return 1.0
+  return (1.0 - share) + share * t_other / t_gauss
+
+
+def _sample_row(samples: Sequence, n: int, dtype) -> np.ndarray:
+  """n elements of the samples (flattened, concatenated, repeated as needed)."""
+  flat = np.concatenate([np.asarray(a, dtype).reshape(-1) for a in samples])
+  if flat.size == 0:
+    raise ValueError("samples: no elements to measure")
+  return np.resize(flat, n)
 
 
 def _codec_fit(xs, ts) -> LinkFit:
@@ -1249,7 +1307,7 @@ def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
   all_to_all and ppermute (policy="always", one chunk) of Gaussian rows of
   `row_bytes` per peer, timed like the links but the median of >= 5 calls after
   >= 2 warm-ups, against `model_time` of the same
-  call with the codec's Gaussian ratio and no residual. The difference per
+  call with the codec's Gaussian ratio and speed (`gaussian_fit`) and no residual. The difference per
   received raw byte is the residual (what the model does not see: on XLA:CPU a
   gather's own-row copy, fresh result buffers, the switch); it is bounded below
   by -0.5 x the modelled time, so that one noisy call cannot make compression
@@ -1273,8 +1331,7 @@ def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
                                                                   **kw)[None]),
         "ppermute": ((m,), lambda v: zc.compressed_ppermute(v[0], axes, ring, **kw)[None]),
     }
-    probe = dataclasses.replace(cal, codecs={c: {dt: dataclasses.replace(
-        f, ratio=f.ratio_gaussian or f.ratio)}})
+    probe = dataclasses.replace(cal, codecs={c: {dt: gaussian_fit(f)}})
     extras = {}
     for algo, (shape, body) in programs.items():
       x = synthetic("gaussian", int(np.prod(shape)), dt, seed=3).reshape(shape)
