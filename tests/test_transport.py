@@ -568,7 +568,7 @@ def test_escape_capacity_is_deprecated_and_ignored(mesh8):
 
 def test_codec_names_come_from_the_registry(mesh8):
   assert {"zipccl", "trim"} <= set(zc.codec_names())
-  with pytest.raises(ValueError, match="codec must be one of 'zipccl'.*'raw', None"):
+  with pytest.raises(ValueError, match="codec must be one of 'auto', 'zipccl'.*'raw', None"):
     smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_ppermute(
         v, "x", [(0, 1)], codec="zstd"))(np.zeros((64, 8), np.float32))
   with pytest.raises(ValueError, match="already registered"):
