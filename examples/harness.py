@@ -35,11 +35,12 @@ import numpy as np
 
 import zipccl_jax
 
-# label -> (codec, policy) of the collectives. "auto" lets the library decide per
-# call (policy="auto": its calibration, if any, else its static rule); its bits
+# label -> (codec, policy) of the collectives. "auto" is the library's defaults: it
+# decides per call whether to compress and with which codec (codec="auto",
+# policy="auto": from its calibration, if any, else its static rules); its bits
 # must equal raw's whichever path it takes.
 VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "raw": ("raw", "always"),
-            "lax": (None, "always"), "auto": ("zipccl", "auto")}
+            "lax": (None, "always"), "auto": ("auto", "auto")}
 
 
 def parse_codecs(text: str) -> list:
@@ -55,7 +56,8 @@ def add_common_args(ap, *, devices: int) -> None:
   """The options every training example shares."""
   ap.add_argument("--codecs", default="zipccl,raw,lax", type=parse_codecs,
                   help="variants to train in lockstep, from zipccl, entropy, raw, lax (codec=None) "
-                       "and auto (codec='zipccl', policy='auto'); default zipccl,raw,lax")
+                       "and auto (the library's defaults: codec='auto', policy='auto'); "
+                       "default zipccl,raw,lax")
   ap.add_argument("--warmup-steps", type=int, default=3, metavar="K",
                   help="leading steps left out of the step-time medians (default 3)")
   ap.add_argument("--devices", type=int, default=devices,

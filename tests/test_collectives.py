@@ -598,7 +598,7 @@ def test_codec_auto_takes_the_modelled_fastest_codec(mesh8):
 
   pol = dict(policy="always")
   out, names = run(pol)                                  # no calibration in force
-  assert zc.AUTO_CODEC == "zipccl" and names == ("zipccl",) * 6
+  assert zc.AUTO_CODEC["cpu"] == "zipccl" and names == ("zipccl",) * 6
   want, _ = run(dict(pol, codec="zipccl"))
   for a, b in zip(out, want):
     assert_bits_equal(a, b)
@@ -627,6 +627,20 @@ def test_codec_auto_takes_the_modelled_fastest_codec(mesh8):
     zc.set_calibration(None)
   with pytest.raises(ValueError, match="'auto' is reserved"):
     zc.register_codec(zc.Codec("auto", 9, "zipccl_jax._src.codec"))
+
+
+def test_codec_auto_default_per_platform(monkeypatch):
+  """Without a calibration, codec="auto" is AUTO_CODEC of the mesh's platform: the
+  entropy codec on GPUs, the window codec on CPUs and elsewhere, and a codec that
+  takes the dtype (float32: the window codec) when that one does not."""
+  from zipccl_jax._src import compat, options
+  assert zc.AUTO_CODEC == {"cpu": "zipccl", "gpu": "entropy"}
+  for plat, bf16, f32 in (("cpu", "zipccl", "zipccl"), ("gpu", "entropy", "zipccl"),
+                          ("tpu", "zipccl", "zipccl")):
+    monkeypatch.setattr(compat, "mesh_platform", lambda p=plat: p)
+    for dt, want in ((BF16, bf16), (F16, bf16), (F32, f32)):
+      got = options.auto_codec(dtype=dt, m=1 << 16, collective="all_gather", n_peers=N)
+      assert got == want, (plat, dt, got)
 
 
 def test_stats_wire_bytes_match_hlo(mesh8):

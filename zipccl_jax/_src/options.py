@@ -28,13 +28,16 @@ def collective_codecs() -> tuple:
   return ("auto",) + registry.names() + ("raw", None)
 
 
-# codec="auto" (the collectives' default) without a calibration in force: the window
-# codec. Why: on one CPU core its modelled time (bytes/ratio/link + bytes/encode +
-# bytes/decode) is the lower one on 10-100 Gb/s links (README, "Which codec"); on an
-# H200 the entropy codec's is 3-11% lower at 10-25 Gb/s and the two are within 4%
-# at 100 Gb/s, so with a calibration the cost model picks per call instead
-# (`auto_codec`).
-AUTO_CODEC = "zipccl"
+# codec="auto" (the collectives' default) without a calibration in force, per
+# platform of the mesh being traced (others: "zipccl"). Why (README, "Which codec"):
+# the codec with the lower modelled time (bytes/ratio/link + bytes/encode +
+# bytes/decode) on 10-100 Gb/s links with the measured codec speeds. On one CPU core
+# that is the window codec (the entropy codec's 3-8% better ratio costs more codec
+# time than it saves); on an H200 (results/gpu_check_20261201T003021.md) the entropy
+# codec: 3-11% lower at 10-25 Gb/s, 4% lower on gradient-like data at 100 Gb/s and
+# 3% higher on Gaussian data there. With a calibration the cost model picks per call
+# instead (`auto_codec`).
+AUTO_CODEC = {"cpu": "zipccl", "gpu": "entropy"}
 
 
 # policy="auto" without a calibration: compress a collective when each row (the
@@ -305,7 +308,9 @@ def auto_codec(*, dtype, m: int, collective: str | None = None,
   With a calibration in force (as `auto_compress`), the one with the lowest
   modelled time among the codecs it measured for `dtype`
   (`costmodel.fastest_codec`); without one, or when it measured none of them,
-  AUTO_CODEC. Static, identical on every participant that holds the same
+  AUTO_CODEC of the mesh's platform (`compat.mesh_platform`), or the first
+  registered codec that takes `dtype` when that one does not (the entropy codec
+  takes no float32). Static, identical on every participant that holds the same
   calibration; whether the call then compresses at all is the policy's business.
   """
   dt = np.dtype(dtype)
@@ -315,7 +320,8 @@ def auto_codec(*, dtype, m: int, collective: str | None = None,
     best = costmodel.fastest_codec(collective, dt, m, n_peers, cal, names)
     if best is not None:
       return best
-  return AUTO_CODEC if AUTO_CODEC in names or not names else names[0]
+  default = AUTO_CODEC.get(compat.mesh_platform(), "zipccl")
+  return default if default in names or not names else names[0]
 
 
 def resolve_codec(opts: Opts, dtype, m: int, *, collective: str | None = None,
