@@ -461,8 +461,8 @@ def _takes_lax(fn, leaf) -> bool:
 _OPTIONS_DOC = """
     codec: "auto" (default): with a calibration in force (`zipccl_jax.calibrate`),
       the registered codec with the lowest modelled time for this call
-      (`zipccl_jax.costmodel.fastest_codec`), else AUTO_CODEC of the platform
-      ("zipccl" on CPU, "entropy" on GPU; "zipccl" for float32);
+      (`zipccl_jax.costmodel.fastest_codec`), else AUTO_CODEC ("entropy";
+      "zipccl" for float32);
       a registered codec ("zipccl", the window codec; "entropy", per-block
       Huffman); "raw" (the same algorithm moving uncompressed uint16/uint32
       bitcasts: the exact twin, bit-identical results) or None (the plain

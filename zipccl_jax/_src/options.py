@@ -28,16 +28,17 @@ def collective_codecs() -> tuple:
   return ("auto",) + registry.names() + ("raw", None)
 
 
-# codec="auto" (the collectives' default) without a calibration in force, per
-# platform of the mesh being traced (others: "zipccl"). Why (README, "Which codec"):
-# the codec with the lower modelled time (bytes/ratio/link + bytes/encode +
-# bytes/decode) on 10-100 Gb/s links with the measured codec speeds. On one CPU core
-# that is the window codec (the entropy codec's 3-8% better ratio costs more codec
-# time than it saves); on an H200 (results/gpu_check_20261201T003021.md) the entropy
-# codec: 3-11% lower at 10-25 Gb/s, 4% lower on gradient-like data at 100 Gb/s and
-# 3% higher on Gaussian data there. With a calibration the cost model picks per call
-# instead (`auto_codec`).
-AUTO_CODEC = {"cpu": "zipccl", "gpu": "entropy"}
+# codec="auto" (the collectives' default) without a calibration in force: the
+# entropy codec, for the dtypes it takes (float32 goes to the window codec). Why:
+# it is the codec with the lower modelled time (bytes/ratio/link + bytes/encode +
+# bytes/decode, `costmodel.model_time`) on 10-100 Gb/s links with the measured codec
+# speeds, on both platforms: one CPU core (this machine's `calibrate`: it encodes as
+# fast as the window codec and decodes ~1.7x faster, with a 3-8% better ratio) in
+# 120 of 120 cells of benchmarks/results/which_codec_2026-12-02.md, an H200
+# (gpu_check_20261201T003021) in 91 of 120 (the window codec's faster kernels win
+# some cells at 100 Gb/s). With a calibration the cost model picks per call instead
+# (`auto_codec`).
+AUTO_CODEC = "entropy"
 
 
 # policy="auto" without a calibration: compress a collective when each row (the
@@ -308,9 +309,8 @@ def auto_codec(*, dtype, m: int, collective: str | None = None,
   With a calibration in force (as `auto_compress`), the one with the lowest
   modelled time among the codecs it measured for `dtype`
   (`costmodel.fastest_codec`); without one, or when it measured none of them,
-  AUTO_CODEC of the mesh's platform (`compat.mesh_platform`), or the first
-  registered codec that takes `dtype` when that one does not (the entropy codec
-  takes no float32). Static, identical on every participant that holds the same
+  AUTO_CODEC, or the first registered codec that takes `dtype` when that one does
+  not (the entropy codec takes no float32: the window codec). Static, identical on every participant that holds the same
   calibration; whether the call then compresses at all is the policy's business.
   """
   dt = np.dtype(dtype)
@@ -320,8 +320,7 @@ def auto_codec(*, dtype, m: int, collective: str | None = None,
     best = costmodel.fastest_codec(collective, dt, m, n_peers, cal, names)
     if best is not None:
       return best
-  default = AUTO_CODEC.get(compat.mesh_platform(), "zipccl")
-  return default if default in names or not names else names[0]
+  return AUTO_CODEC if AUTO_CODEC in names or not names else names[0]
 
 
 def resolve_codec(opts: Opts, dtype, m: int, *, collective: str | None = None,

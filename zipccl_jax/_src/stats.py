@@ -126,8 +126,17 @@ class CollectiveStats:
             f"raw_rung={bool(np.any(self.raw_rung))} "
             f"wire={int(np.max(self.wire_bytes))}B raw={self.raw_bytes}B "
             f"ratio={float(np.min(self.ratio)):.3f} "
-            f"escape_rate={float(np.max(_host(self.escape_count))) / max(self.elements, 1):.4f} "
+            f"{self._count_text()} "
             f"decode_errors={int(np.max(_host(self.decode_errors)))}")
+
+  def _count_text(self) -> str:
+    """The codec's count as the summary shows it: the window codec's escape rate,
+    else the count itself under the codec's name for it (entropy codec: blocks
+    stored raw)."""
+    count = int(np.max(_host(self.escape_count)))
+    if self.codec == "zipccl":
+      return f"escape_rate={count / max(self.elements, 1):.4f}"
+    return f"{'raw_blocks' if self.codec == 'entropy' else 'codec_count'}={count}"
 
 
 def _concrete(a) -> bool:
