@@ -20,8 +20,9 @@ reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
   so each device receives the gradient of its own shard only. optax.adamw
   updates the float32 shards locally.
 - The training runs twice from the same initial state: with the codec of
-  `--codec` (any registered codec, `zipccl_jax.get_codec`: "zipccl", the window
-  codec, by default, or "entropy"), and codec="raw" (the same algorithm moving
+  `--codec` (any registered codec, `zipccl_jax.get_codec`: by default the
+  library's own default for bfloat16, `zipccl_jax.AUTO_CODEC` = "entropy"; or
+  "zipccl", the window codec), and codec="raw" (the same algorithm moving
   uncompressed uint16 words: same reduction order). Losses and final parameters
   must agree bit for bit (compared as uint32 words); the script exits with
   status 1 if they do not.
@@ -611,9 +612,10 @@ def parse_args(argv):
   ap.add_argument("--heads", type=int, help=f"attention heads (default {Config.heads})")
   ap.add_argument("--batch-per-device", type=int,
                   help=f"sequences per device and step (default {Config.batch_per_device})")
-  ap.add_argument("--codec", default="zipccl", choices=zipccl_jax.codec_names(),
-                  help="the codec of the compressed run (zipccl_jax.get_codec): zipccl (the "
-                       "window codec, default) or entropy; the raw run is the baseline")
+  ap.add_argument("--codec", default=zipccl_jax.AUTO_CODEC, choices=zipccl_jax.codec_names(),
+                  help="the codec of the compressed run (zipccl_jax.get_codec): entropy (the "
+                       "library's default for bfloat16, zipccl_jax.AUTO_CODEC; default) or "
+                       "zipccl (the window codec); the raw run is the baseline")
   ap.add_argument("--quick", action="store_true",
                   help="a tiny config (2 layers, width 64, 20 steps) that trains in seconds")
   ap.add_argument("--no-analyze", action="store_true", help="skip the codec analysis table")
