@@ -352,6 +352,13 @@ def test_project():
     cm.project(cal, codec="nope")
   with pytest.raises(ValueError, match="link_efficiency"):
     cm.project(cal, link_efficiency=0)
+  # codec=None: each row takes what codec="auto" would (the fastest modelled codec).
+  two = dataclasses.replace(cal, codecs={"zipccl": cal.codecs["zipccl"], "entropy": {
+      d: dataclasses.replace(f, ratio=1.6) for d, f in cal.codecs["zipccl"].items()}})
+  assert {r.codec for r in cm.project(two, link_gbit=1)} == {"entropy"}
+  assert {r.codec for r in cm.project(two, link_gbit=1, codec="zipccl")} == {"zipccl"}
+  with pytest.raises(ValueError, match="no codec numbers for bfloat16"):
+    cm.project(dataclasses.replace(cal, codecs={}))
 
 
 def test_raw_transport_copies_count_for_the_raw_path_only():

@@ -841,7 +841,9 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
   block one process contributes (all_gather / ppermute: its shard; psum_scatter,
   psum, all_to_all: its whole input, n_hosts rows). The link, latency and codec
   speed can be overridden (see `projected_calibration`); alpha scales with the
-  number of steps of each algorithm (`_link`).
+  number of steps of each algorithm (`_link`). `codec`: a codec the calibration
+  has, or None for what `codec="auto"` takes in each row (the fastest modelled
+  codec, `fastest_codec`).
 
   Returns:
     A list of ProjectionRow; `format_projection` renders it as markdown.
@@ -851,9 +853,8 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
                               link_efficiency=link_efficiency)
   dt = _dtype_name("project", dtype)
   if codec is None:
-    if not cal.codecs:
-      raise ValueError("project: the calibration has no codec numbers")
-    codec = "zipccl" if "zipccl" in cal.codecs else sorted(cal.codecs)[0]
+    if not any(dt in per for per in cal.codecs.values()):
+      raise ValueError(f"project: the calibration has no codec numbers for {dt}")
   elif codec not in cal.codecs:
     raise ValueError(f"project: codec must be one of {sorted(cal.codecs)}, got {codec!r}")
   rows = []
@@ -867,10 +868,11 @@ def project(calibration: Calibration | str | None = None, *, n_hosts: Sequence[i
         elems = max(mb // _ITEMSIZE[dt], 1)
         m = elems if coll in ("all_gather", "ppermute") else max(elems // h, 1)
         raw = model_time(coll, dt, m, h, cal, None, chunks=chunks)
-        comp = model_time(coll, dt, m, h, cal, codec, chunks=chunks, overlap=overlap)
-        yes, _ = decide(coll, dt, m, h, cal, (codec,), chunks=chunks, margin=margin,
+        c = codec or _fastest(coll, dt, m, h, cal, cal.codecs, chunks, overlap)[0]
+        comp = model_time(coll, dt, m, h, cal, c, chunks=chunks, overlap=overlap)
+        yes, _ = decide(coll, dt, m, h, cal, (c,), chunks=chunks, margin=margin,
                         overlap=overlap)
-        rows.append(ProjectionRow(coll, h, mb, raw, comp, codec, yes))
+        rows.append(ProjectionRow(coll, h, mb, raw, comp, c, yes))
   return rows
 
 
