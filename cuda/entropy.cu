@@ -520,8 +520,8 @@ __global__ void __launch_bounds__(kEncThreads, 6) ent_encode_kernel(EncArgs a) {
       s.kind = kind;
       s.size = best;
       s.base = excl;
-      out[kHeaderBytes + 2 * b] = (uint8_t)best;
-      out[kHeaderBytes + 2 * b + 1] = (uint8_t)(best >> 8);
+      out[kDirOff + 2 * b] = (uint8_t)best;
+      out[kDirOff + 2 * b + 1] = (uint8_t)(best >> 8);
       // The block's zero header bytes (no checksum term): byte 1, and 0..3 of RAW.
       uint8_t* bh = out + data_offset(a.n) + excl;
       bh[1] = 0;
@@ -725,10 +725,9 @@ __global__ void __launch_bounds__(kRowThreads) ent_encode_finalize(EncArgs a, in
   const uint64_t data = nb ? *reinterpret_cast<const uint64_t*>(ws + kWsData) : 0;
   const uint64_t used = align128(doff + data);
   const uint32_t raws = *reinterpret_cast<const uint32_t*>(ws + kWsCount);
-  // The zero bytes of the header (35, 56..127) and the directory's padding (the
-  // payload is not memset).
-  for (uint64_t i = threadIdx.x; i < kHeaderBytes - kHeaderUsed; i += kRowThreads) out[kHeaderUsed + i] = 0;
-  for (uint64_t i = kHeaderBytes + 2 * nb + threadIdx.x; i < doff; i += kRowThreads) out[i] = 0;
+  // The zero bytes of the header (35) and the directory's padding (the payload is
+  // not memset; the directory itself was written by ent_encode_kernel).
+  for (uint64_t i = kDirOff + 2 * nb + threadIdx.x; i < doff; i += kRowThreads) out[i] = 0;
   if (threadIdx.x == 0) {
     out[35] = 0;
     st32(out + kOffMagic, kMagic);
@@ -785,7 +784,7 @@ __device__ int32_t header_status(const uint8_t* in, uint64_t L, uint64_t n) {
   bool ok = in[kOffStatus] == 0 && in[kOffBlockLog2] == kBlockLog2 && in[kOffStreams] == kStreams &&
             in[kOffMaxLen] == kMaxLen && in[35] == 0 && ld64(in + kOffNumBlocks) == nb &&
             ld32(in + kOffRawBlocks) <= nb && data_bytes <= used - doff && align128(doff + data_bytes) == used;
-  for (uint32_t i = kHeaderUsed; i < kHeaderBytes && ok; ++i) ok = in[i] == 0;
+  for (uint64_t i = kDirOff + 2 * nb; i < doff && ok; ++i) ok = in[i] == 0;  // dir padding
   return ok ? kDecOk : kDecBadHeader;
 }
 
@@ -821,7 +820,7 @@ __global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
   uint64_t mine = 0;
   bool bad = false;
   for (uint64_t b = b0; b < b1; ++b) {
-    const uint32_t sz = ld16(in + kHeaderBytes + 2 * b);
+    const uint32_t sz = ld16(in + kDirOff + 2 * b);
     bad |= sz < kBlockHead || sz > max_block_bytes(block_len(a.n, b));
     mine += sz;
   }
@@ -846,7 +845,7 @@ __global__ void __launch_bounds__(kRowThreads) ent_decode_rows(DecArgs a) {
   for (uint64_t b = b0; b < b1; ++b) {
     off[b] = pos;
     if (valid) raws += in[pos] == 0;
-    pos += ld16(in + kHeaderBytes + 2 * b);
+    pos += ld16(in + kDirOff + 2 * b);
   }
   __syncthreads();  // red is reused below
   uint64_t cs = 0;

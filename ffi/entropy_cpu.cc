@@ -2376,7 +2376,7 @@ RowStats encode_row_t(const uint16_t* x, uint64_t n, uint8_t* out) {
       s->pf_out = base + off + (off + 2 * kPfBytes <= out_room ? kPfBytes : 0);
       bool raw = false;
       const uint32_t sz = encode_block<D>(x + b * kBlock, len, base + off, *s, &raw);
-      st16(out + kHeaderBytes + 2 * b, sz);
+      st16(out + kDirOff + 2 * b, sz);
       off += sz;
       raws += raw;
       if (t == 0) {
@@ -2442,13 +2442,13 @@ int32_t decode_row_t(const uint8_t* in, uint64_t L, uint64_t n, uint16_t* y) {
   bool ok = in[kOffStatus] == 0 && in[kOffBlockLog2] == kBlockLog2 && in[kOffStreams] == kStreams &&
             in[kOffMaxLen] == kMaxLen && in[35] == 0 && ld64(in + kOffNumBlocks) == nb &&
             raw_blocks <= nb && data_bytes <= used - doff && align128(doff + data_bytes) == used;
-  for (uint32_t i = kHeaderUsed; i < kHeaderBytes && ok; ++i) ok = in[i] == 0;
+  for (uint64_t i = kDirOff + 2 * nb; i < doff && ok; ++i) ok = in[i] == 0;  // dir padding
   if (!ok) return kDecBadHeader;
   // Directory: block offsets, sizes within [4, max], their sum, the RAW count.
   std::vector<uint64_t> off(nb + 1);
   off[0] = doff;
   for (uint64_t b = 0; b < nb; ++b) {
-    const uint32_t sz = ld16(in + kHeaderBytes + 2 * b);
+    const uint32_t sz = ld16(in + kDirOff + 2 * b);
     if (sz < kBlockHead || sz > max_block_bytes(block_len(n, b))) return kDecBadTable;
     off[b + 1] = off[b] + sz;
     if (off[b + 1] > doff + data_bytes) return kDecBadTable;

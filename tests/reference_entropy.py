@@ -1,5 +1,5 @@
 """An independent numpy/Python implementation of the entropy codec's format,
-version 4 (docs/format.md, "Entropy codec (codec id 2)"), written from the text
+version 5 (docs/format.md, "Entropy codec (codec id 2)"), written from the text
 alone. Kinds: 0 (E), 1 (J), 2 (Z: J symbols, raw values of e != 0 only). The
 symbols code the *coded exponent* c = e << q | (top q mantissa bits): bf16 q = 0,
 fp16 q = 1.
@@ -17,7 +17,7 @@ STREAMS = 8
 STREAM_LEN = 512
 MAX_LEN = 11
 MAGIC = 0x4C43435A
-VERSION = 4
+VERSION = 5
 KIND_E, KIND_J, KIND_Z = 0, 1, 2
 # dtype code -> (exponent bits E, mantissa bits M)
 DTYPES = {1: (8, 7), 2: (5, 10)}
@@ -308,10 +308,10 @@ def encode_row(words: np.ndarray, dcode: int) -> tuple[bytes, int]:
     blocks.append(data)
     raws += is_raw
   directory = b"".join(len(d).to_bytes(2, "little") for d in blocks)
-  directory += bytes(align128(2 * nb) - len(directory))
+  directory += bytes(-len(directory) % 8)  # the first block at a multiple of 8
   data = b"".join(blocks)
-  used = align128(128 + len(directory) + len(data))
-  head = bytearray(128)
+  used = align128(56 + len(directory) + len(data))
+  head = bytearray(56)
   head[0:4] = MAGIC.to_bytes(4, "little")
   head[4], head[5], head[6], head[7] = VERSION, dcode, 2, 0
   head[8:16] = n.to_bytes(8, "little")
@@ -431,11 +431,11 @@ def _decode(buf: bytes, n: int, dcode: int) -> np.ndarray:
     raise _Bad(2)
   used = u64(16)
   nb = -(-n // BLOCK)
-  doff = 128 + align128(2 * nb)
+  doff = 56 + -(-2 * nb // 8) * 8
   eb, mb = DTYPES[dcode]
 
-  lo = doff + align128(4 * nb)  # every block CONST-Z (4 bytes)
-  hi = doff + align128(4 * nb + 2 * n)
+  lo = align128(doff + 4 * nb)  # every block CONST-Z (4 bytes)
+  hi = align128(doff + 4 * nb + 2 * n)
   if u64(8) != n or used % 128 or used > len(buf) or not lo <= used <= hi:
     raise _Bad(3)
   if buf[7] == 1:
@@ -443,9 +443,10 @@ def _decode(buf: bytes, n: int, dcode: int) -> np.ndarray:
   data_bytes = u64(48)
   raws = int.from_bytes(buf[36:40], "little")
   if (buf[7] != 0 or tuple(buf[32:36]) != (12, STREAMS, MAX_LEN, 0) or u64(40) != nb or raws > nb
-      or data_bytes > used - doff or align128(doff + data_bytes) != used or any(buf[56:128])):
+      or data_bytes > used - doff or align128(doff + data_bytes) != used
+      or any(buf[56 + 2 * nb:doff])):
     raise _Bad(5)
-  sizes = [int.from_bytes(buf[128 + 2 * b:130 + 2 * b], "little") for b in range(nb)]
+  sizes = [int.from_bytes(buf[56 + 2 * b:58 + 2 * b], "little") for b in range(nb)]
   offs = np.concatenate([[doff], doff + np.cumsum(sizes, dtype=np.int64)]).tolist()
   for b in range(nb):
     if not 4 <= sizes[b] <= 4 + 2 * min(BLOCK, n - BLOCK * b) or offs[b + 1] > doff + data_bytes:

@@ -194,9 +194,9 @@ def test_ratio_and_modes():
   out, _, raws, used = native_encode(make("random_bits", n, BF16))
   assert raws == n // 4096 and used == ent.max_nbytes(BF16, n)
   out, _, _, used = native_encode(make("softmax", 4096, BF16))
-  assert out[256] == 2 | 1 << 2  # the block (at data_off = 256): HUFF, kind J
+  assert out[64] == 2 | 1 << 2  # the block (at data_off = 56 + align8(2) = 64): HUFF, kind J
   out, _, _, used = native_encode(make("constant", 4096, BF16))
-  assert out[256] == 1 | 1 << 2  # CONST, kind J (7 raw bits per element)
+  assert out[64] == 1 | 1 << 2  # CONST, kind J (7 raw bits per element)
 
 
 def test_large_row():
@@ -254,7 +254,7 @@ def test_pair_path_boundaries_match_reference(dtype):
   """The encoder's pair path (blocks whose exponents span <= 32 values: pair histogram
   and pair writer, kinds E and J) and the single-code path just past it write the
   reference's bytes; the mode bytes show which kind each case exercises."""
-  d = 128 + 128  # data_off of a 2-block row: header + align128(2 nb) directory bytes
+  d = 56 + 8  # data_off of a 2-block row: the 56-byte header + align8(2 nb) directory bytes
   cases = [(100, 32), (100, 33), (110, 8)] if dtype == BF16 else [(0, 32), (20, 33), (10, 8), (31, 32)]
   for k, (emin, span) in enumerate(cases):
     for neg, mode in ((0.5, 2), (0.03, 2 | 1 << 2)):  # symmetric: HUFF-E; skewed: HUFF-J
@@ -305,7 +305,7 @@ def test_v4_symbol_facts():
   """The format's per-dtype facts (docs/format.md "Symbols and raw bits"): q, the
   coded exponent's width, alphabets, raw widths and planes; every one of the 2^16
   words splits into (symbol, raw) and joins back exactly, in both kinds."""
-  assert ref.VERSION == ent.FORMAT_VERSION == 4
+  assert ref.VERSION == ent.FORMAT_VERSION == 5   # (the symbols are those of version 4)
   assert ref.QBITS == {1: 0, 2: 1}
   from zipccl_jax._src import entropy as ent_module
   assert {ent_module._DTYPES[d][0]: ent_module._DTYPES[d][3] for d in DTYPES} == {1: 0, 2: 1}
@@ -408,7 +408,7 @@ def test_v4_fp16_corrupted_statuses_equal():
     x, out, used = rows[it % len(rows)]
     b = out.copy()
     for _ in range(int(rng.integers(1, 3))):
-      i = int(rng.integers(128, used))  # past the header: block data and directory
+      i = int(rng.integers(56, used))  # past the header: directory and block data
       b[i] ^= np.uint8(1 << int(rng.integers(8)))
     _fix_checksum(b)
     st, sr = _statuses(b, x.size, F16)
@@ -423,8 +423,8 @@ def test_v4_fp16_corrupted_statuses_equal():
 def _block_modes(out: np.ndarray, n: int) -> list:
   """(mode byte, bytes 2..3, size) of every block of an encoded row."""
   nb = -(-n // 4096)
-  doff = 128 + -(-2 * nb // 128) * 128
-  sizes = np.frombuffer(out[128:128 + 2 * nb].tobytes(), "<u2").astype(int)
+  doff = 56 + -(-2 * nb // 8) * 8
+  sizes = np.frombuffer(out[56:56 + 2 * nb].tobytes(), "<u2").astype(int)
   offs = doff + np.concatenate([[0], np.cumsum(sizes)])
   return [(int(out[o]), int(out[o + 2]) | int(out[o + 3]) << 8, int(z)) for o, z in zip(offs[:-1], sizes)]
 
@@ -531,7 +531,7 @@ def test_kind_z_ties_go_to_huff_j():
     out = _both_encode(w.view(BF16))
     (got, _, size), = _block_modes(out, 4090)
     assert got == mode, (z, got)
-    assert _huff_raw_part(out[256:256 + size].tobytes()) == r, z
+    assert _huff_raw_part(out[64:64 + size].tobytes()) == r, z   # data_off of one block: 64
 
 
 def _rewrite_last_block(b: np.ndarray, n: int, delta: int) -> np.ndarray:
@@ -539,11 +539,11 @@ def _rewrite_last_block(b: np.ndarray, n: int, delta: int) -> np.ndarray:
   or shorter, with the directory, data_bytes, used_nbytes and checksum updated."""
   b = b.copy()
   nb = -(-n // 4096)
-  doff = 128 + -(-2 * nb // 128) * 128
-  sizes = np.frombuffer(b[128:128 + 2 * nb].tobytes(), "<u2").astype(int)
+  doff = 56 + -(-2 * nb // 8) * 8
+  sizes = np.frombuffer(b[56:56 + 2 * nb].tobytes(), "<u2").astype(int)
   data = int(sizes.sum())
   sizes[-1] += delta
-  b[128 + 2 * (nb - 1):128 + 2 * nb] = np.frombuffer(int(sizes[-1]).to_bytes(2, "little"), np.uint8)
+  b[56 + 2 * (nb - 1):56 + 2 * nb] = np.frombuffer(int(sizes[-1]).to_bytes(2, "little"), np.uint8)
   if delta > 0:
     b[doff + data:doff + data + delta] = 0
   data += delta
@@ -574,7 +574,7 @@ def test_kind_z_corrupted_blocks(dtype):
   n = 2 * 4096
   out = native_encode(make("zeros", n, dtype))[0]
   assert [m for m, _, _ in _block_modes(out, n)] == [9, 9]
-  last = 256 + 4  # the last block's offset
+  last = 64 + 4  # the last block's offset (data_off 56 + align8(2 * 2) = 64, block 0: 4 bytes)
   for sym, want in ((1, 0), (2, 6), (0xFFFF, 6)):
     b = out.copy()
     b[last + 2:last + 4] = np.frombuffer(sym.to_bytes(2, "little"), np.uint8)
@@ -652,8 +652,9 @@ def test_header_errors():
   assert status(lambda b: b.__setitem__(7, 1)) == 4
   assert status(lambda b: b.__setitem__(7, 2)) == 5
   assert status(lambda b: b.__setitem__(33, 4)) == 5
-  assert status(lambda b: b.__setitem__(100, 1)) == 5
-  assert status(lambda b: b.__setitem__(128, b[128] + 1)) == 6
+  assert status(lambda b: b.__setitem__(35, 1)) == 5      # the reserved byte
+  assert status(lambda b: b.__setitem__(63, 1)) == 5      # the directory's padding (nb = 2: 60..63)
+  assert status(lambda b: b.__setitem__(56, b[56] + 1)) == 6   # block 0's size
   assert status(lambda b: b.__setitem__(used - 1, 1)) == 8
 
 
@@ -707,7 +708,7 @@ def test_fuzz_garbage_rows():
   out, _, _, used = native_encode(x)
   for it in range(60):
     b = out.copy()
-    lo = 128 if it % 2 else 128 + 2 * 3
+    lo = 56 if it % 2 else 64    # the directory (3 blocks: 56..61, padding to 64), or past it
     b[lo:used] = rng.integers(0, 256, used - lo).astype(np.uint8)
     _fix_checksum(b)
     y, st = native_decode(b, x.size, BF16)

@@ -29,12 +29,12 @@ ENCODE_TARGET = "zipccl_entropy_encode"
 DECODE_TARGET = "zipccl_entropy_decode"
 
 CODEC_ID = 2
-FORMAT_VERSION = 4      # entropy rows (4: fp16 symbols carry the top mantissa bit); the window codec's rows carry 4
+FORMAT_VERSION = 5      # entropy rows (5: the directory follows the 56-byte header); the window codec's rows carry 4
 BLOCK = 4096            # elements per block
 STREAMS = 8             # bit streams per Huffman block
 MAX_CODE_LEN = 11       # bits
 _ALIGN = 128
-_HEADER_BYTES = 128
+_HEADER_BYTES = 56      # the header; the directory (u16 per block) follows it
 _BLOCK_HEAD = 4         # mode byte, zero byte, u16
 
 # dtype -> (format dtype code, exponent bits E, mantissa bits M, q): the symbols code
@@ -46,12 +46,13 @@ _DTYPES = {
 
 # Decoder statuses (shared numbering with the window codec, docs/format.md).
 DECODE_ERRORS = {
-    1: "bad magic, format version or codec id (not an entropy-codec format version 4 payload)",
+    1: "bad magic, format version or codec id (not an entropy-codec format version 5 payload)",
     2: "dtype differs from what the decoder expects",
     3: "n differs, or used_nbytes exceeds the buffer, is not a multiple of 128 or is "
        "outside [min_nbytes, max_nbytes]",
     4: "the row was marked not decodable by its encoder",
-    5: "invalid header (status byte, codec fields, data size or reserved bytes)",
+    5: "invalid header (status byte, codec fields, data size, reserved byte or the "
+       "directory's padding)",
     6: "invalid block directory or block header (sizes, mode, code lengths, raw-plane size)",
     7: "a bit stream does not end at its stored length, or a zero-elided (kind Z) block's "
        "raw planes do not match its decoded symbols (corrupted stream)",
@@ -82,31 +83,32 @@ def _check_count(value, name: str) -> int:
 
 
 def _data_offset(n: int) -> int:
-  return _HEADER_BYTES + _align(2 * (-(-n // BLOCK)))
+  """The first block's offset: 56 + align8(2 nb) (header, directory, zero padding)."""
+  return _HEADER_BYTES + -(-2 * (-(-n // BLOCK)) // 8) * 8
 
 
 def max_nbytes(dtype, n: int) -> int:
   """Static payload row size: every block stored verbatim (RAW), so no row is larger.
 
   Mirrors `zipccl::ent::max_nbytes` (ffi/entropy_format.h; a test checks both agree):
-  128 + align128(2 nb) + align128(4 nb + 2 n) with nb = ceil(n / 4096).
+  align128(56 + align8(2 nb) + 4 nb + 2 n) with nb = ceil(n / 4096).
   """
   _dtype_info(dtype)
   n = _check_count(n, "n")
   nb = -(-n // BLOCK)
-  return _data_offset(n) + _align(_BLOCK_HEAD * nb + 2 * n)
+  return _align(_data_offset(n) + _BLOCK_HEAD * nb + 2 * n)
 
 
 def min_nbytes(dtype, n: int) -> int:
   """Static lower bound of used_nbytes: every block CONST-Z (all +0 or all -0).
 
-  Mirrors `zipccl::ent::min_nbytes` (ffi/entropy_format.h): 128 + align128(2 nb) +
-  align128(4 nb), a CONST-Z block being its 4-byte head alone.
+  Mirrors `zipccl::ent::min_nbytes` (ffi/entropy_format.h): align128(56 +
+  align8(2 nb) + 4 nb), a CONST-Z block being its 4-byte head alone.
   """
   _dtype_info(dtype)
   n = _check_count(n, "n")
   nb = -(-n // BLOCK)
-  return _data_offset(n) + _align(_BLOCK_HEAD * nb)
+  return _align(_data_offset(n) + _BLOCK_HEAD * nb)
 
 
 # The best ratio (raw / used) real data reaches with this codec, per dtype: the
@@ -135,7 +137,7 @@ def workspace_nbytes(n: int) -> int:
   Mirrors `zipccl::ent::workspace_nbytes` (ffi/entropy_format.h).
   """
   n = _check_count(n, "n")
-  return _HEADER_BYTES + _align(8 * (-(-n // BLOCK) + 1))
+  return 128 + _align(8 * (-(-n // BLOCK) + 1))
 
 
 # The FFI targets take a per-row skip mask and the decoder a fill (codec.py).
