@@ -568,11 +568,7 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
       (`CodecFit.extra_s_per_byte`; `calibrate` turns it off to measure it).
   """
   fn = "model_time"
-  if collective not in COLLECTIVES:
-    raise ValueError(f"{fn}: collective must be one of {COLLECTIVES}, got {collective!r}")
-  dt = _dtype_name(fn, dtype)
-  m = _check_int(fn, "row_elements", row_elements, 0)
-  n = _check_int(fn, "n_peers", n_peers, 1)
+  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
   chunks = _check_int(fn, "chunks", chunks, 1)
   cal = resolve_calibration(calibration)
   raw_row = m * _ITEMSIZE[dt]
@@ -682,11 +678,7 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
     ValueError / TypeError naming the bad argument.
   """
   fn = "decide"
-  if collective not in COLLECTIVES:
-    raise ValueError(f"{fn}: collective must be one of {COLLECTIVES}, got {collective!r}")
-  dt = _dtype_name(fn, dtype)
-  m = _check_int(fn, "row_elements", row_elements, 0)
-  n = _check_int(fn, "n_peers", n_peers, 1)
+  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
   _check_int(fn, "chunks", chunks, 1)
   if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
     raise ValueError(f"{fn}: margin must be a number in [0, 1), got {margin!r}")
@@ -734,16 +726,20 @@ def fastest_codec(collective: str, dtype, row_elements: int, n_peers: int,
     (or the call moves nothing: one peer, or no elements).
   """
   fn = "fastest_codec"
-  if collective not in COLLECTIVES:
-    raise ValueError(f"{fn}: collective must be one of {COLLECTIVES}, got {collective!r}")
-  dt = _dtype_name(fn, dtype)
-  m = _check_int(fn, "row_elements", row_elements, 0)
-  n = _check_int(fn, "n_peers", n_peers, 1)
+  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
   cal = resolve_calibration(calibration)
   names = sorted(cal.codecs) if codecs is None else _codec_names(fn, codecs)
   if n == 1 or m == 0:
     return None
   return _fastest(collective, dt, m, n, cal, names)[0]
+
+
+def _call_args(fn, collective, dtype, row_elements, n_peers) -> tuple:
+  """One modelled call's arguments, checked: (dtype name, row elements, peers)."""
+  if collective not in COLLECTIVES:
+    raise ValueError(f"{fn}: collective must be one of {COLLECTIVES}, got {collective!r}")
+  return (_dtype_name(fn, dtype), _check_int(fn, "row_elements", row_elements, 0),
+          _check_int(fn, "n_peers", n_peers, 1))
 
 
 def _codec_names(fn, codecs) -> list:
