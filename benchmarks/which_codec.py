@@ -77,8 +77,8 @@ def cpu_fits(repeats: int) -> tuple[dict, list]:
                       "decode_GBps": [f.decode_GBps for f in fs]})
       med = lambda name: statistics.median(getattr(f, name) for f in fs)  # noqa: E731
       fits[c][d] = dataclasses.replace(
-          fs[0], encode_latency_s=med("encode_latency_s"), encode_s_per_byte=med("encode_s_per_byte"),
-          decode_latency_s=med("decode_latency_s"), decode_s_per_byte=med("decode_s_per_byte"))
+          fs[0], **{k: med(k) for k in ("encode_latency_s", "encode_s_per_byte",
+                                        "decode_latency_s", "decode_s_per_byte")})
   return fits, per_run
 
 
@@ -184,11 +184,13 @@ def main(argv=None) -> int:
             if plat == "cpu" else None
         runs_s = ("; ".join(", ".join(f"{v:.2f}" for v in runs[k]) for k in
                            ("encode_GBps", "decode_GBps")) if runs else "")
-        lines.append(f"| {plat} | {c} | {d} | {f.encode_GBps:.2f} | {f.decode_GBps:.2f} | {runs_s} |")
+        lines.append(f"| {plat} | {c} | {d} | {f.encode_GBps:.2f} | {f.decode_GBps:.2f} | "
+                     f"{runs_s} |")
   lines += ["", "## Ratios per kind of data", "", "| data | " + " | ".join(
       f"{c} {d}" for c in CODECS for d in DTYPES) + " |", "|---|" + "---:|" * 4]
   for kind, r in rat.items():
-    lines.append(f"| {kind} | " + " | ".join(f"{r[c][d]:.3f}" for c in CODECS for d in DTYPES) + " |")
+    vals = " | ".join(f"{r[c][d]:.3f}" for c in CODECS for d in DTYPES)
+    lines.append(f"| {kind} | {vals} |")
   lines += ["", "## Winner counts, 10-100 Gb/s (all dtypes, data kinds and collectives)", ""]
   for plat, w in wins.items():
     lines.append(f"- {plat}: " + ", ".join(f"{c} {k}" for c, k in sorted(w.items())))

@@ -1304,10 +1304,10 @@ def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
   For every codec, on one dtype (bf16 when calibrated): a compressed all_gather,
   all_to_all and ppermute (policy="always", one chunk) of Gaussian rows of
   `row_bytes` per peer, timed like the links but the median of >= 5 calls after
-  >= 2 warm-ups, against `model_time` of the same
-  call with the codec's Gaussian ratio and speed (`gaussian_fit`) and no residual. The difference per
-  received raw byte is the residual (what the model does not see: on XLA:CPU a
-  gather's own-row copy, fresh result buffers, the switch); it is bounded below
+  >= 2 warm-ups, against `model_time` of the same call with the codec's Gaussian
+  ratio and speed (`gaussian_fit`) and no residual. The difference per received
+  raw byte is the residual (what the model does not see: on XLA:CPU a gather's
+  own-row copy, fresh result buffers, the switch); it is bounded below
   by -0.5 x the modelled time, so that one noisy call cannot make compression
   look free. The same numbers go to the codec's other dtypes (per byte).
   `points` receives [received bytes, measured s, modelled s] under

@@ -29,7 +29,9 @@ ENCODE_TARGET = "zipccl_entropy_encode"
 DECODE_TARGET = "zipccl_entropy_decode"
 
 CODEC_ID = 2
-FORMAT_VERSION = 5      # entropy rows (5: the directory follows the 56-byte header); the window codec's rows carry 4
+# Entropy rows carry version 5 (the directory follows the 56-byte header); the window
+# codec's rows carry their own, 4.
+FORMAT_VERSION = 5
 BLOCK = 4096            # elements per block
 STREAMS = 8             # bit streams per Huffman block
 MAX_CODE_LEN = 11       # bits

@@ -310,8 +310,9 @@ def auto_codec(*, dtype, m: int, collective: str | None = None,
   modelled time among the codecs it measured for `dtype`
   (`costmodel.fastest_codec`); without one, or when it measured none of them,
   AUTO_CODEC, or the first registered codec that takes `dtype` when that one does
-  not (the entropy codec takes no float32: the window codec). Static, identical on every participant that holds the same
-  calibration; whether the call then compresses at all is the policy's business.
+  not (the entropy codec takes no float32: the window codec). Static, identical on
+  every participant that holds the same calibration; whether the call then
+  compresses at all is the policy's business.
   """
   dt = np.dtype(dtype)
   names = tuple(c for c in registry.names() if registry.get(c).supports(dt))
