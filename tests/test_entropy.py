@@ -775,7 +775,7 @@ def test_collectives_move_entropy_rows_on_the_ladder(mesh8):
   assert_bits_equal(np.asarray(y), x)
   assert s.codec == "entropy" and s.compressed and not bool(s.raw_rung)
   assert int(s.wire_bytes) < 2 * 8192
-  assert "raw_blocks=0 " in s.summary() and "escape_rate" not in s.summary()
+  assert "raw_block_rate=0.0000 " in s.summary() and "escape_rate" not in s.summary()
   x32 = make("gauss", 8 * 4096, np.float32, seed=6).reshape(64, 512)
   y32, s32 = g(jnp.asarray(x32))
   assert_bits_equal(np.asarray(y32), x32)

@@ -34,6 +34,9 @@ from zipccl_jax._src import ffi as _ffi
 FORMAT_VERSION = 4
 CODEC_ID = 1            # the window codec's id in the common row header (byte 6)
 BLOCK = 2048            # elements per block
+# The encoder's count statistic (stats column 1, CollectiveStats.escape_count): what
+# it counts and how many elements one count stands for (its rate's unit).
+COUNT_NAME, COUNT_UNIT = "escape", 1          # escaped exponents, per element
 _ALIGN = 128            # section alignment and used_nbytes unit, bytes
 _HEADER_BYTES = 128
 _RECORD_BYTES = 8

@@ -33,6 +33,7 @@ CODEC_ID = 2
 # codec's rows carry their own, 4.
 FORMAT_VERSION = 5
 BLOCK = 4096            # elements per block
+COUNT_NAME, COUNT_UNIT = "raw_block", BLOCK   # the count statistic: blocks stored RAW
 STREAMS = 8             # bit streams per Huffman block
 MAX_CODE_LEN = 11       # bits
 _ALIGN = 128

@@ -130,13 +130,14 @@ class CollectiveStats:
             f"decode_errors={int(np.max(_host(self.decode_errors)))}")
 
   def _count_text(self) -> str:
-    """The codec's count as the summary shows it: the window codec's escape rate,
-    else the count itself under the codec's name for it (entropy codec: blocks
-    stored raw)."""
+    """The codec's count as a rate, named by the codec module's COUNT_NAME and
+    COUNT_UNIT (window codec: escape_rate, escaped exponents per element; entropy
+    codec: raw_block_rate, blocks stored raw per block)."""
+    from zipccl_jax._src import registry
+    impl = registry.get(self.codec).impl if self.codec in registry.names() else None
+    name, unit = getattr(impl, "COUNT_NAME", "count"), getattr(impl, "COUNT_UNIT", 1)
     count = int(np.max(_host(self.escape_count)))
-    if self.codec == "zipccl":
-      return f"escape_rate={count / max(self.elements, 1):.4f}"
-    return f"{'raw_blocks' if self.codec == 'entropy' else 'codec_count'}={count}"
+    return f"{name}_rate={count * unit / max(self.elements, 1):.4f}"
 
 
 def _concrete(a) -> bool:
