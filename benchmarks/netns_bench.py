@@ -46,10 +46,13 @@ and how far that is from the faster of raw and compressed.
     sudo python benchmarks/netns_bench.py            # default grid, ~12 min (--budget)
     sudo python benchmarks/netns_bench.py --smoke    # < 1 min: the harness works
     python benchmarks/netns_bench.py --dry-run       # the plan and its time estimate
+    python benchmarks/netns_bench.py --replot A.json B.json --tag both   # one plot of runs
 
 Needs root and iproute2 (`ip`, `tc`) for the namespace; without them (or with
 --no-netns) it runs on the unshaped host loopback and says so. Writes
-benchmarks/results/netns_<date>.md, .json and .png (time vs size per link).
+benchmarks/results/netns_<date>.md, .json and .png (time vs size per link, with
+matplotlib: `pip install -e .[bench]`). Whether two runs agree:
+benchmarks/netns_compare.py.
 """
 from __future__ import annotations
 
@@ -1079,6 +1082,28 @@ def plot(path: Path, doc) -> bool:
   return True
 
 
+def replot(paths, tag: str, out: Path) -> int:
+  """--replot: one plot from the rows of earlier results (their codecs must agree)."""
+  docs = []
+  for p in paths:
+    try:
+      docs.append(json.loads(Path(p).read_text()))
+    except (OSError, ValueError) as e:
+      raise SystemExit(f"netns_bench --replot: cannot read {p}: {e}")
+    if "rows" not in docs[-1] or "codecs" not in docs[-1]:
+      raise SystemExit(f"netns_bench --replot: {p} is not a netns_bench result")
+  if any(d["codecs"] != docs[0]["codecs"] for d in docs):
+    raise SystemExit("netns_bench --replot: the results compare different codecs: "
+                     + ", ".join(f"{p}: {d['codecs']}" for p, d in zip(paths, docs)))
+  doc = dict(docs[0], rows=[r for d in docs for r in d["rows"]])
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / (f"netns_{doc['date'][:10]}" + (f"_{tag}" if tag else "") + ".png")
+  if not plot(path, doc):
+    return 1
+  _log(f"netns_bench: wrote {path}")
+  return 0
+
+
 # ---- command line ------------------------------------------------------------------------
 
 
@@ -1112,10 +1137,15 @@ def main(argv=None) -> int:
   ap.add_argument("--keep-logs", action="store_true", help="keep the workers' logs (phase times)")
   ap.add_argument("--dry-run", action="store_true", help="print the plan and estimate")
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+  ap.add_argument("--replot", nargs="+", metavar="JSON",
+                  help="no measurement: plot the rows of these results (e.g. a small-message "
+                       "and a large-message run of one grid) into one netns_<date>_<tag>.png")
   ap.add_argument("--worker", nargs=2, metavar=("CFG", "PID"), help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.worker:
     return worker(args.worker[0], int(args.worker[1]))
+  if args.replot:
+    return replot(args.replot, args.tag, Path(args.out))
   if args.smoke:
     args.grid, args.rounds, args.budget = SMOKE["grid"], SMOKE["rounds"], SMOKE["budget"]
     args.links = ",".join(SMOKE["links"])

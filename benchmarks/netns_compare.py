@@ -95,6 +95,55 @@ def compare(docs: list, tolerance: float) -> dict:
   return dict(variants=variants, sizes=out)
 
 
+def plot(path: Path, docs: list, tolerance: float) -> bool:
+  """Run 1's median vs each later run's, every cell and variant, log-log, one
+  colour per message size, with the +-tolerance band around y = x."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("netns_compare: matplotlib not installed: no plot (pip install -e .[bench])",
+          file=sys.stderr)
+    return False
+  first = {tuple(r[k] for k in KEY): r for r in docs[0]["rows"]}
+  sizes = sorted({k[2] for k in first})
+  fig, ax = plt.subplots(figsize=(5.2, 5))
+  lo, hi = float("inf"), 0.0
+  for j, d in enumerate(docs[1:], 2):
+    for i, mib in enumerate(sizes):
+      xs, ys = [], []
+      for r in d["rows"]:
+        k = tuple(r[kk] for kk in KEY)
+        if k in first and k[2] == mib:
+          for v, t in r["times"].items():
+            if v in first[k]["times"]:
+              xs.append(first[k]["times"][v] * 1e3)
+              ys.append(t * 1e3)
+      if xs:
+        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+        ax.scatter(xs, ys, s=14, color=f"C{i}", alpha=0.8,
+                   label=f"{mib:g} MiB/process" + (f" (run {j})" if len(docs) > 2 else ""))
+  if hi <= 0:
+    plt.close(fig)
+    return False
+  line = [lo * 0.8, hi * 1.25]
+  ax.plot(line, line, color="k", lw=0.8)
+  ax.fill_between(line, [v / (1 + tolerance) for v in line], [v * (1 + tolerance) for v in line],
+                  color="k", alpha=0.12, label=f"within {tolerance:.0%}")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("run 1: median ms per call")
+  ax.set_ylabel("run 2: median ms per call" if len(docs) == 2 else "later runs: median ms per call")
+  ax.set_title(f"Same grid, same code, twice ({docs[0]['date'][:10]})", fontsize=10)
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return True
+
+
 def report(paths: list, docs: list, res: dict, tolerance: float, tag: str) -> str:
   pct = f"{tolerance:.0%}"
   m = docs[0].get("machine", {})
@@ -174,7 +223,8 @@ def main(argv=None) -> int:
   (out / f"{stem}.json").write_text(json.dumps(dict(
       runs=[str(p.name) for p in paths], tolerance=args.tolerance,
       result={str(k): v for k, v in res["sizes"].items()}, variants=res["variants"]), indent=1))
-  print(f"wrote {out / stem}.md", file=sys.stderr)
+  png = plot(out / f"{stem}.png", docs, args.tolerance)
+  print(f"wrote {out / stem}.md, .json" + (", .png" if png else ""), file=sys.stderr)
   return 0
 
 

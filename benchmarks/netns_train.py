@@ -352,15 +352,37 @@ def plot(rows, args, path: Path) -> bool:
       ax.bar(xs, med, width, yerr=[lo, hi], color=colors[codec], label=codec, capsize=2)
     for i, r in enumerate(sel):
       top = max(v["p75_ms"] for v in r["variants"].values())
-      ax.annotate(f"{_ratio(r, 'zipccl', 'raw')}x", (i, top), ha="center", va="bottom",
-                  fontsize=9)
+      comp = [c for c in ("zipccl", "entropy", "auto") if r["variants"].get(c)]
+      if comp and r["variants"].get("raw"):
+        best = min(comp, key=lambda c: r["variants"][c]["median_ms"])
+        ax.annotate(f"{best} {_ratio(r, best, 'raw')}x", (i, top), ha="center", va="bottom",
+                    fontsize=8)
     ax.set_xticks(range(len(sel)), labels)
     ax.set_ylabel("step time, ms (median, p25-p75)")
-    ax.set_title(f"{nproc} processes, {args.rate} (label: zipccl / raw)")
+    ax.set_title(f"{nproc} processes, {args.rate} (label: fastest compressed / raw)",
+                 fontsize=10)
     ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   return True
+
+
+def replot(paths) -> int:
+  """--replot: the plot of earlier results, each written next to its JSON."""
+  status = 0
+  for p in map(Path, paths):
+    try:
+      doc = json.loads(p.read_text())
+      rows, procs, rate = doc["rows"], doc["procs"], doc["rate"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise SystemExit(f"netns_train --replot: {p} is not a netns_train result ({e})")
+    present = sorted({r["procs"] for r in rows if r.get("variants")})
+    ns = argparse.Namespace(procs=[n for n in procs if n in present] or present, rate=rate)
+    if plot(rows, ns, p.with_suffix(".png")):
+      print(f"wrote {p.with_suffix('.png')}")
+    else:
+      status = 1
+  return status
 
 
 def main(argv=None) -> int:
@@ -392,11 +414,16 @@ def main(argv=None) -> int:
   ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
                   help="the examples' --malloc (and the codec speed measurement's): tuned = "
                        "zipccl_jax.tune_host_allocator() in every process; default: glibc's")
+  ap.add_argument("--replot", nargs="+", metavar="JSON",
+                  help="no training: write the plot of each of these results next to it "
+                       "(train_<date><name>.png)")
   for ex in EXAMPLES:
     ap.add_argument(f"--{ex}-args", default=DEFAULT_ARGS[ex], metavar="ARGS",
                     help=f"model arguments for train_{ex}.py (one string; default "
                          f"{DEFAULT_ARGS[ex]!r}; --quick ignores the default)")
   args = ap.parse_args(argv)
+  if args.replot:
+    return replot(args.replot)
   args.procs = [int(p) for p in args.procs.split(",")]
   args.examples = [e.strip() for e in args.examples.split(",")]
   if any(e not in EXAMPLES for e in args.examples) or min(args.procs) < 1:

@@ -149,6 +149,25 @@ def test_netns_train_breakdown_arithmetic():
   assert nt.breakdown_row(res, 1e9 / 8, {"encode_Bps": 1, "decode_Bps": 1}) is None
 
 
+def test_netns_train_replot(tmp_path):
+  """--replot draws an earlier result next to its JSON; a file that is not one is refused."""
+  import importlib.util
+  import json
+  from benchmarks import netns_train as nt
+  row = {"procs": 2, "example": "train_dp", "variants": {
+      c: {"median_ms": t, "p25_ms": t * 0.99, "p75_ms": t * 1.01}
+      for c, t in (("raw", 100.0), ("entropy", 80.0), ("zipccl", 85.0))}}
+  res = tmp_path / "train_x.json"
+  res.write_text(json.dumps({"rate": "1gbit", "procs": [2, 4], "pin": True, "rows": [row]}))
+  has_mpl = importlib.util.find_spec("matplotlib") is not None
+  assert nt.main(["--replot", str(res)]) == (0 if has_mpl else 1)
+  assert (tmp_path / "train_x.png").exists() == has_mpl
+  bad = tmp_path / "bad.json"
+  bad.write_text("[]")
+  with pytest.raises(SystemExit, match="not a netns_train result"):
+    nt.main(["--replot", str(bad)])
+
+
 def test_dead_worker_is_reported_with_its_output(tmp_path):
   code = ("import os, sys, time; i = os.environ['ZIPCCL_PROCESS_ID']; "
           "print('worker says', i, os.environ['ZIPCCL_NUM_PROCESSES'], flush=True); "

@@ -8,6 +8,7 @@ samples.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 
 import jax
@@ -161,3 +162,15 @@ def test_report_from_samples(tmp_path):
   md = next(tmp_path.glob("netns_*_smoke.md")).read_text()
   assert "**1 wrong results**" in md and "| 2 | 1 Gbit/s | 16 | 0.70 (0.71) |" in md
   assert json.loads(next(tmp_path.glob("netns_*_smoke.json")).read_text())["rows"]
+  # --replot: one plot from the rows of several results; results of other codecs refused
+  first = next(tmp_path.glob("netns_*_smoke.json"))
+  other = tmp_path / "other.json"
+  other.write_text(json.dumps(dict(doc, rows=[dict(row, mib=64.0)])))
+  has_mpl = importlib.util.find_spec("matplotlib") is not None
+  out = tmp_path / "plots"
+  assert nb.main(["--replot", str(first), str(other), "--tag", "both", "--out", str(out)]) == (
+      0 if has_mpl else 1)
+  assert (out / f"netns_{doc['date'][:10]}_both.png").exists() == has_mpl
+  other.write_text(json.dumps(dict(doc, codecs=["raw"])))
+  with pytest.raises(SystemExit, match="different codecs"):
+    nb.main(["--replot", str(first), str(other), "--out", str(out)])

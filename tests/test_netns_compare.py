@@ -7,6 +7,7 @@ of the fastest in every run). The stall probe runs for real, briefly.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -63,6 +64,8 @@ def test_compare_cli(tmp_path):
   text = (tmp_path / next(p.name for p in tmp_path.glob("netns_compare_*_t.md"))).read_text()
   assert "| 2 x 1 | 1 |" in text and "1 of 1" in text
   assert "arguments differ" in text and "pin" in text          # not the same grid: said
+  has_mpl = importlib.util.find_spec("matplotlib") is not None
+  assert any(tmp_path.glob("netns_compare_*_t.png")) == has_mpl
   with pytest.raises(SystemExit):
     nc.main([str(pa)])                                          # one run: nothing to compare
   (tmp_path / "bad.json").write_text("{}")
