@@ -6,6 +6,7 @@ scripts (`python benchmarks/codec.py`) or as modules (`python -m benchmarks.code
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -117,6 +118,14 @@ def write_lines(path: str, lines: list) -> None:
     f.write("\n".join(lines))
   print("\n".join(lines))
   log(f"wrote {path}")
+
+
+def write_report(out: str, stem: str, text: str, doc: dict) -> None:
+  """<out>/<stem>.md (the text, also printed) and <out>/<stem>.json (the doc)."""
+  os.makedirs(out, exist_ok=True)
+  write_lines(os.path.join(out, f"{stem}.md"), text.split("\n"))
+  with open(os.path.join(out, f"{stem}.json"), "w") as f:
+    json.dump(doc, f, indent=1)
 
 
 def build_instr_tool(driver: str, codec_source: str, src_ffi: str, out: str, inc: str) -> None:

@@ -44,6 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import common  # noqa: E402
+
 PROGRAMS = ("all_gather", "ppermute", "pmax 8 B")
 STALL_S = 2e-3     # a call this much above the 10th percentile counts as stalled
 
@@ -206,17 +209,11 @@ def main(argv=None) -> int:
         lines.append(f"| {mode} | {_fmt(s)} | {k} | {st['p10'] * 1e3:.2f} | "
                      f"{st['median'] * 1e3:.2f} | {st['p90'] * 1e3:.2f} | {st['stalled']:.0%} |")
   lines += ["", f"Reproduce: `python benchmarks/gloo_stall.py --procs {args.procs} --reps "
-            f"{args.reps}` ({time.time() - t0:.0f} s)", ""]
-  text = "\n".join(lines)
-  print(text)
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  stem = f"gloo_stall_{date}" + (f"_{args.tag}" if args.tag else "")
-  (out / f"{stem}.md").write_text(text)
-  (out / f"{stem}.json").write_text(json.dumps(dict(
-      date=date, procs=args.procs, reps=args.reps, sizes=sizes, kernel=kernel_facts(),
-      load=load, stats=table, times=res), indent=1))
-  print(f"wrote {out / stem}.md", file=sys.stderr)
+            f"{args.reps} --sizes {','.join(map(str, sizes))}` ({time.time() - t0:.0f} s)", ""]
+  common.write_report(args.out, f"gloo_stall_{date}" + (f"_{args.tag}" if args.tag else ""),
+                      "\n".join(lines),
+                      dict(date=date, procs=args.procs, reps=args.reps, sizes=sizes,
+                           kernel=kernel_facts(), load=load, stats=table, times=res))
   return 0
 
 

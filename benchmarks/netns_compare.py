@@ -29,6 +29,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import common  # noqa: E402
+
 KEY = ("procs", "link", "mib", "collective", "data")
 
 
@@ -214,17 +217,13 @@ def main(argv=None) -> int:
   res = compare(docs, args.tolerance)
   if not res["sizes"]:
     raise SystemExit("netns_compare: the runs have no cell in common")
-  text = report(paths, docs, res, args.tolerance, args.tag)
-  print(text)
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
   stem = f"netns_compare_{datetime.date.today().isoformat()}" + (f"_{args.tag}" if args.tag else "")
-  (out / f"{stem}.md").write_text(text)
-  (out / f"{stem}.json").write_text(json.dumps(dict(
-      runs=[str(p.name) for p in paths], tolerance=args.tolerance,
-      result={str(k): v for k, v in res["sizes"].items()}, variants=res["variants"]), indent=1))
-  png = plot(out / f"{stem}.png", docs, args.tolerance)
-  print(f"wrote {out / stem}.md, .json" + (", .png" if png else ""), file=sys.stderr)
+  common.write_report(args.out, stem, report(paths, docs, res, args.tolerance, args.tag),
+                      dict(runs=[str(p.name) for p in paths], tolerance=args.tolerance,
+                           result={str(k): v for k, v in res["sizes"].items()},
+                           variants=res["variants"]))
+  if plot(Path(args.out) / f"{stem}.png", docs, args.tolerance):
+    common.log(f"wrote {Path(args.out) / stem}.png")
   return 0
 
 
