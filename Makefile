@@ -27,8 +27,14 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) examples/train_fsdp.py
 
+# The suite runs in TEST_JOBS worker processes (pytest-xdist), a whole test file
+# per worker so that a file's session fixtures (the CUDA build, the emulators) are
+# built once: 8 min 54 s with 2 on 2 cores, 13 min 46 s in one process.
+# TEST_JOBS=0 runs it in this process.
+TEST_JOBS ?= 2
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 bench: setup
 	$(PY) -m pip install -q "torch==2.13.0" ".[bench]"
