@@ -3,7 +3,7 @@ Gaussian bf16, Gaussian fp32 and Laplace bf16, side by side in the same run with
 blosc2 (zstd 1 + byte shuffle) and zstd level 1.
 
     python benchmarks/codec.py [--quick] [--size-mib M] [--threads 1,2]
-    -> benchmarks/results/codec_<date>.{md,json,png}
+    -> benchmarks/results/codec.{md,json,png}
 
 Every zipccl thread count runs in a fresh subprocess (this script with the internal
 `_worker` command), because the C++ codec reads ZIPCCL_NUM_THREADS once, at its
@@ -419,9 +419,8 @@ def cmd_codec(args) -> int:
   info["other_load_cores"] = common.other_load(snap0, common.cpu_snapshot(), time.perf_counter() - wall0)
   if info["other_load_cores"] is not None:
     log(f"other processes kept {info['other_load_cores']:.2f} cores busy on average during the run")
-  stamp = common.today(args.quick)
   os.makedirs(args.out, exist_ok=True)
-  base = os.path.join(args.out, f"codec_{stamp}")
+  base = os.path.join(args.out, "codec_quick" if args.quick else "codec")
   return write_codec_report(base, info, size, runs, z_rows, peers, threads)
 
 
@@ -494,7 +493,7 @@ def write_codec_report(base: str, info: dict, size: float, runs: int, z_rows: di
         "call first-touches its whole output (the 64 MiB decode output is 16,384 faults of "
         "4 KiB). The codec's FFI handlers therefore madvise(MADV_HUGEPAGE) outputs of 8 MiB or "
         "more, so the kernel faults them in 2 MiB pages (ZIPCCL_NO_HUGEPAGES=1 turns that off; "
-        "codec_2026-11-29.md has the numbers from before: 1 thread 1.30 / 1.35 GB/s). The \"THP malloc\" rows rerun the same processes with "
+        "without them a thread decodes ~25% slower). The \"THP malloc\" rows rerun the same processes with "
         f"`GLIBC_TUNABLES={MALLOC_VARIANTS['THP']}` (malloc backs them with 2 MiB pages; the "
         "kernel still zeroes them), the \"heap-reuse malloc\" rows with "
         f"`GLIBC_TUNABLES={MALLOC_VARIANTS['reuse']}` (no mmap, no trim: the previous call's "

@@ -106,11 +106,6 @@ def median_time(fn: Callable[[], object], runs: int, warmup: int = 2,
 
 # ---- data -----------------------------------------------------------------------------
 
-def today(quick: bool = False) -> str:
-  """The date stamp of result file names (with _quick for quick runs)."""
-  return datetime.date.today().isoformat() + ("_quick" if quick else "")
-
-
 def write_lines(path: str, lines: list) -> None:
   """Writes a markdown report, prints it, and logs where it went."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -126,46 +121,3 @@ def write_report(out: str, stem: str, text: str, doc: dict) -> None:
   write_lines(os.path.join(out, f"{stem}.md"), text.split("\n"))
   with open(os.path.join(out, f"{stem}.json"), "w") as f:
     json.dump(doc, f, indent=1)
-
-
-def build_instr_tool(driver: str, codec_source: str, src_ffi: str, out: str, inc: str) -> None:
-  """g++ -O3 -g of a callgrind driver (benchmarks/<driver>) with ffi/<codec_source>
-  from the source tree src_ffi (this checkout's or a base commit's): the native
-  codec on its own, for instruction counts that a shared machine cannot spoil."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  here = os.path.dirname(os.path.abspath(__file__))
-  subprocess.run(["g++", "-std=c++17", "-O3", "-g", "-Wall", "-Wno-unused-parameter", f"-I{src_ffi}",
-                  "-isystem", inc, os.path.join(here, driver), os.path.join(src_ffi, codec_source),
-                  "-o", out, "-lpthread"], check=True)
-
-
-def single_thread_env(portable: bool) -> dict:
-  """The environment of a one-core codec run: one codec thread, and the portable
-  (scalar) code paths when `portable` (ZIPCCL_DISABLE_SIMD=1)."""
-  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
-  env.pop("ZIPCCL_DISABLE_SIMD", None)
-  if portable:
-    env["ZIPCCL_DISABLE_SIMD"] = "1"
-  return env
-
-
-def build_before_after(base: str, tmp: str, driver: str, codec_source: str) -> tuple:
-  """Builds the callgrind driver against ffi/ of commit `base` (extracted under tmp)
-  and of this checkout: (head, {"before": tool, "after": tool}), head = this
-  checkout's short commit, "+changes" when ffi/ has uncommitted changes."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  inc = subprocess.run([sys.executable, "-c", "import jax; print(jax.ffi.include_dir())"], check=True,
-                       capture_output=True, text=True).stdout.strip()
-  head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], check=True,
-                        capture_output=True, text=True).stdout.strip()
-  dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "ffi"], check=True,
-                         capture_output=True, text=True).stdout.strip()
-  bsrc = os.path.join(tmp, "base")
-  os.makedirs(bsrc)
-  arch = subprocess.run(["git", "-C", root, "archive", base, "ffi"], check=True, capture_output=True).stdout
-  subprocess.run(["tar", "-x", "-C", bsrc], input=arch, check=True)
-  tools = {"before": os.path.join(tmp, "before"), "after": os.path.join(tmp, "after")}
-  build_instr_tool(driver, codec_source, os.path.join(bsrc, "ffi"), tools["before"], inc)
-  build_instr_tool(driver, codec_source, os.path.join(root, "ffi"), tools["after"], inc)
-  return head + ("+changes" if dirty else ""), tools

@@ -5,7 +5,7 @@ in the same run).
 
     python benchmarks/entropy_ratio.py [--ratio-mib 16 (0: speed only)] [--speed-mib 64]
         [--runs 7] [--tuned] [--speed-dtype bf16|fp16]
-    -> benchmarks/results/entropy_ratio_<date>.md
+    -> benchmarks/results/entropy_ratio.md
 
 --speed-mib 0 skips the speed section (ratios only).
 
@@ -259,7 +259,7 @@ def report(rows, speed, info, args, wall, load) -> list[str]:
     if f"{key}_encode" in speed:
       lines.append(f"| {name} | {speed[key + '_encode']:.2f} | {speed[key + '_decode']:.2f} |")
   lines += ["", "The window codec's row is a load gauge: compare it with its numbers in the "
-            "codec_<date>.md reports measured on a quieter machine (the same CPU and dtype)."]
+            "codec.md reports measured on a quieter machine (the same CPU and dtype)."]
   if "zipnn_encode" in speed:
     lines += ["", f"Entropy codec vs ZipNN in this run: encode "
               f"{speed['entropy_encode'] / speed['zipnn_encode']:.1f}x, decode "
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
   ap.add_argument("--runs", type=int, default=7)
   ap.add_argument("--speed-dtype", choices=("bf16", "fp16"), default="bf16",
                   help="dtype of the speed case (Gaussian data)")
-  ap.add_argument("--out", default=None, help="report path (default results/entropy_ratio_<date>.md)")
+  ap.add_argument("--out", default=None, help="report path (default results/entropy_ratio.md)")
   ap.add_argument("--tuned", action="store_true",
                   help="zipccl_jax.tune_host_allocator() before JAX starts (XLA's output buffers "
                        "reused from the heap, as the README recommends on CPU backends)")
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
                      BF16 if args.speed_dtype == "bf16" else F16) if args.speed_mib > 0 else None
   wall = time.perf_counter() - t0
   load = common.other_load(snap0, common.cpu_snapshot(), wall)
-  path = args.out or os.path.join(common.RESULTS, f"entropy_ratio_{common.today()}.md")
+  path = args.out or os.path.join(common.RESULTS, "entropy_ratio.md")
   common.write_lines(path, report(rows, speed, info, args, wall, load))
   return 0 if all(r["roundtrip_ok"] for r in rows) and (speed is None or speed["entropy_roundtrip_ok"]) else 1
 

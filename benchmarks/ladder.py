@@ -1,7 +1,7 @@
 """Slot-ladder transport benchmark: wire ratios of the rung actually taken, and compile time.
 
     python benchmarks/ladder.py [--elements N] [--example-steps S] [--compile-runs R]
-    -> benchmarks/results/ladder_<date>.md (+ .json)
+    -> benchmarks/results/ladder.md (+ .json)
 
 1. Wire ratios. all_gather, psum_scatter and psum over 8 simulated CPU devices with
    the library defaults (codec="zipccl", policy="auto") on bf16 data: Gaussian,
@@ -27,6 +27,7 @@ CPU timings on a shared machine are noisy: medians, and the load average is prin
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -441,7 +442,7 @@ def run_example(steps: int, full: bool = False) -> dict | None:
 
 
 def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list:
-  lines = [f"# Slot-ladder transport: wire ratios and compile time ({common.today()})", "",
+  lines = [f"# Slot-ladder transport: wire ratios and compile time ({datetime.date.today().isoformat()})", "",
            f"Machine: {info['cpu']}, {info['cores']} cores, load average "
            f"{info.get('loadavg_1m', '?')} at the start (shared: timings are noisy, medians). "
            f"{N} simulated CPU devices, bf16, library defaults (codec=\"zipccl\", "
@@ -591,7 +592,7 @@ def main(argv=None) -> int:
                   help="skip the rung sweep and the ladder-spacing gap table")
   ap.add_argument("--codecs", default="zipccl",
                   help="comma-separated codecs for the wire-ratio table (e.g. zipccl,entropy); "
-                       "other than the default, the report is ladder_codecs_<date>.md")
+                       "other than the default, the report is ladder_codecs.md")
   ap.add_argument("--then-python", default=None,
                   help="Python of a checkout of commit 0817424 (the fixed-slot transport) "
                        "with its native module built: its compile times join the table, "
@@ -612,7 +613,7 @@ def main(argv=None) -> int:
   example = run_example(args.example_steps, args.example_full) if args.example_steps else None
   lines = report(args, info, rows, comp, base, example, gaps, sweep)
   stem = "ladder" if codecs == ["zipccl"] else "ladder_codecs"
-  path = os.path.join(args.out, f"{stem}_{common.today()}.md")
+  path = os.path.join(args.out, f"{stem}.md")
   common.write_lines(path, lines)
   with open(path[:-3] + ".json", "w") as f:
     json.dump(dict(machine=info, rows=rows, compile=comp, baseline=base, example=example,

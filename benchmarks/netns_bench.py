@@ -50,7 +50,7 @@ and how far that is from the faster of raw and compressed.
 
 Needs root and iproute2 (`ip`, `tc`) for the namespace; without them (or with
 --no-netns) it runs on the unshaped host loopback and says so. Writes
-benchmarks/results/netns_<date>.md, .json and .png (time vs size per link, with
+benchmarks/results/netns.md, .json and .png (time vs size per link, with
 matplotlib: `pip install -e .[bench]`). Whether two runs agree:
 benchmarks/netns_compare.py.
 """
@@ -1017,7 +1017,7 @@ def write_report(args, doc) -> None:
   res = Path(args.out)
   res.mkdir(parents=True, exist_ok=True)
   tag = getattr(args, "tag", "")
-  stem = (f"netns_{doc['date'][:10]}" + (f"_{tag}" if tag else "") +
+  stem = ("netns" + (f"_{tag}" if tag else "") +
           ("_smoke" if doc["args"]["smoke"] else ""))
   (res / f"{stem}.md").write_text(text)
   (res / f"{stem}.json").write_text(json.dumps(doc, indent=1))
@@ -1097,7 +1097,7 @@ def replot(paths, tag: str, out: Path) -> int:
                      + ", ".join(f"{p}: {d['codecs']}" for p, d in zip(paths, docs)))
   doc = dict(docs[0], rows=[r for d in docs for r in d["rows"]])
   out.mkdir(parents=True, exist_ok=True)
-  path = out / (f"netns_{doc['date'][:10]}" + (f"_{tag}" if tag else "") + ".png")
+  path = out / ("netns" + (f"_{tag}" if tag else "") + ".png")
   if not plot(path, doc):
     return 1
   _log(f"netns_bench: wrote {path}")
@@ -1124,7 +1124,7 @@ def main(argv=None) -> int:
                   help="comma-separated chunk counts (ints, 'auto') of the compressing codecs: "
                        "each value v != 1 adds the variant '<codec>@v' (default 1: unchunked only)")
   ap.add_argument("--tag", default="", help="appended to the report's file name "
-                  "(netns_<date>_<tag>.md)")
+                  "(netns_<tag>.md)")
   ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
   ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                   help="seconds the measurements may take; rounds are cut to fit")
@@ -1139,7 +1139,7 @@ def main(argv=None) -> int:
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
   ap.add_argument("--replot", nargs="+", metavar="JSON",
                   help="no measurement: plot the rows of these results (e.g. a small-message "
-                       "and a large-message run of one grid) into one netns_<date>_<tag>.png")
+                       "and a large-message run of one grid) into one netns_<tag>.png")
   ap.add_argument("--worker", nargs=2, metavar=("CFG", "PID"), help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.worker:

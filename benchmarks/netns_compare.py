@@ -15,9 +15,9 @@ size it reports:
   * what "auto" achieved in each run (its own calibration per run).
 
 Usage:
-  python benchmarks/netns_compare.py benchmarks/results/netns_<date>_<tag1>.json \\
-      benchmarks/results/netns_<date>_<tag2>.json --tag repeat
-writes benchmarks/results/netns_compare_<date>_<tag>.md and .json.
+  python benchmarks/netns_compare.py benchmarks/results/netns_<tag1>.json \\
+      benchmarks/results/netns_<tag2>.json --tag repeat
+writes benchmarks/results/netns_compare_<tag>.md and .json.
 """
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
   res = compare(docs, args.tolerance)
   if not res["sizes"]:
     raise SystemExit("netns_compare: the runs have no cell in common")
-  stem = f"netns_compare_{datetime.date.today().isoformat()}" + (f"_{args.tag}" if args.tag else "")
+  stem = "netns_compare" + (f"_{args.tag}" if args.tag else "")
   common.write_report(args.out, stem, report(paths, docs, res, args.tolerance, args.tag),
                       dict(runs=[str(p.name) for p in paths], tolerance=args.tolerance,
                            result={str(k): v for k, v in res["sizes"].items()},

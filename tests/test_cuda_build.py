@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from benchmarks.gpu_check import parse_ptxas
+from tests.ptxas import parse_ptxas
 from tests import simt_emulator as emulator
 
 ROOT = Path(__file__).resolve().parents[1]

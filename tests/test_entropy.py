@@ -276,7 +276,7 @@ def test_code_lengths_network_equals_merge(tmp_path):
   used for 2..64 present symbols) gives the same code lengths as the scalar merge
   and the normative code_lengths of entropy_format.h on random and adversarial
   histograms (ties of leaves with leaves and with packages, powers of two,
-  geometric and Fibonacci counts, sparse symbols): benchmarks/entropy_pm_check.cc
+  geometric and Fibonacci counts, sparse symbols): tests/entropy_pm_check.cc
   includes ffi/entropy_cpu.cc and compares all three. (The checker catches a wrong
   tie rule or a wrong slot table: both mutations tried give thousands of
   mismatches.)"""
@@ -288,7 +288,7 @@ def test_code_lengths_network_equals_merge(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   exe = tmp_path / "pm_check"
   subprocess.run([gxx, "-std=c++17", "-O1", "-I" + os.path.join(root, "ffi"), "-isystem", jax.ffi.include_dir(),
-                  os.path.join(root, "benchmarks", "entropy_pm_check.cc"), "-o", str(exe), "-lpthread"],
+                  os.path.join(root, "tests", "entropy_pm_check.cc"), "-o", str(exe), "-lpthread"],
                  check=True, timeout=300)
   res = subprocess.run([str(exe), "300000", "5"], capture_output=True, text=True, timeout=120)
   assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]

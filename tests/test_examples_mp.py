@@ -125,49 +125,6 @@ def test_codec_bytes_counts_the_common_path_of_the_compiled_step():
       "encoded": 0, "decoded": 0, "encode_calls": 0, "decode_calls": 0}
 
 
-def test_netns_train_breakdown_arithmetic():
-  """C + wire + codec of benchmarks/netns_train.py, on made-up numbers."""
-  from benchmarks import netns_train as nt
-  assert nt.parse_rate("1gbit") == 1e9 / 8 and nt.parse_rate("500mbit") == 500e6 / 8
-  assert nt.parse_rate("125mbps") == 125e6 and nt.parse_rate("none") is None
-  mib = 2**20
-  res = {"procs": 2,
-         "variants": {"raw": {"median_ms": 1000.0, "sent_bytes": 50 * mib},
-                      "zipccl": {"median_ms": 900.0, "sent_bytes": 35 * mib,
-                                 "codec_bytes": {"encoded": 75e6, "decoded": 100e6}}},
-         "unshaped": {"variants": {"raw": {"median_ms": 200.0}, "zipccl": {"median_ms": 260.0}}}}
-  b = nt.breakdown_row(res, 1e9 / 8, {"encode_Bps": 2.5e9, "decode_Bps": 5e9})
-  wire_raw, wire_zip, codec = 2 * 50 * mib / 125e6, 2 * 35 * mib / 125e6, 0.03 + 0.02
-  assert b["w_raw"] == pytest.approx(wire_raw) and b["w_zip"] == pytest.approx(wire_zip)
-  assert b["codec"] == pytest.approx(codec)
-  assert b["pred_raw"] == pytest.approx(0.2 + wire_raw)
-  assert b["pred_zip"] == pytest.approx(0.2 + wire_zip + codec)
-  assert b["meas_ratio"] == pytest.approx(0.9)
-  assert b["bound"] == pytest.approx((wire_zip + codec) / wire_raw)
-  assert b["unshaped_extra"] == pytest.approx(0.06)
-  del res["unshaped"]
-  assert nt.breakdown_row(res, 1e9 / 8, {"encode_Bps": 1, "decode_Bps": 1}) is None
-
-
-def test_netns_train_replot(tmp_path):
-  """--replot draws an earlier result next to its JSON; a file that is not one is refused."""
-  import importlib.util
-  import json
-  from benchmarks import netns_train as nt
-  row = {"procs": 2, "example": "train_dp", "variants": {
-      c: {"median_ms": t, "p25_ms": t * 0.99, "p75_ms": t * 1.01}
-      for c, t in (("raw", 100.0), ("entropy", 80.0), ("zipccl", 85.0))}}
-  res = tmp_path / "train_x.json"
-  res.write_text(json.dumps({"rate": "1gbit", "procs": [2, 4], "pin": True, "rows": [row]}))
-  has_mpl = importlib.util.find_spec("matplotlib") is not None
-  assert nt.main(["--replot", str(res)]) == (0 if has_mpl else 1)
-  assert (tmp_path / "train_x.png").exists() == has_mpl
-  bad = tmp_path / "bad.json"
-  bad.write_text("[]")
-  with pytest.raises(SystemExit, match="not a netns_train result"):
-    nt.main(["--replot", str(bad)])
-
-
 def test_dead_worker_is_reported_with_its_output(tmp_path):
   code = ("import os, sys, time; i = os.environ['ZIPCCL_PROCESS_ID']; "
           "print('worker says', i, os.environ['ZIPCCL_NUM_PROCESSES'], flush=True); "

@@ -209,7 +209,7 @@ def switch_in_range(index, branches, *operands):
   kernel of its own for XLA:CPU to compile (an ad hoc estimate: ~9 ms of the all-gather's ~55;
   docs/design.md), and XLA's conditional already runs the last branch for an index out
   of range. So this calls JAX's switch without the clamp where the JAX in use has
-  it (jax 0.10.2, 0.11.2 and 0.12.0: checked 2026-12-01), and lax.switch otherwise: the
+  it (jax 0.10.2, 0.11.2 and 0.12.0), and lax.switch otherwise: the
   same branch either way.
   """
   branches = tuple(branches)

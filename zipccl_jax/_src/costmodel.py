@@ -494,7 +494,7 @@ def _wire_rows(algo: str, n: int) -> int:
 # platform: the fraction of the pipelined ideal it reaches (0 = the chunks run in
 # series, 1 = chunk k+1's encode and chunk k-1's decode hide under chunk k's
 # transfer). XLA:CPU runs them in series: measured with gloo on a shaped link
-# (docs/design.md, "Overlap"; benchmarks/overlap_probe.py). Platforms not listed
+# (docs/design.md, "Limits"). Platforms not listed
 # count as 0 until measured; ZIPCCL_OVERLAP declares a value (`overlap_fraction`).
 MEASURED_OVERLAP = {"cpu": 0.0}
 OVERLAP_ENV_VAR = "ZIPCCL_OVERLAP"
@@ -1077,7 +1077,7 @@ def _bounded_bare(t_bare: float, t_raw: float, again: Callable[[], float], algo:
   raw transport timed right after it on the same bytes: the transport runs that
   collective plus copies, so a bare sample above it is noise (another tenant, a
   page-fault burst) and, at the largest size, would set the fitted link's slope
-  (2026-12-01: a bare all-to-all sample of 48.7 ms next to a 35.0 ms raw transport).
+  (a bare all-to-all sample of 48.7 ms next to a 35.0 ms raw transport was seen).
   Then the bare collective is timed once more and the smaller sample kept, at most
   t_raw (the transport's copies then count as 0)."""
   if t_bare <= t_raw:
@@ -1110,8 +1110,8 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
       # The all-to-all the transport runs: on CPU N - 1 collective permutes
       # (`transport.a2a_slot`), elsewhere lax.all_to_all. Timing lax.all_to_all on
       # CPU fitted a link up to ~12% slower than the transport's (gloo, 10 Gbit/s,
-      # 2 processes: results/netns_2026-12-01_fixedsteps.md, "model err raw"),
-      # and the raw transport's copy term cannot go below 0 to correct it.
+      # 2 processes), and the raw transport's copy term cannot go below 0 to
+      # correct it.
       "all_to_all": (lambda r: np.zeros((n_peers, r), np.uint8),
                      lambda v: transport.a2a_slot(v[0], v.shape[-1], axes)[None],
                      lambda r: np.zeros((n_peers, r // 2), bf16),
@@ -1336,7 +1336,7 @@ def _measure_residuals(meter: _Meter, cal: Calibration, row_bytes: int, log,
       # The median of at least 5 calls after 2 warm-ups: a median of 3 after one
       # made a 16 MiB gather look 50% slower than every call of the same program
       # a minute later; the fastest call instead (noise only adds time) made the
-      # model 5-9% optimistic at 10 Gbit/s (results/netns_2026-12-01_residual.md).
+      # model 5-9% optimistic at 10 Gbit/s.
       t = meter.time(meter.smap(body), meter.array(x), reps=max(meter.reps, 5),
                      warmup=max(meter.warmup, 2))
       t_model = model_time(algo, dt, m, n, probe, c, residual=False)

@@ -4,14 +4,13 @@ XLA:CPU allocates every call's output buffers afresh with malloc. glibc serves
 allocations above its mmap threshold (at most 32 MiB by default) with a new
 mmap, so each call first-touches its whole output in 4 KiB pages: for a 64 MiB
 decode that is 16,384 page faults, ~36 ms of kernel time, more than the codec
-itself takes (benchmarks/results/codec_*.md). Raising the threshold keeps large
+itself takes. Raising the threshold keeps large
 buffers in the heap, where they are reused from call to call. That alone does not
 reach the buffers XLA's worker threads allocate: a thread's own malloc arena
 grows in heaps of at most 64 MiB, so larger buffers there are mmap'd whatever the
 threshold. Limiting malloc to one arena (the main one, which grows with brk)
 keeps those in the reusable heap too: a 64 MiB compressed all_gather next to raw
-calls went from 0.88 to 0.74-0.82 of raw's time (benchmarks/fresh_memory.py,
-results/fresh_memory_2026-12-01_arena.md).
+calls went from 0.88 to 0.74-0.82 of raw's time (2 processes on a 1 Gbit/s link).
 
 This is process-wide, so it is opt-in: call `tune_host_allocator()` once at the
 start of a CPU-heavy program (or set MALLOC_MMAP_THRESHOLD_ / GLIBC_TUNABLES in

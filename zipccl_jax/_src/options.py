@@ -34,9 +34,9 @@ def collective_codecs() -> tuple:
 # bytes/decode, `costmodel.model_time`) on 10-100 Gb/s links with the measured codec
 # speeds, on both platforms: one CPU core (this machine's `calibrate`: it encodes as
 # fast as the window codec and decodes ~1.7x faster, with a 3-8% better ratio) in
-# 120 of 120 cells of benchmarks/results/which_codec_2026-12-02.md, an H200
-# (gpu_check_20261201T003021) in 91 of 120 (the window codec's faster kernels win
-# some cells at 100 Gb/s). With a calibration the cost model picks per call instead
+# 120 of 120 modelled cells (five collectives, bf16 and fp16, three data kinds,
+# 10-100 Gb/s), an H200 in 91 of 120 (the window codec's faster kernels win some
+# cells at 100 Gb/s). With a calibration the cost model picks per call instead
 # (`auto_codec`).
 AUTO_CODEC = "entropy"
 
