@@ -6,7 +6,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # AUTO builds the CUDA module when nvcc is on PATH; OFF/ON force it.
 ZIPCCL_CUDA ?= AUTO
-NATIVE_SRC := $(wildcard ffi/* cuda/*) CMakeLists.txt pyproject.toml
+# Python files too: the editable install maps the package's files when it is made.
+NATIVE_SRC := $(wildcard ffi/* cuda/*) CMakeLists.txt pyproject.toml $(shell find zipccl_jax -name "*.py")
 
 .PHONY: setup demo test bench sanitize clean
 

@@ -28,9 +28,6 @@ else:  # run as a script (python benchmarks/codec.py): its folder is on sys.path
 
 BF16, RESULTS, log, machine_info, median_time = (
     common.BF16, common.RESULTS, common.log, common.machine_info, common.median_time)
-# The Laplace case escapes ~5.5% with the block window, above the default capacity
-# (3.75% + 64): the benchmark gives it this explicit capacity (and says so).
-LAPLACE_CAPACITY_RATE = (8, 100)
 
 
 
@@ -55,14 +52,12 @@ def make_case(name: str, size_mib: float) -> tuple[np.ndarray, str]:
 CASES = ("gauss-bf16", "gauss-fp32", "laplace-bf16")
 
 
-def case_capacity(name: str, n: int) -> tuple[int | None, str]:
-  """Escape capacity the benchmark uses (None = default) and how the table names it."""
-  if name == "laplace-bf16":
-    num, den = LAPLACE_CAPACITY_RATE
-    return -(-num * n // den), f"{100 * num / den:g}% (explicit)"
-  from zipccl_jax import DEFAULT_ESCAPE_RATE
-  num, den = DEFAULT_ESCAPE_RATE
-  return None, f"default ({100 * num / den:g}% + 64)"
+def wire_nbytes(dtype, n: int, used: int, fits: bool) -> int:
+  """What a compressed all-gather of the tensor as one row moves: the first rung of
+  the window codec's ladder at or above its used size, else the raw row."""
+  import zipccl_jax as z
+  raw = n * np.dtype(dtype).itemsize
+  return next((r for r in z.codec_ladder("zipccl", dtype, n) if r >= used), raw) if fits else raw
 
 
 # ---- codec: the zipccl worker (one per thread count) ----------------------------------
@@ -85,15 +80,13 @@ def _zipccl_worker(args) -> None:
     x, desc = make_case(case, args.size_mib)
     n = x.size
     raw_nbytes = x.nbytes
-    cap, cap_desc = case_capacity(case, n)
-    cap_used = z.default_escape_capacity(n) if cap is None else cap
     words = x.view(np.uint16 if x.itemsize == 2 else np.uint32)
-    log(f"zipccl threads={args.threads_label} {case}: {n:,} elements, capacity {cap_desc}")
+    log(f"zipccl threads={args.threads_label} {case}: {n:,} elements")
     xj = jax.device_put(x)
-    enc = jax.jit(z.encode)  # payload max_nbytes; cap_used sizes the host-buffer rows below
+    enc = jax.jit(z.encode)
     dec = jax.jit(lambda e: z.decode(e))
     e = jax.block_until_ready(enc(xj))
-    status, esc = int(e.status), int(e.escape_count)
+    status, esc, used = int(e.status), int(e.escape_count), int(e.used_units) * 128
     y = jax.block_until_ready(dec(e))
     ok = status == 0 and np.array_equal(np.asarray(y).view(words.dtype), words)
     calls = args.runs + 2  # with the warm-up calls
@@ -108,29 +101,28 @@ def _zipccl_worker(args) -> None:
     log(f"  decode {raw_nbytes / t_dec / 1e9:.2f} GB/s (best {raw_nbytes / min(dec_all) / 1e9:.2f}), "
         f"{(f2 - f1) / calls:.0f} page faults and {1e3 * (s2 - s1) / calls:.1f} ms kernel time "
         "per call")
-    row = dict(case=case, desc=desc, n=n, raw_nbytes=raw_nbytes, capacity=cap_used,
-               capacity_desc=cap_desc, escape_count=esc, escape_rate=esc / n, status=status,
+    row = dict(case=case, desc=desc, n=n, raw_nbytes=raw_nbytes,
+               escape_count=esc, escape_rate=esc / n, status=status,
                roundtrip_ok=bool(ok),
-               static_nbytes=z.encoded_nbytes(x.dtype, n, cap_used),
-               actual_nbytes=z.encoded_nbytes(x.dtype, n, esc),
-               default_overflow=esc > z.default_escape_capacity(n),
+               wire_nbytes=wire_nbytes(x.dtype, n, used, status == 0),
+               actual_nbytes=used if status == 0 else raw_nbytes,
                encode_s=t_enc, decode_s=t_dec, encode_runs=enc_all, decode_runs=dec_all,
                encode_faults=(f1 - f0) / calls, decode_faults=(f2 - f1) / calls,
                encode_sys_s=(s1 - s0) / calls, decode_sys_s=(s2 - s1) / calls,
                encode_wall_s=(w1 - w0) / calls, decode_wall_s=(w2 - w1) / calls)
     # The same row codec on preallocated host buffers, outside XLA: separates the
     # codec's own speed from XLA's per-call output allocation (page faults).
-    nat = z.native()
+    nat = z.codecs.native()
     if hasattr(nat, "encode_into"):
       code = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}[x.dtype]
-      buf = np.zeros(nat.row_nbytes(code, n, cap_used), np.uint8)
+      buf = np.zeros(nat.row_nbytes(code, n, n), np.uint8)   # capacity n: always fits
       xb = x.view(np.uint8).reshape(-1)
       ybuf = np.empty(raw_nbytes, np.uint8)
-      nat.encode_into(code, xb, n, cap_used, buf)
+      nat.encode_into(code, xb, n, n, buf)
       st = nat.decode_into(code, buf, n, ybuf)
       row["host_roundtrip_ok"] = bool(st == 0 and np.array_equal(ybuf, xb))
       row["host_encode_s"], row["host_encode_runs"] = median_time(
-          lambda: nat.encode_into(code, xb, n, cap_used, buf), args.runs)
+          lambda: nat.encode_into(code, xb, n, n, buf), args.runs)
       row["host_decode_s"], row["host_decode_runs"] = median_time(
           lambda: nat.decode_into(code, buf, n, ybuf), args.runs)
       log(f"  host buffers (no XLA): encode {raw_nbytes / row['host_encode_s'] / 1e9:.2f} GB/s, "
@@ -231,7 +223,7 @@ def _peer_entropy(x: np.ndarray):
   import jax
   import jax.numpy as jnp
   import zipccl_jax as zc
-  entropy = zc.get_codec("entropy")
+  entropy = zc.codecs.get("entropy")
   if x.dtype not in (BF16, np.dtype(np.float16)):
     raise ImportError(f"the entropy codec does not take {x.dtype.name}")
   xj = jnp.asarray(x.reshape(1, -1))
@@ -300,10 +292,10 @@ def _variant(key: str) -> tuple[str, str]:
 
 
 def codec_table(z_rows: dict, peers: list[dict]) -> str:
-  lines = ["| case | codec | threads | capacity | escapes | static ratio | actual ratio | "
+  lines = ["| case | codec | threads | escapes | wire ratio | actual ratio | "
            "encode GB/s median / best | decode GB/s median / best | "
            "page faults/call enc, dec | round trip |",
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
   for case in CASES:
     for key, rows in z_rows.items():
       th, label = _variant(key)
@@ -311,8 +303,8 @@ def codec_table(z_rows: dict, peers: list[dict]) -> str:
         if r["case"] != case:
           continue
         lines.append(
-            f"| {r['desc']} | {label} | {th} | {r['capacity_desc']} | "
-            f"{100 * r['escape_rate']:.2f}% | {r['raw_nbytes'] / r['static_nbytes']:.4f} | "
+            f"| {r['desc']} | {label} | {th} | "
+            f"{100 * r['escape_rate']:.2f}% | {r['raw_nbytes'] / r['wire_nbytes']:.4f} | "
             f"{r['raw_nbytes'] / r['actual_nbytes']:.4f} | "
             f"{_mb(r, 'encode')} | {_mb(r, 'decode')} | "
             f"{r.get('encode_faults', 0):,.0f}, {r.get('decode_faults', 0):,.0f} | "
@@ -357,7 +349,7 @@ def codec_plot(path: str, z_rows: dict, peers: list[dict]) -> bool:
       for r in rows:
         nth, _, malloc = str(th).partition("+")
         lab = f"zipccl {nth} thread{'s' if nth != '1' else ''}" + (f", {malloc}" if malloc else "")
-        ax.scatter(_gbps(r["raw_nbytes"], r[key]), r["raw_nbytes"] / r["static_nbytes"],
+        ax.scatter(_gbps(r["raw_nbytes"], r[key]), r["raw_nbytes"] / r["wire_nbytes"],
                    marker=markers[r["case"]], color=colors.get(f"zipccl-{th}", "C7"), s=60,
                    label=lab if lab not in seen else None)
         seen.add(lab)
@@ -372,7 +364,7 @@ def codec_plot(path: str, z_rows: dict, peers: list[dict]) -> bool:
     ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
     ax.set_xlabel(f"{title} throughput (GB/s of input, log scale)")
-    ax.set_ylabel("compression ratio (zipccl: static size)")
+    ax.set_ylabel("compression ratio (zipccl: wire size)")
     ax.set_title(f"{title}: ratio vs throughput")
     ax.grid(True, which="both", alpha=0.3)
     ax.axhline(1.41, color="gray", ls=":", lw=1)
@@ -433,9 +425,9 @@ def write_codec_report(base: str, info: dict, size: float, runs: int, z_rows: di
              "error" not in p), None)
   goals = []
   if g:
-    sr = g["raw_nbytes"] / g["static_nbytes"]
+    sr = g["raw_nbytes"] / g["wire_nbytes"]
     ge, gd = _gbps(g["raw_nbytes"], g["encode_s"]), _gbps(g["raw_nbytes"], g["decode_s"])
-    goals.append(f"- static ratio, Gaussian bf16, default capacity: **{sr:.4f}** "
+    goals.append(f"- wire ratio, Gaussian bf16: **{sr:.4f}** "
                  f"(goal >= 1.41: {'met' if sr >= 1.41 else 'MISSED'}); actual bytes "
                  f"{g['raw_nbytes'] / g['actual_nbytes']:.4f}")
     goals.append(f"- single-thread jit encode: **{ge:.2f} GB/s** (goal >= 2: "
@@ -482,11 +474,9 @@ def write_codec_report(base: str, info: dict, size: float, runs: int, z_rows: di
         "on preallocated numpy buffers: the difference to the jit rows is XLA's per-call "
         "output allocation and dispatch. Peers run single-threaded on a copy of the same bytes "
         "(ZipNN modifies its input in place) and are checked to round-trip exactly.", "",
-        "static ratio = input bytes / `encoded_nbytes(dtype, n, capacity)` (the fixed size a "
-        "collective moves); actual ratio = input / encoded size with capacity = escapes found. "
-        "The Laplace case escapes more than the default capacity holds, so it runs with an "
-        f"explicit capacity of {100 * LAPLACE_CAPACITY_RATE[0] / LAPLACE_CAPACITY_RATE[1]:g}% "
-        "of n.", "",
+        "wire ratio = input bytes / the slot a compressed all-gather of the tensor moves (the "
+        "first rung of the window codec's ladder at or above its used size); actual ratio = "
+        "input / used bytes of the encoded row.", "",
         "page faults/call: minor page faults per jitted call (getrusage; averaged over all "
         "calls, the 2 warm-ups included). XLA allocates each "
         "call's output afresh; glibc serves allocations this large with a new mmap, so every "

@@ -277,7 +277,7 @@ def sections(dtype, n: int, nbytes: int) -> list[tuple[str, int, int]]:
   t0 = 128
   r0 = t0 + al(8 * nb)
   p0 = r0 + al(rb * n)
-  e0 = zc.min_nbytes(dtype, n)
+  e0 = zc.codecs.get("zipccl").min_nbytes(dtype, n)
   return [("header", 0, 128), ("table", t0, r0), ("raw", r0, p0), ("planes", p0, e0), ("escapes", e0, max(nbytes, e0))]
 
 
@@ -544,7 +544,7 @@ def phase_timing(args) -> dict:
   rows, key = [], jax.random.PRNGKey(int(time.time()))
   for dt, size in plan:
     n = size // dt.itemsize
-    nbytes = zc.max_nbytes(dt, n)
+    nbytes = zc.codecs.get("zipccl").max_nbytes(dt, n)
     label = next(f"{size >> k} {u}" for k, u in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B")) if size >> k)
     log(f"TIMING: {label} {dt.name} (n = {n}), fresh Gaussian data")
     key, sub = jax.random.split(key)
@@ -616,7 +616,7 @@ def phase_entropy(args) -> dict:
   import numpy as np
   jax, zc, gpu, cpu = setup_jax(args)
   import jax.numpy as jnp
-  ent = zc.get_codec("entropy")
+  ent = zc.codecs.get("entropy")
   bf16, f16 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)
   fns = {}
 

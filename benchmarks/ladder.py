@@ -10,15 +10,10 @@
    rung its stats report, checked against the compiled HLO (`hlo_wire_bytes(...)
    .taken(rungs)`); the ratio is raw (codec="raw": the same collectives on uint16
    words) over that.
-2. Compile time (median) and program size of one compressed collective: the
-   ladder, the same transport with a one-rung ladder (the fixed-slot transport's
-   structure) and codec="raw", compiled interleaved in the same run; the numbers of
-   the fixed-slot transport itself (results/ladder_compile_baseline.json, commit
-   0817424, another load) are listed for reference.
-   Then the program size (kernels, HLO) of the ladder cut to 1, 2, 4, 8, 16 rungs.
-3. Ladder spacing: the wire-vs-used gap of candidate ladders on every distribution,
-   at the FSDP example's and the benchmark's row sizes, with their rung counts.
-4. The FSDP example (examples/train_fsdp.py --quick, library defaults, no capacity):
+2. Compile time (median) and program size of one collective: the compressed
+   ladder transport, codec="raw" and the plain lax collective, compiled interleaved
+   in the same run.
+3. The FSDP example (examples/train_fsdp.py --quick, library defaults, no capacity):
    bytes per step of the gradient reduce-scatters and in total, vs raw, and whether
    the two runs are bit-identical.
 
@@ -155,98 +150,15 @@ def kernel_count(text: str) -> int:
   return count
 
 
-def _one_rung(transport):
-  """The reference program: the same transport with a one-rung ladder (one compressed
-  slot and the raw rung: a two-way switch, the fixed-slot transport's structure)."""
-  import contextlib
-  orig = transport.ladder
-
-  @contextlib.contextmanager
-  def patched():
-    transport.ladder = lambda a, b, all_to_all=False: orig(a, b, all_to_all=all_to_all)[:1]
-    try:
-      yield
-    finally:
-      transport.ladder = orig
-  return patched()
-
-
-# One compile of one collective by another checkout's Python (`--then-python`): the
-# program compile_times builds, in the API every version of the library has had.
-_THEN_PROGRAM = r"""
-import json, sys, time
-import jax, jax.numpy as jnp
-import zipccl_jax as zc
-from jax.sharding import PartitionSpec as P
-N, name = int(sys.argv[1]), sys.argv[2]
-jax.config.update("jax_num_cpu_devices", N)
-mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
-ring = [(i, (i + 1) % N) for i in range(N)]
-kw = dict(codec="zipccl", policy="always")
-def call():
-  return {"all_gather": (lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw), P("x")),
-          "psum_scatter": (lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, **kw), P("x")),
-          "psum": (lambda v: zc.compressed_psum(v, "x", **kw), P()),
-          "all_to_all": (lambda v: zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, **kw), P("x")),
-          "ppermute": (lambda v: zc.compressed_ppermute(v, "x", ring, **kw), P("x"))}[name]
-x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
-ts = []
-for _ in range(2):   # the first compile warms XLA up, as the first round does in-process
-  f, spec = call()
-  lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
-  t0 = time.perf_counter()
-  lowered.compile()
-  ts.append(time.perf_counter() - t0)
-print(json.dumps(ts[-1]))
-"""
-
-
-def _then_compile(python: str, name: str) -> float:
-  """Seconds of one compile of `name` by another checkout's library (its Python)."""
-  import subprocess
-  env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
-  env.pop("XLA_FLAGS", None)
-  out = subprocess.run([python, "-c", _THEN_PROGRAM, str(N), name], env=env, check=True,
-                       capture_output=True, text=True, cwd="/")
-  return float(out.stdout.strip().splitlines()[-1])
-
-
-def _before_permutes(transport):
-  """The program before all-to-all rungs became permutes on CPU (2026-12-01): XLA
-  all-to-all rungs (N slice kernels and a concatenate each) and their short ladder
-  (8 rungs 2% apart, then 5%, at most 12; 2 low rungs)."""
-  import contextlib
-  names = ("_A2A_PERMUTES", "ALL_TO_ALL_LADDER", "ALL_TO_ALL_LOW_RUNGS")
-
-  @contextlib.contextmanager
-  def patched():
-    old = tuple(getattr(transport, k) for k in names)
-    transport._A2A_PERMUTES = False   # pylint: disable=protected-access
-    transport.ALL_TO_ALL_LADDER, transport.ALL_TO_ALL_LOW_RUNGS = (8, ((1, 50), (1, 20)), 12), 2
-    try:
-      yield
-    finally:
-      for k, v in zip(names, old):
-        setattr(transport, k, v)
-  return patched()
-
-
-def compile_times(runs: int, then_python: str | None = None) -> dict:
-  """Compile time and program size of one compressed collective, three programs per
-  collective compiled in the same run, interleaved (the load of a shared machine
-  changes by the minute): the ladder ("zipccl"), the same transport with a one-rung
-  ladder ("fixed": one compressed slot + the raw rung, the structure of the
-  fixed-slot transport before the ladder), codec="raw", and the ladder before the
-  all-to-all rungs became permutes ("before", `_before_permutes`). With then_python (the
-  Python of a checkout of commit 0817424, the fixed-slot transport itself, with its
-  native module built), each round also compiles that library's program in a
-  subprocess ("then"): the issue's "today's" compile, in the same run."""
-  import contextlib
+def compile_times(runs: int) -> dict:
+  """Compile time and program size of one collective, three programs per collective
+  compiled in the same run, interleaved (the load of a shared machine changes by the
+  minute): the compressed ladder transport ("zipccl"), the same algorithm uncompressed
+  (codec="raw") and the plain lax collective (codec=None)."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
   import zipccl_jax as zc
-  from zipccl_jax._src import transport
   mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
   ring = [(i, (i + 1) % N) for i in range(N)]
 
@@ -260,29 +172,21 @@ def compile_times(runs: int, then_python: str | None = None) -> dict:
         "ppermute": (lambda v: zc.compressed_ppermute(v, "x", ring, **kw), P("x")),
     }
 
-  variants = {"zipccl": ("zipccl", contextlib.nullcontext), "fixed": ("zipccl", lambda: _one_rung(transport)),
-              "raw": ("raw", contextlib.nullcontext),
-              "before": ("zipccl", lambda: _before_permutes(transport))}
+  variants = {"zipccl": "zipccl", "raw": "raw", "lax": None}
   x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
   out = {}
   for name in calls("raw"):
     times = {v: [] for v in variants}
     texts = {}
-    then = []
     for r in range(runs + 1):
-      for v, (codec, ctx) in variants.items():
-        with ctx():
-          f, spec = calls(codec)[name]   # a fresh closure: no cache hit
-          lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
+      for v, codec in variants.items():
+        f, spec = calls(codec)[name]   # a fresh closure: no cache hit
+        lowered = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=spec)).lower(x)
         t0 = time.perf_counter()
         comp = lowered.compile()
         if r:
           times[v].append(time.perf_counter() - t0)
         texts[v] = comp.as_text()
-      if r and then_python:
-        then.append(_then_compile(then_python, name))
-    if then:
-      out[f"then/{name}"] = dict(compile_s=statistics.median(then), runs=then)
     for v in variants:
       text = texts[v]
       out[f"{v}/{name}"] = dict(compile_s=statistics.median(times[v]), runs=times[v],
@@ -292,138 +196,7 @@ def compile_times(runs: int, then_python: str | None = None) -> dict:
                                                for c in zc.hlo_wire_bytes(text).conditionals))
     common.log(f"compile {name}: " + ", ".join(
         f"{v} {1e3 * out[f'{v}/{name}']['compile_s']:.0f} ms ({out[f'{v}/{name}']['kernels']} kernels)"
-        for v in variants) + (f", then {1e3 * out[f'then/{name}']['compile_s']:.0f} ms" if then else ""))
-  return out
-
-
-# Ladders compared by `spacing_gaps`: (fine rungs, fine growth, coarse growth, most
-# rungs) as in transport.ladder; the first two are the library's.
-SPACINGS = {
-    "all-gather ladder (library): 12 @ 2%, 5%, <= 16": (12, (1, 50), (1, 20), 16),
-    "all-to-all ladder (library): 8 @ 2%, 5%, <= 12": (8, (1, 50), (1, 20), 12),
-    "12 @ 1%, 5%, <= 18": (12, (1, 100), (1, 20), 18),
-    "16 @ 1%, 5%, <= 20": (16, (1, 100), (1, 20), 20),
-    "12 @ 1.5%, 5%, <= 16": (12, (3, 200), (1, 20), 16),
-    "8 @ 2%, 4%, <= 13": (8, (1, 50), (1, 25), 13),
-}
-
-
-def _spacing(transport, spec):
-  """transport.ladder with the given spacing (patched module constants)."""
-  import contextlib
-  names = ("FINE_RUNGS", "LADDER_GROWTH", "MAX_RUNGS")
-
-  @contextlib.contextmanager
-  def patched():
-    old = tuple(getattr(transport, k) for k in names)
-    fine, fg, cg, most = spec
-    transport.FINE_RUNGS, transport.LADDER_GROWTH, transport.MAX_RUNGS = fine, (fg, cg), most
-    try:
-      yield
-    finally:
-      for k, v in zip(names, old):
-        setattr(transport, k, v)
-  return patched()
-
-
-def spacing_gaps(seeds=(0, 1, 2)) -> dict:
-  """Mean wire-vs-used gap (slot / largest used size - 1) of candidate ladders.
-
-  For each distribution of `datasets` and 3 seeds: all-gather rows (one block per
-  device) of 6,160 / 24,608 / 16,384 / 131,072 / 65,536 / 524,288 elements (the
-  first two the FSDP example's shards) and all-to-all rows (those blocks cut into 8
-  rows, from 16,384 elements up): the largest used size of the devices' rows,
-  rounded up to the ladder (raw when above it). Also the rung counts (the compile
-  cost: one switch branch per rung)."""
-  import jax.numpy as jnp
-  import zipccl_jax as zc
-  from zipccl_jax._src import transport
-  out = {}
-  for m in (6160, 24608, 16384, 131072, 65536, 524288):
-    for seed in seeds:
-      for kind, x in datasets(m, seed).items():
-        xb = jnp.asarray(x).astype(jnp.bfloat16)
-        for transport_kind, rows in (("all_gather", xb), ("all_to_all", xb.reshape(N * N, -1))):
-          if transport_kind == "all_to_all" and m // N < 2048:
-            continue    # rows of a few KiB take no ladder worth studying
-          mr = rows.shape[1]
-          _, st = zc.encode_rows(rows)
-          used = 128 * int(np.max(np.asarray(st[:, 2])))
-          for name, spec in SPACINGS.items():
-            with _spacing(transport, spec):
-              rungs = transport.ladder(zc.min_nbytes(jnp.bfloat16, mr), 2 * mr)
-            slot = next((r for r in rungs if r >= used), 2 * mr)
-            d = out.setdefault(name, {"gaps": {}, "rungs": set()})
-            d["gaps"].setdefault(f"{transport_kind}/{kind}", []).append(min(slot, 2 * mr) / min(used, 2 * mr) - 1)
-            d["rungs"].add(len(rungs))
-  return {name: {"gaps": {k: float(np.mean(v)) for k, v in d["gaps"].items()},
-                 "rungs": sorted(d["rungs"])} for name, d in out.items()}
-
-
-def rung_sweep(counts=(1, 2, 4, 8, 16)) -> list:
-  """Program size vs the number of rungs: all_gather and psum_scatter (bf16 [1024,
-  1024] per device) compiled with the library's ladder cut to its first k rungs:
-  kernels (deterministic) and HLO chars, one compile each."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import PartitionSpec as P
-  import zipccl_jax as zc
-  from zipccl_jax._src import transport
-  mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
-  kw = dict(codec="zipccl", policy="always")
-  calls = {"all_gather": lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw),
-           "psum_scatter": lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, **kw)}
-  x = jax.ShapeDtypeStruct((N * 128, 1024), jnp.bfloat16)
-  orig = transport.ladder
-  rows = []
-  for name, fn in calls.items():
-    seen = set()
-    for k in counts:
-      transport.ladder = lambda a, b, all_to_all=False, k=k: orig(a, b, all_to_all=all_to_all)[:k]
-      try:
-        f = jax.jit(jax.shard_map(lambda v, fn=fn: fn(v), mesh=mesh, in_specs=P("x"),
-                                  out_specs=P("x")))
-        lowered = f.lower(x)
-        t0 = time.perf_counter()
-        text = lowered.compile().as_text()
-        dt = time.perf_counter() - t0
-      finally:
-        transport.ladder = orig
-      n_rungs = len(zc.hlo_wire_bytes(text).conditionals[0].branch_bytes) - 1
-      if n_rungs in seen:
-        continue
-      seen.add(n_rungs)
-      rows.append(dict(collective=name, rungs=n_rungs, kernels=kernel_count(text),
-                       hlo_chars=len(text), compile_s=dt))
-      common.log(f"rung sweep {name} {n_rungs} rungs: {rows[-1]['kernels']} kernels, "
-                 f"{1e3 * dt:.0f} ms")
-  return rows
-
-
-def example_spacing(example: dict) -> dict:
-  """The example's bytes per kind if every call had taken each SPACINGS ladder.
-
-  From the agreed used size of every call the example records (its JSON "used":
-  (row elements, bytes)): slots only (no agreement bytes), raw / slots, per kind
-  and in total."""
-  import jax.numpy as jnp
-  import zipccl_jax as zc
-  from zipccl_jax._src import transport
-  used = example["runs"]["zipccl"].get("used") or {}
-  out = {}
-  for name, spec in SPACINGS.items():
-    row = {}
-    with _spacing(transport, spec):
-      for kind, calls in used.items():
-        raw = sum(2 * m for m, _ in calls)
-        slots = 0
-        for m, u in calls:
-          rungs = transport.ladder(zc.min_nbytes(jnp.bfloat16, m), 2 * m)
-          slots += next((r for r in rungs if r >= u), 2 * m)
-        row[kind] = (raw, slots)
-    raw_all = sum(r for r, _ in row.values())
-    slots_all = sum(v for _, v in row.values())
-    out[name] = {k: r / v for k, (r, v) in row.items()} | {"total": raw_all / max(slots_all, 1)}
+        for v in variants))
   return out
 
 
@@ -441,7 +214,7 @@ def run_example(steps: int, full: bool = False) -> dict | None:
     return json.load(f)
 
 
-def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list:
+def report(args, info, rows, comp, example) -> list:
   lines = [f"# Slot-ladder transport: wire ratios and compile time ({datetime.date.today().isoformat()})", "",
            f"Machine: {info['cpu']}, {info['cores']} cores, load average "
            f"{info.get('loadavg_1m', '?')} at the start (shared: timings are noisy, medians). "
@@ -475,70 +248,26 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
             + " (goal >= 1.39)",
             f"- the most any call moved relative to raw: {worst:.4f}x (goal <= 1.01)", ""]
   if comp:
-    lines += ["## Compile time and program size of one compressed collective", "",
+    lines += ["## Compile time and program size of one collective", "",
               "8 devices, bf16 [1024, 1024] per device, policy=\"always\"; median of "
               f"{args.compile_runs} compiles (`lowered.compile()`) per program, the three "
               "programs of a collective compiled interleaved in the same run. *ladder*: the "
-              "library; *fixed*: the same transport with a one-rung ladder (one compressed "
-              "slot + the raw rung: the two-way switch of the fixed-slot transport before the "
-              "ladder); *raw*: codec=\"raw\". *kernels*: ops of the compiled module that "
-              "XLA:CPU compiles to a kernel (outside fusion bodies; not views, collectives, "
-              "custom calls); *HLO*: compiled HLO text, chars. *then*: the fixed-slot "
-              "transport itself (commit 0817424, the issue's \"today's\"): "
-              + ("compiled by that checkout's library in a subprocess in every round of this "
-                 "run (`--then-python`), medians" if any(k.startswith("then/") for k in comp)
-                 else "measured on this machine before the ladder under another load "
-                 "(results/ladder_compile_baseline.json), for reference only") + ". *before*: the "
-              "ladder before all-to-all rungs became N - 1 permutes on CPU (XLA all-to-all "
-              "rungs, 8 @ 2% then 5%, <= 12), compiled in the same run.", "",
-              "| collective | ladder ms | fixed ms | raw ms | before ms | ladder/fixed | "
-              "ladder/raw | ladder/then | kernels ladder / fixed / raw / before | rungs ladder / "
-              "before | HLO chars ladder / fixed / raw | then ms |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "compressed transport; *raw*: codec=\"raw\"; *lax*: the plain lax collective "
+              "(codec=None). *kernels*: ops of the compiled module that XLA:CPU compiles to a "
+              "kernel (outside fusion bodies; not views, collectives, custom calls); *HLO*: "
+              "compiled HLO text, chars.", "",
+              "| collective | ladder ms | raw ms | lax ms | ladder/lax | kernels ladder / raw / "
+              "lax | rungs | HLO chars ladder / raw / lax |",
+              "|---|---|---|---|---|---|---|---|"]
     for name in ("all_gather", "psum_scatter", "psum", "all_to_all", "ppermute"):
-      z, f, r, b = (comp.get(f"{v}/{name}") for v in ("zipccl", "fixed", "raw", "before"))
+      z, r, x = (comp.get(f"{v}/{name}") for v in ("zipccl", "raw", "lax"))
       if not z:
         continue
-      then = (comp.get(f"then/{name}") or base.get(f"zipccl/{name}", {})).get("compile_s")
-      vs_then = "" if then is None else f"**{z['compile_s'] / then:.2f}**"
       lines.append(
-          f"| {name} | {1e3 * z['compile_s']:.0f} | {1e3 * f['compile_s']:.0f} | "
-          f"{1e3 * r['compile_s']:.0f} | {1e3 * b['compile_s']:.0f} | "
-          f"**{z['compile_s'] / f['compile_s']:.2f}** | "
-          f"{z['compile_s'] / r['compile_s']:.2f} | {vs_then} | "
-          f"{z['kernels']} / {f['kernels']} / {r['kernels']} / {b['kernels']} | "
-          f"{z['rungs']} / {b['rungs']} | "
-          f"{z['hlo_chars']} / {f['hlo_chars']} / {r['hlo_chars']} | "
-          f"{'' if then is None else f'{1e3 * then:.0f}'} |")
-    lines.append("")
-  if sweep:
-    lines += ["### Program size vs rungs", "",
-              "The library's ladder cut to its first k rungs (one compile each, same "
-              "shapes). On XLA:CPU a rung is custom calls and collectives only (row_prefix; "
-              "an all-to-all rung N - 1 permutes of row_split / row_join): ~no kernel per "
-              "rung. Until 2026-12-01 an all-to-all rung cost N slices and a concatenation.",
-              "",
-              "| collective | rungs | kernels | HLO chars | compile ms (one) |", "|---|---|---|---|---|"]
-    for r in sweep:
-      lines.append(f"| {r['collective']} | {r['rungs']} | {r['kernels']} | {r['hlo_chars']} | "
-                   f"{1e3 * r['compile_s']:.0f} |")
-    lines.append("")
-  if gaps:
-    kinds = ("gaussian", "laplace", "student_t3", "zero_heavy", "gradient_like", "weight_like")
-    lines += ["## Ladder spacing: wire-vs-used gap", "",
-              "Mean of slot / largest used size - 1 (both capped at the raw size) over rows of "
-              "6,160 / 24,608 / 16,384 / 131,072 / 65,536 / 524,288 elements (all-gather rows: "
-              "one block per device; the first two are the FSDP example's shards) and those "
-              "blocks cut into 8 rows from 16,384 elements up (all-to-all rows: 2,048 to "
-              "65,536 elements), 3 seeds, 8 devices; *rungs*: ladder lengths over those sizes "
-              "(the compile cost grows with them, see above).", "",
-              "| ladder | rows | " + " | ".join(kinds) + " | rungs |",
-              "|---|---|" + "---|" * len(kinds) + "---|"]
-    for name, d in gaps.items():
-      for t in ("all_gather", "all_to_all"):
-        lines.append(f"| {name} | {t} | " + " | ".join(
-            f"{100 * d['gaps'][f'{t}/{k}']:.2f}%" for k in kinds) + " | "
-            + ",".join(map(str, d["rungs"])) + " |")
+          f"| {name} | {1e3 * z['compile_s']:.0f} | {1e3 * r['compile_s']:.0f} | "
+          f"{1e3 * x['compile_s']:.0f} | **{z['compile_s'] / x['compile_s']:.2f}** | "
+          f"{z['kernels']} / {r['kernels']} / {x['kernels']} | {z['rungs']} | "
+          f"{z['hlo_chars']} / {r['hlo_chars']} / {x['hlo_chars']} |")
     lines.append("")
   if example:
     z, r = example["runs"]["zipccl"], example["runs"]["raw"]
@@ -555,25 +284,12 @@ def report(args, info, rows, comp, base, example, gaps=None, sweep=None) -> list
               f"calls on the raw rung: {z['fallbacks']} of {z['calls']} per collective kind.",
               f"Gradient rows escape {100 * z['escape_rate']['scatter']:.1f}% on average "
               f"(worst row {100 * z['worst_gradient_row']:.1f}%)."]
-    spacing = example_spacing(example)
-    if spacing:
-      lines += ["", "The same calls on other ladders (each call's agreed used size, recorded by "
-                "the example, rounded up to the ladder; slots only, no agreement bytes; the "
-                "library uses the first ladder for gathers, the second for the gradients' "
-                "all-to-all):", "",
-                "| ladder | gathers | gradient reduce-scatters | total |", "|---|---|---|---|"]
-      for name, r in spacing.items():
-        lines.append(f"| {name} | {r.get('gather', 0):.4f} | {r.get('scatter', 0):.4f} | "
-                     f"{r['total']:.4f} |")
 
   lines += ["", f"Reproduce: `python benchmarks/ladder.py --elements {args.elements} "
             f"--example-steps {args.example_steps} --compile-runs {args.compile_runs}"
             + (" --example-full" if args.example_full else "")
             + (f" --codecs {args.codecs}" if args.codecs != "zipccl" else "")
-            + (" --skip-compile" if args.skip_compile else "")
-            + (" --then-python OLD/.venv/bin/python (OLD: a checkout of 0817424)"
-               if args.then_python else "")
-            + (" --skip-spacing" if args.skip_spacing else "") + "`", ""]
+            + (" --skip-compile" if args.skip_compile else "") + "`", ""]
   return lines
 
 
@@ -588,16 +304,9 @@ def main(argv=None) -> int:
                   help="run the example's full configuration (make demo's) instead of --quick")
   ap.add_argument("--compile-runs", type=int, default=3)
   ap.add_argument("--skip-compile", action="store_true")
-  ap.add_argument("--skip-spacing", action="store_true",
-                  help="skip the rung sweep and the ladder-spacing gap table")
   ap.add_argument("--codecs", default="zipccl",
                   help="comma-separated codecs for the wire-ratio table (e.g. zipccl,entropy); "
                        "other than the default, the report is ladder_codecs.md")
-  ap.add_argument("--then-python", default=None,
-                  help="Python of a checkout of commit 0817424 (the fixed-slot transport) "
-                       "with its native module built: its compile times join the table, "
-                       "measured in the same run (e.g. git worktree add ../old 0817424 && "
-                       "make -C ../old setup ZIPCCL_CUDA=OFF, then ../old/.venv/bin/python)")
   ap.add_argument("--out", default=common.RESULTS)
   args = ap.parse_args(argv)
   import jax
@@ -605,19 +314,14 @@ def main(argv=None) -> int:
   info = common.machine_info()
   codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
   rows = [r for c in codecs for r in wire_ratios(args.elements, c)]
-  comp = {} if args.skip_compile else compile_times(args.compile_runs, args.then_python)
-  with open(os.path.join(HERE, "results", "ladder_compile_baseline.json")) as f:
-    base = json.load(f)
-  sweep = [] if args.skip_compile or args.skip_spacing else rung_sweep()
-  gaps = {} if args.skip_spacing else spacing_gaps()
+  comp = {} if args.skip_compile else compile_times(args.compile_runs)
   example = run_example(args.example_steps, args.example_full) if args.example_steps else None
-  lines = report(args, info, rows, comp, base, example, gaps, sweep)
+  lines = report(args, info, rows, comp, example)
   stem = "ladder" if codecs == ["zipccl"] else "ladder_codecs"
   path = os.path.join(args.out, f"{stem}.md")
   common.write_lines(path, lines)
   with open(path[:-3] + ".json", "w") as f:
-    json.dump(dict(machine=info, rows=rows, compile=comp, baseline=base, example=example,
-                   rung_sweep=sweep, spacing_gaps=gaps), f,
+    json.dump(dict(machine=info, rows=rows, compile=comp, example=example), f,
               indent=1, default=str)
   bad = [r for r in rows if not r["identical_to_raw"] or r["wire"] != r["wire_hlo"]]
   return 1 if bad or (example and not example["identical"]) else 0

@@ -12,13 +12,10 @@ network. For every (processes, link) setting it times
                (policy="always"), and "entropy" when that codec is registered
   chunks       --chunks 1,auto,4 adds, per compressing codec, the variants
                "<codec>@auto" and "<codec>@4": the same codec with chunks="auto"
-               / chunks=4 (docs/design.md, "Overlap"); "<codec>" alone is chunks=1,
+               / chunks=4 (docs/design.md, "Transport"); "<codec>" alone is chunks=1,
                the unchunked program. "@auto" is what the library picks with the
                calibration of the last link in --links (1 on XLA:CPU, where no
-               overlap was measured, unless ZIPCCL_OVERLAP is set). A codec
-               written "<codec>+own" (e.g. --codecs raw,zipccl,zipccl+own) is that
-               codec with its own row coded too, as before the transports skipped
-               it (docs/design.md, "The own row is not coded"): an A/B variant
+               overlap was measured, unless ZIPCCL_OVERLAP is set).
   data         gaussian (bf16, sigma 0.02), weights (Student-t(5) tensors of
                64 Ki elements at log-uniform scales 1e-3..0.3), gradients (real
                micro-batch gradients of a small MLP trained a few steps with jax,
@@ -87,11 +84,10 @@ _UNSHAPED_GBIT = 24.0     # only for the time estimate of "none"
 
 def codec_variant(codec: str | None):
   """"zipccl@4" -> ("zipccl", 4); "zipccl@auto" -> ("zipccl", "auto"); "zipccl" ->
-  ("zipccl", 1) (the unchunked program); None / "raw" -> (codec, None). A "+own"
-  suffix ("zipccl+own", "zipccl@4+own") is dropped here (see `codes_own_row`)."""
+  ("zipccl", 1) (the unchunked program); None / "raw" -> (codec, None)."""
   if codec in (None, "None", "raw"):
     return (None if codec == "None" else codec), None
-  name, _, ch = codec.removesuffix("+own").partition("@")
+  name, _, ch = codec.partition("@")
   if not ch:
     return name, 1
   return name, ("auto" if ch == "auto" else int(ch))
@@ -380,7 +376,6 @@ def _worker(cfg, pid, rundir, out):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from zipccl_jax import costmodel as cm
-  from zipccl_jax._src import transport   # the "+own" A/B variants
 
   t_start = time.monotonic()
 
@@ -462,12 +457,7 @@ def _worker(cfg, pid, rundir, out):
       for codec in codecs:
         f = jax.jit(jax.shard_map(body(coll, codec), mesh=mesh, in_specs=P("dp"),
                                   out_specs=P("dp")))
-        own = str(codec).endswith("+own")   # trace with the own row coded (A/B)
-        transport._SKIP_OWN_ROW = not own   # pylint: disable=protected-access
-        try:
-          compiled = f.lower(xs[cfg["data"][0]]).compile()
-        finally:
-          transport._SKIP_OWN_ROW = True    # pylint: disable=protected-access
+        compiled = f.lower(xs[cfg["data"][0]]).compile()
         wire = zc.hlo_wire_bytes(compiled.as_text())
         fns[coll, codec] = compiled
         out["bytes"].append(dict(mib=mib, collective=coll, codec=str(codec),

@@ -94,14 +94,13 @@ def measure_codec_speed(core: int | None, malloc: str = "tuned") -> dict:
       import jax, jax.numpy as jnp, numpy as np
       jax.config.update("jax_platforms", "cpu")
       import zipccl_jax
-      from zipccl_jax._src import codec
       if TUNED:
         zipccl_jax.tune_host_allocator()
       n = 8 << 20
       x = jnp.asarray((np.random.default_rng(0).standard_normal((1, n)) * 0.02)
                       .astype(jnp.bfloat16))
-      enc = jax.jit(codec.encode_rows)
-      dec = jax.jit(lambda p: codec.decode_rows(p, n, jnp.bfloat16))
+      enc = jax.jit(lambda v: zipccl_jax.encode_rows(v, codec="zipccl"))
+      dec = jax.jit(lambda p: zipccl_jax.decode_rows(p, n, jnp.bfloat16, codec="zipccl"))
       def med(f, a):
         jax.block_until_ready(f(a))
         ts = []

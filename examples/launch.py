@@ -86,11 +86,13 @@ def init_jax(default_devices: int = 8, malloc: str = "default") -> bool:
   import jax
   if malloc == "tuned":
     import zipccl_jax
-    from zipccl_jax._src import compat  # where the library asks JAX the same question
-    # Under a running backend (e.g. pytest) the one-arena limit would come too late
-    # (tune_host_allocator warns): only the mmap threshold then.
-    late = bool(compat.backends_started())
-    zipccl_jax.tune_host_allocator(arenas=None if late else 1)
+    import warnings
+    # Under a running backend (e.g. pytest) the one-arena limit comes too late for
+    # the threads already running (tune_host_allocator warns); the mmap threshold
+    # still applies.
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", RuntimeWarning)
+      zipccl_jax.tune_host_allocator()
   elif malloc != "default":
     raise ValueError(f"init_jax: malloc must be 'tuned' or 'default', got {malloc!r}")
   jax.config.update("jax_platforms", "cpu")

@@ -20,7 +20,7 @@ reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
   so each device receives the gradient of its own shard only. optax.adamw
   updates the float32 shards locally.
 - The training runs twice from the same initial state: with the codec of
-  `--codec` (any registered codec, `zipccl_jax.get_codec`: by default the
+  `--codec` (any registered codec, `zipccl_jax.codecs.get`: by default the
   library's own default for bfloat16, `zipccl_jax.AUTO_CODEC` = "entropy"; or
   "zipccl", the window codec), and codec="raw" (the same algorithm moving
   uncompressed uint16 words: same reduction order). Losses and final parameters
@@ -286,7 +286,7 @@ def count_stat(codec: str) -> tuple:
   escape_count): the window codec counts escaped exponents (a rate per element),
   the entropy codec blocks stored raw (a rate per block of its BLOCK elements)."""
   if codec == "entropy":
-    return "raw blocks", zipccl_jax.get_codec(codec).impl.BLOCK
+    return "raw blocks", zipccl_jax.codecs.get(codec).BLOCK
   if codec == "zipccl":
     return "escape rate", 1
   return "count rate", 1
@@ -325,7 +325,7 @@ def grad_probe(codec: str):
   (`count_stat`). The reduce-scatter sends the ladder rung that holds the largest
   used size of all devices.
   """
-  encode_rows = zipccl_jax.get_codec(codec).encode_rows
+  encode_rows = zipccl_jax.codecs.get(codec).encode_rows
 
   def bwd(_, ct):
     rows = ct.reshape(lax.axis_size(AXIS), -1)
@@ -572,11 +572,11 @@ def print_analysis(rows, codec: str = "zipccl") -> None:
 
   width = max([len(head), 6] + [len(count(a)) for _, _, a in rows])
   print(f"  {'kind':<10} {'tensor':<26} {'elements':>8} {'H bits':>6} {'exp H':>5} "
-        f"{head:>{width}} {'ratio':>6} {'static':>6} {'overflow':>8} {'exact':>5}")
+        f"{head:>{width}} {'ratio':>6} {'wire':>6} {'exact':>5}")
   for kind, label, a in rows:
     print(f"  {kind:<10} {label[:26]:<26} {a.n:>8} {a.entropy_bits:>6.2f} "
           f"{a.exponent_entropy_bits:>5.2f} {count(a):>{width}} {a.ratio:>6.3f} "
-          f"{a.static_ratio:>6.3f} {'yes' if a.overflow else 'no':>8} "
+          f"{a.wire_ratio:>6.3f} "
           f"{'yes' if a.roundtrip_ok else 'NO':>5}")
 
 
@@ -612,8 +612,8 @@ def parse_args(argv):
   ap.add_argument("--heads", type=int, help=f"attention heads (default {Config.heads})")
   ap.add_argument("--batch-per-device", type=int,
                   help=f"sequences per device and step (default {Config.batch_per_device})")
-  ap.add_argument("--codec", default=zipccl_jax.AUTO_CODEC, choices=zipccl_jax.codec_names(),
-                  help="the codec of the compressed run (zipccl_jax.get_codec): entropy (the "
+  ap.add_argument("--codec", default=zipccl_jax.AUTO_CODEC, choices=zipccl_jax.codecs.names(),
+                  help="the codec of the compressed run (zipccl_jax.codecs.get): entropy (the "
                        "library's default for bfloat16, zipccl_jax.AUTO_CODEC; default) or "
                        "zipccl (the window codec); the raw run is the baseline")
   ap.add_argument("--quick", action="store_true",
@@ -661,11 +661,9 @@ def _run(cfg: Config, args, devices) -> int:
 
   codec = args.codec
   if not args.no_analyze:
-    static = ("the fixed size a collective moves at the default capacity" if codec == "zipccl"
-              else "max_nbytes, the codec's largest row")
     call = "zipccl_jax.analyze" + ("" if codec == "zipccl" else f", codec={codec!r}")
-    print(f"\ncodec analysis ({call}, bfloat16; ratio = raw / exact encoded size, static = "
-          f"raw / {static}):")
+    print(f"\ncodec analysis ({call}, bfloat16; ratio = raw / exact encoded size, wire = "
+          f"raw / the ladder's slot a collective of the tensor moves):")
     rows = analyze_tensors(cfg, units, buffers, jnp.asarray(batches[0, :cfg.batch_per_device]),
                            codec)
     print_analysis(rows, codec)
@@ -777,7 +775,7 @@ def main_distributed(argv=None) -> int:
     codec, policy = harness.VARIANTS[label]
     if policy != "always":   # gather_unit compresses with policy="always"
       ap.error(f"--codecs: {label!r} is not available in train_fsdp.py")
-    ladders = unit_capacities(units, cfg, codec if codec in zipccl_jax.codec_names() else "zipccl")
+    ladders = unit_capacities(units, cfg, codec if codec in zipccl_jax.codecs.names() else "zipccl")
     inner = make_train_step(cfg, units, mesh, codec, ladders, opt_state, watch=False)
 
     def step(state, batch, inner=inner):

@@ -34,11 +34,11 @@ def main(argv) -> int:
   # The meter times the slowest process: process 1 spends 50 ms more per call.
   import time
   import jax.numpy as jnp
-  from zipccl_jax._src import costmodel as cm_src
+  from zipccl_jax._src import calibrate as cm_src
   meter = cm_src._Meter(mesh, ("x",), reps=3, warmup=1)
   skewed = meter.time(lambda: (time.sleep(0.05) if pid == 1 else None, jnp.zeros(1))[1])
   with open(os.path.join(out, f"decisions{pid}.json"), "w") as f:
-    json.dump({"grid": grid, "agree": cm.check_agreement(cal),
+    json.dump({"grid": grid, "agree": cm.check_agreement(),
                "fingerprint": cal.fingerprint, "skewed_s": skewed}, f)
   jax.distributed.shutdown()
   return 0

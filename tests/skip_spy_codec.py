@@ -3,7 +3,7 @@ time, whether each decode got a skip mask and a fill (the transport's own row),
 so a test can see that a gather does not decode the row it already holds."""
 from __future__ import annotations
 
-from zipccl_jax._src import codec as _codec
+from zipccl_jax._src.codecs import window as _codec
 
 CALLS = []
 SKIP_ROWS = True

@@ -12,12 +12,14 @@ from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import zipccl_jax as zc
+from zipccl_jax._src import ffi as zffi
+from zipccl_jax._src.codecs import window as W
 from tests import reference_codec as ref
-from zipccl_jax._src import registry
+from zipccl_jax._src.codecs import registry
 from tests.reference import BF16, DTYPES, assert_bits_equal, make, special_words, uint, words  # noqa: F401
 
 CODE = {BF16: 1, np.dtype(np.float16): 2, np.dtype(np.float32): 3}
-NATIVE = zc.native()
+NATIVE = zffi.native()
 
 
 def roundtrip(x):
@@ -114,7 +116,7 @@ def test_gaussian_escape_rate_and_ratio():
   rate = int(enc.escape_count) / n
   assert 0.015 < rate < 0.03, rate
   assert 2 * n / int(enc.used_nbytes) > 1.40
-  assert enc.payload.size == zc.max_nbytes(BF16, n) >= 2 * n
+  assert enc.payload.size == W.max_nbytes(BF16, n) >= 2 * n
 
 
 def test_outlier_block_does_not_escape_whole_block():
@@ -148,7 +150,7 @@ def test_small_rows_with_specials_fit():
     inf = {BF16: 0x7F80, np.dtype(np.float16): 0x7C00, np.dtype(np.float32): 0x7F800000}[dtype]
     x = np.array([inf], w).view(dtype)
     status, count, used = check_against_reference(x)
-    assert (status, count) == (0, 1) and used == zc.min_nbytes(dtype, 1) + 128
+    assert (status, count) == (0, 1) and used == W.min_nbytes(dtype, 1) + 128
 
 
 def test_large_row_16m():
@@ -188,20 +190,19 @@ def test_property_any_floats(vals, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_size_contract_python_matches_cpp(dtype):
   for n in [0, 1, 2, 7, 2047, 2048, 2049, 4097, 10**6 + 1, 2**31 - 1, 2**40 + 5, 2**56]:
-    mx, mn = zc.max_nbytes(dtype, n), zc.min_nbytes(dtype, n)
+    mx, mn = W.max_nbytes(dtype, n), W.min_nbytes(dtype, n)
     assert (mx, mn) == (NATIVE.max_nbytes(CODE[dtype], n), NATIVE.min_nbytes(CODE[dtype], n)), n
     assert (mx, mn) == (ref.max_nbytes(dtype, n), ref.min_nbytes(dtype, n)), n
     assert mx % 128 == 0 and mn % 128 == 0 and mn <= mx
     assert mx >= -(-n * dtype.itemsize // 128) * 128          # at least the raw size
     assert mx - mn >= (128 if n else 0)
-    for cap in [0, 1, 127, 128, 129, zc.default_escape_capacity(n), n]:
+    for cap in [0, 1, 127, 128, 129, n]:
       assert NATIVE.row_nbytes(CODE[dtype], n, cap) == mn + -(-cap // 128) * 128
-      assert zc.encoded_nbytes(dtype, n, cap) == min(mn + -(-cap // 128) * 128, mx)
-    assert zc.workspace_nbytes(n) == NATIVE.workspace_nbytes(n)
+    assert W.workspace_nbytes(n) == NATIVE.workspace_nbytes(n)
   # Beyond the layout's range both refuse instead of wrapping.
   for n in [2**56 + 1, 2**64 - 1]:
     with pytest.raises(ValueError, match="n"):
-      zc.max_nbytes(dtype, n)
+      W.max_nbytes(dtype, n)
     with pytest.raises(ValueError, match="n must be"):
       NATIVE.max_nbytes(CODE[dtype], n)
 
@@ -226,15 +227,6 @@ def test_host_codec_rejects_sizes_that_would_wrap():
   assert NATIVE.encode_into(1, x.view(np.uint8), 1000, 128, out)[0] == 0
 
 
-def test_default_capacity():
-  assert zc.default_escape_capacity(0) == 0
-  assert zc.default_escape_capacity(1) == 128  # whole row: can never overflow
-  n = 32 * 1024 * 1024
-  cap = zc.default_escape_capacity(n)
-  assert cap % 128 == 0 and 0.0375 <= cap / n < 0.0376
-  assert zc.encoded_nbytes(BF16, n) == zc.encoded_nbytes(BF16, n, cap) == zc.min_nbytes(BF16, n) + cap
-
-
 # ---- rows that do not fit ----------------------------------------------------------------------
 
 
@@ -255,7 +247,7 @@ def test_does_not_fit_guard_bytes_and_refusal(dtype):
   # The FFI encoder: DOES_NOT_FIT at max_nbytes, used_units one past the payload.
   enc = zc.encode(jnp.asarray(x))
   assert int(enc.status) == 1 and bool(enc.overflowed)
-  assert int(enc.used_units) == zc.max_nbytes(dtype, x.size) // 128 + 1
+  assert int(enc.used_units) == W.max_nbytes(dtype, x.size) // 128 + 1
   assert int(enc.used_nbytes) > enc.payload.size
   with pytest.raises(ValueError, match="DOES_NOT_FIT"):
     zc.decode(enc)
@@ -347,7 +339,7 @@ def _set_u64(q, off, v):
 def test_specific_defects_report_their_status():
   x, used, p = _payload(n=5000)
   n = x.size
-  esc_off = zc.min_nbytes(BF16, n)
+  esc_off = W.min_nbytes(BF16, n)
   count = int(p[48:56].view("<u8")[0])
   esc_bytes = int(p[56:64].view("<u8")[0])
 
@@ -409,7 +401,7 @@ def test_short_last_block_has_short_planes(dtype):
     nb = -(-n // 2048)
     plane_sec = P * ((nb - 1) * 256 + 16 * -(-last // 128))
     fixed = 128 + 128 + -(-rb * n // 128) * 128 + -(-plane_sec // 128) * 128
-    assert zc.min_nbytes(dtype, n) == fixed == ref.min_nbytes(dtype, n), (n, dtype)
+    assert W.min_nbytes(dtype, n) == fixed == ref.min_nbytes(dtype, n), (n, dtype)
   n = 2048 + 4                      # last block: 4 elements, planes of 16 bytes, 80 B padding
   x, used, p = _payload(dtype, n=n, seed=3)
   want, status, _, want_used = ref.encode(x)
@@ -417,7 +409,7 @@ def test_short_last_block_has_short_planes(dtype):
   plane_off = 128 + 128 + -(-rb * n // 128) * 128
   last_planes = plane_off + P * 256             # block 1's planes: P x 16 bytes
   pad = last_planes + P * 16                    # then padding up to esc_off
-  assert pad < zc.min_nbytes(dtype, n)
+  assert pad < W.min_nbytes(dtype, n)
 
   def status_of(off, value):
     q = p.copy()
@@ -453,7 +445,7 @@ def test_escape_values_naming_no_exponent_are_rejected():
   x = _spread_f16()
   enc = zc.encode(jnp.asarray(x))
   p, used, n = np.asarray(enc.payload).copy(), int(enc.used_nbytes), x.size
-  esc_off = zc.min_nbytes(f16, n)
+  esc_off = W.min_nbytes(f16, n)
   rec = p[128:136]
   count, width = int(rec[4:6].view("<u2")[0]) & 0xFFF, int(rec[5]) >> 4
   split = int(rec[7]) >> 1
@@ -588,7 +580,7 @@ _PATH_SCRIPT = """
 import json, sys
 import numpy as np
 import zipccl_jax as zc
-N = zc.native(); d = sys.argv[1]; tag = sys.argv[2]
+from zipccl_jax._src import ffi as zffi; N = zffi.native(); d = sys.argv[1]; tag = sys.argv[2]
 spec = json.load(open(f"{d}/spec.json"))
 for k, (code, n, cap) in enumerate(spec["enc"]):
   w = np.load(f"{d}/x{k}.npy")
@@ -710,7 +702,7 @@ def test_simd_and_portable_paths_are_identical(tmp_path, dtype):
   enc_items = []
   for _, x in cases:
     n = x.size
-    ffi_cap = zc.max_nbytes(dtype, n) - zc.min_nbytes(dtype, n)
+    ffi_cap = W.max_nbytes(dtype, n) - W.min_nbytes(dtype, n)
     enc_items += [(x, n), (x, ffi_cap), (x, 128)]
   # Corrupted rows: mutations of valid encodings that reach the block decoder.
   rng = np.random.default_rng(77 + CODE[dtype])
@@ -727,7 +719,7 @@ def test_simd_and_portable_paths_are_identical(tmp_path, dtype):
     P = 6 if dtype == np.float16 else 3
     raw_off = 128 + -(-nb * 8 // 128) * 128
     plane_off = raw_off + -(-n // 128) * 128
-    esc_off = zc.min_nbytes(dtype, n)   # plane section: full blocks, the last one cut short
+    esc_off = W.min_nbytes(dtype, n)   # plane section: full blocks, the last one cut short
     for t in range(12):
       q = p.copy()
       kind = t % 4
@@ -796,31 +788,6 @@ def test_api_errors_name_the_argument():
     zc.decode_rows(jnp.zeros((1, 256), jnp.int32), 4, jnp.bfloat16)
 
 
-def test_escape_capacity_is_deprecated_and_ignored():
-  x = jnp.asarray(make("gauss", 3000, BF16))
-  plain = zc.encode(x)
-  for cap in (0, 5, 10**12):
-    with pytest.warns(DeprecationWarning, match="sized automatically"):
-      enc = zc.encode(x, escape_capacity=cap)
-    assert (np.asarray(enc.payload) == np.asarray(plain.payload)).all()
-  with pytest.warns(DeprecationWarning, match="sized automatically"):
-    payload, _ = zc.encode_rows(x[None], 7)
-  with pytest.warns(DeprecationWarning, match="sized automatically"):
-    assert_bits_equal(zc.decode_rows(payload, 3000, BF16, 7)[0][0], x)
-
-
-@pytest.mark.parametrize("cap", [2**31, 2**33, 2**63 - 1, 10**12, 2**64 + 5])
-def test_absurd_escape_capacity_allocates_nothing(cap):
-  """Issue 9 item 4: 2^31 on a 1000-element array allocated 2 GiB, 2^33 ran out of
-  memory, 2^63-1 and 10^12 failed with unrelated errors. The deprecated argument is
-  now ignored (a warning): the payload is max_nbytes whatever the value."""
-  x = jnp.asarray(make("gauss", 1000, BF16, seed=3))
-  with pytest.warns(DeprecationWarning, match="sized automatically"):
-    enc = zc.encode(x, escape_capacity=cap)
-  assert enc.payload.shape == (zc.max_nbytes(BF16, 1000),)
-  assert_bits_equal(zc.decode(enc), x)
-
-
 def test_raw_codec_is_identity_bytes():
   x = make("gauss", 1001, BF16)
   enc = zc.encode(jnp.asarray(x), codec="raw")
@@ -842,7 +809,7 @@ def test_jit_and_shapes():
 def test_vmap(dtype):
   x = np.stack([make(d, 3000, dtype, seed=i) for i, d in enumerate(["gauss", "outlier", "relu"])])
   enc = jax.vmap(zc.encode)(jnp.asarray(x))
-  assert enc.payload.shape == (3, zc.max_nbytes(dtype, 3000))
+  assert enc.payload.shape == (3, W.max_nbytes(dtype, 3000))
   for i in range(3):
     want, status, count, used = ref.encode(x[i])
     assert (np.asarray(enc.payload[i]) == want).all()
@@ -896,14 +863,18 @@ def test_shard_map_keeps_varying_type():
 def test_analyze_gaussian():
   x = make("gauss", 200_000, BF16, seed=12, sigma=0.02)
   a = zc.analyze(x)
-  assert a.roundtrip_ok and not a.overflow and a.fits
+  assert a.roundtrip_ok and a.fits
   assert 1.45 < a.entropy_ratio < 1.6
-  assert 1.38 < a.static_ratio <= a.ratio < a.entropy_ratio
+  assert 1.38 < a.wire_ratio <= a.ratio < a.entropy_ratio
+  # the wire is the first rung of the gather ladder at or above the used size
+  rungs = zc.codec_ladder("zipccl", BF16, x.size)
+  assert a.wire_nbytes == min(r for r in rungs if r >= a.actual_nbytes)
   assert 0.015 < a.escape_rate < 0.03
   z = zc.analyze(np.zeros(10, np.float32))
   assert z.roundtrip_ok and z.escape_count == 0
   r = zc.analyze(make("random_bits", 5000, BF16))  # does not fit, still measured exactly
-  assert r.roundtrip_ok and not r.fits and r.actual_nbytes > zc.max_nbytes(BF16, 5000)
+  assert r.roundtrip_ok and not r.fits and r.actual_nbytes > W.max_nbytes(BF16, 5000)
+  assert r.wire_nbytes == 2 * 5000 and r.wire_ratio == 1.0    # the raw rung
 
 
 # ---- skipped rows (docs/format.md, "Skipped rows"): both native codecs -------------------------

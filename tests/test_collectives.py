@@ -19,6 +19,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
+from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src.codecs import window as W
 
 from tests.reference import (BF16, DTYPES, F16, F32, assert_bits_equal, assert_same_or_both_nan,
                              bad_block, gaussian, ordered_sum, sprinkle_specials, uint)
@@ -47,13 +49,7 @@ def _trace(mesh, f, x):
     (lambda x: zc.compressed_all_gather(x, ("x", "x")), "repeated axes"),
     (lambda x: zc.compressed_all_gather(x, "x", codec="zstd"), "codec must be"),
     (lambda x: zc.compressed_all_gather(x, "x", policy="sometimes"), "policy must be"),
-    (lambda x: zc.compressed_all_gather(x, "x", escape_capacity=-1), "escape_capacity must be"),
-    (lambda x: zc.compressed_all_gather(x, "x", escape_capacity=2**31),
-     "escape_capacity=2147483648 is larger than any row"),
-    (lambda x: zc.compressed_psum(x, "x", escape_capacity=2**63 - 1), "escape_capacity="),
-    (lambda x: zc.compressed_psum_scatter(x, "x", escape_capacity=10**12), "escape_capacity="),
-    (lambda x: zc.compressed_all_to_all(x, "x", 0, 0, grad_escape_capacity=2**33),
-     "grad_escape_capacity="),
+    (lambda x: zc.compressed_all_gather(x, "x", escape_capacity=128), "escape_capacity"),
     (lambda x: zc.compressed_all_gather(x, "x", stats=1), "stats must be a bool"),
     (lambda x: zc.compressed_psum_scatter(x, "x", scatter_dimension=2), "scatter_dimension=2"),
     (lambda x: zc.compressed_psum_scatter(x, "x", tiled=False), "must equal the size"),
@@ -74,26 +70,6 @@ def test_validation_names_the_argument(mesh8, call, match):
 def test_outside_shard_map_is_a_clear_error():
   with pytest.raises(ValueError, match="not a bound mesh axis"):
     zc.compressed_psum(jnp.ones(4, jnp.bfloat16), "x")
-
-
-def test_traced_escape_capacity_is_rejected(mesh8):
-  def f(x):
-    return zc.compressed_all_gather(x, "x", escape_capacity=jnp.int32(3))
-  with pytest.raises(TypeError, match="static Python int"):
-    _trace(mesh8, f, jax.ShapeDtypeStruct((16, 8), jnp.bfloat16))
-
-
-def test_huge_escape_capacity_is_ignored_not_allocated(mesh8):
-  """A deprecated capacity of 2^31-1 on rows of 1000 elements warns and is ignored: no
-  collective operand grows beyond the raw row (it would have been 2 GiB per row)."""
-  x = gaussian((N * 4, 250), BF16, seed=4)    # rows of 1000 elements
-  f = smap(mesh8, P("x"), P())(lambda v: zc.compressed_all_gather(
-      v, "x", tiled=True, to="invarying", escape_capacity=2**31 - 1, **ALWAYS))
-  with pytest.warns(DeprecationWarning, match="escape_capacity"):
-    ops = zc.hlo_wire_bytes(f.lower(x).compile().as_text()).ops
-  gathers = [o.operand_bytes for o in ops if o.opcode == "all-gather"]
-  assert gathers and max(gathers) <= 1000 * 2, gathers
-  assert_bits_equal(np.asarray(f(x)), x, "all_gather")
 
 
 # ---- gather / all_to_all / ppermute: bit-identical to lax -------------------------------------
@@ -552,7 +528,7 @@ def test_policy_auto_with_a_calibration_asks_the_cost_model(mesh8):
     assert _auto_wire(mesh8, big).common == _auto_wire(mesh8, big).total == raw_big
     zc.set_calibration(slow)
     assert _auto_wire(mesh8, small).common == 8 * 16 * 2
-    first_rung = zc.slot_ladder(zc.min_nbytes(BF16, 32 * 1024), raw_big)[0]
+    first_rung = ladder_lib.ladder(W.min_nbytes(BF16, 32 * 1024), raw_big)[0]
     assert _auto_wire(mesh8, big).common == first_rung + 4 < raw_big   # + the agreement
   finally:
     zc.set_calibration(None)
@@ -630,13 +606,13 @@ def test_codec_auto_takes_the_modelled_fastest_codec(mesh8):
   finally:
     zc.set_calibration(None)
   with pytest.raises(ValueError, match="'auto' is reserved"):
-    zc.register_codec(zc.Codec("auto", 9, "zipccl_jax._src.codec"))
+    zc.codecs.register(zc.codecs.Codec("auto", 9, "zipccl_jax._src.codecs.window"))
 
 
 def test_codec_auto_default_by_dtype():
   """Without a calibration, codec="auto" is AUTO_CODEC (the entropy codec) for the
   dtypes it takes and the window codec for float32, which it does not."""
-  from zipccl_jax._src import options
+  from zipccl_jax._src import plan as options
   assert zc.AUTO_CODEC == "entropy"
   for dt, want in ((BF16, "entropy"), (F16, "entropy"), (F32, "zipccl")):
     got = options.auto_codec(dtype=dt, m=1 << 16, collective="all_gather", n_peers=N)
@@ -699,20 +675,18 @@ def test_edge_shapes_and_forced_fallback(mesh8):
   assert_bits_equal(np.asarray(g_inv), np.asarray(g_lax), "grad of all_gather to=invarying")
 
 
-def test_grad_escape_capacity_is_deprecated_and_backward_rows_have_their_ladder(mesh8):
+def test_backward_rows_have_their_ladder(mesh8):
   """The collective the VJP runs sizes its rows from the data too: its all-to-all
-  switch has the ladder of the cotangent's rows; capacity arguments only warn."""
+  switch has the ladder of the cotangent's rows."""
   x = jax.ShapeDtypeStruct((N * 64, 512), jnp.bfloat16)
   m = 64 * 512  # elements of one device's block = one row, forward and backward
 
   def f(v):
     return jax.grad(lambda u: jnp.sum(zc.compressed_all_gather(
-        u, "x", tiled=True, escape_capacity=128, grad_escape_capacity=4096,
-        **ALWAYS).astype(jnp.float32) ** 2))(v)
+        u, "x", tiled=True, **ALWAYS).astype(jnp.float32) ** 2))(v)
 
-  with pytest.warns(DeprecationWarning, match="grad_escape_capacity is deprecated"):
-    text = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))) \
-        .lower(x).compile().as_text()
+  text = jax.jit(jax.shard_map(f, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))) \
+      .lower(x).compile().as_text()
   rungs = zc.codec_ladder(zc.AUTO_CODEC, BF16, m)             # the default codec's ladder
   a2a = zc.codec_ladder(zc.AUTO_CODEC, BF16, m, all_to_all=True)
   by_op = {c.opcodes: c.branch_bytes for c in zc.hlo_wire_bytes(text).conditionals}
@@ -720,13 +694,11 @@ def test_grad_escape_capacity_is_deprecated_and_backward_rows_have_their_ladder(
   # backward: the cotangent of the gathered array goes out as N rows of m elements
   # (on CPU N - 1 permutes of a row: the own row stays)
   assert by_op[("collective-permute",)] == tuple((N - 1) * r for r in a2a) + (2 * m * (N - 1),)
-  with pytest.raises(ValueError, match="grad_escape_capacity"):
-    smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_all_gather(
-        v, "x", grad_escape_capacity=-1))(gaussian((N * 4, 8), BF16, seed=1))
 
 
-def test_grad_escape_capacity_overflow_is_exact(mesh8):
-  """A backward pass whose rows overflow their own capacity falls back exactly."""
+def test_backward_pass_on_the_raw_rung_is_exact(mesh8):
+  """A backward pass whose rows take the raw rung (random-bit weights make the
+  cotangent incompressible) is exact."""
   rows, cols = 16, 128
   x = gaussian((N * rows, cols), BF16, seed=31)
   w = gaussian((N * N * rows, cols), F32, seed=32)
@@ -737,8 +709,7 @@ def test_grad_escape_capacity_overflow_is_exact(mesh8):
 
   run = lambda **kw: np.asarray(smap(mesh8, (P("x"), P("x")), P("x"))(
       lambda x, w: grads(x, w, **kw))(x, w))
-  assert_bits_equal(run(policy="always", grad_escape_capacity=0), run(codec="raw"),
-                    "overflowing backward vs raw")
+  assert_bits_equal(run(policy="always"), run(codec="raw"), "backward vs raw")
 
 
 # ---- buckets: small leaves of a pytree share a transport --------------------------------
@@ -832,8 +803,8 @@ def test_buckets_pack_small_leaves_into_one_transport(mesh8):
 
 
 def test_bucket_groups_fill_in_leaf_order_per_dtype():
-  from zipccl_jax._src import collectives as C
-  item = lambda n, dt: C._Item(np.zeros(n, dt), None)
+  from zipccl_jax._src.collectives import buckets as C
+  item = lambda n, dt: C.Item(np.zeros(n, dt), None)
   items = list(enumerate([item(10, BF16), item(4, F32), item(30, BF16), item(2, BF16),
                           item(100, BF16), item(4, F32), item(1, BF16)]))
   # limit 64 bytes: bf16 leaves of 20, 60, 4, 200 (alone), 2 bytes; f32 of 16, 16.

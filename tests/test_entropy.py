@@ -16,15 +16,18 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
+from zipccl_jax._src import ffi as zffi
+from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src.codecs import window as W
 
-ent = zc.get_codec("entropy")   # the entropy codec's contract functions
+ent = zc.codecs.get("entropy")   # the entropy codec's contract functions
 from tests import reference_entropy as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 DTYPES = [BF16, F16]
 CODE = {BF16: 1, F16: 2}
-NATIVE = zc.native()
+NATIVE = zffi.native()
 
 
 def words(x) -> np.ndarray:
@@ -307,7 +310,7 @@ def test_v4_symbol_facts():
   words splits into (symbol, raw) and joins back exactly, in both kinds."""
   assert ref.VERSION == ent.FORMAT_VERSION == 5   # (the symbols are those of version 4)
   assert ref.QBITS == {1: 0, 2: 1}
-  from zipccl_jax._src import entropy as ent_module
+  from zipccl_jax._src.codecs import entropy as ent_module
   assert {ent_module._DTYPES[d][0]: ent_module._DTYPES[d][3] for d in DTYPES} == {1: 0, 2: 1}
   assert ref.coded_bits(1) == (8, 7) and ref.coded_bits(2) == (6, 9)
   # (byte plane?, packed width): bf16 E byte plane only, J 7 packed; fp16 E byte
@@ -753,7 +756,7 @@ def test_shard_map(mesh8):
 
 def test_registry_entry():
   import zipccl_jax as zc
-  c = zc.get_codec("entropy")
+  c = zc.codecs.get("entropy")
   assert c.codec_id == 2 and c.encode_target == ent.ENCODE_TARGET
   assert c.decode_target == ent.DECODE_TARGET
   assert c.supports(BF16) and c.supports(F16) and not c.supports(np.float32)
@@ -814,13 +817,13 @@ def test_codec_ladder_is_what_the_transport_compiles():
   from zipccl_jax._src import transport
   for a2a in (False, True):
     lad = zc.codec_ladder("entropy", BF16, 8192, all_to_all=a2a)
-    n_low = transport.ALL_TO_ALL_LOW_RUNGS if a2a else transport.LOW_RUNGS
+    n_low = ladder_lib.ALL_TO_ALL_LOW_RUNGS if a2a else ladder_lib.LOW_RUNGS
     floor = -(-ent.impl.ladder_floor(BF16, 8192) // 128) * 128
     assert lad.index(floor) == n_low
-    assert lad[n_low:] == zc.slot_ladder(ent.impl.ladder_floor(BF16, 8192), 2 * 8192, all_to_all=a2a)
+    assert lad[n_low:] == ladder_lib.ladder(ent.impl.ladder_floor(BF16, 8192), 2 * 8192, all_to_all=a2a)
     assert all(a % 128 == 0 and a >= ent.min_nbytes(BF16, 8192) for a in lad)
     assert all(b <= a * 5 / 4 + 128 for a, b in zip(lad[:n_low + 1], lad[1:n_low + 1]))
-  assert zc.codec_ladder("zipccl", BF16, 8192) == zc.slot_ladder(zc.min_nbytes(BF16, 8192), 16384)
+  assert zc.codec_ladder("zipccl", BF16, 8192) == ladder_lib.ladder(W.min_nbytes(BF16, 8192), 16384)
   with pytest.raises(ValueError, match="codec must be one of"):
     zc.codec_ladder("zstd", BF16, 8192)
   with pytest.raises(TypeError, match="does not take dtype float32"):
@@ -849,8 +852,8 @@ def test_threads_give_identical_bytes(tmp_path):
   assert_bits_equal(y, x)
   np.save(tmp_path / "x.npy", w)
   code = ("import numpy as np, sys; import zipccl_jax as zc; import ml_dtypes;"
-          "w = np.load(sys.argv[1]); N = zc.native();"
-          "out = np.zeros(zc.get_codec('entropy').max_nbytes(ml_dtypes.bfloat16, w.size), np.uint8);"
+          "w = np.load(sys.argv[1]); from zipccl_jax._src import ffi as zffi; N = zffi.native();"
+          "out = np.zeros(zc.codecs.get('entropy').max_nbytes(ml_dtypes.bfloat16, w.size), np.uint8);"
           "s = N.entropy_encode_into(1, w.view(np.uint8), w.size, out);"
           "out.tofile(sys.argv[2])")
   env = dict(os.environ, ZIPCCL_NUM_THREADS="1")
@@ -896,7 +899,7 @@ def test_portable_path_identical(tmp_path):
     np.save(tmp_path / f"p{k}.npy", out[:used])
     names.append(f"{k}:{CODE[np.dtype(dtype)]}")
   code = (
-      "import numpy as np, sys; import zipccl_jax as zc; N = zc.native(); d = sys.argv[1]\n"
+      "import numpy as np, sys; import zipccl_jax as zc; from zipccl_jax._src import ffi as zffi; N = zffi.native(); d = sys.argv[1]\n"
       "for item in sys.argv[2:]:\n"
       "  k, c = map(int, item.split(':')); w = np.load(f'{d}/x{k}.npy'); n = w.size\n"
       "  out = np.zeros(N.entropy_max_nbytes(c, n), np.uint8)\n"
@@ -959,14 +962,15 @@ def test_public_encode_rejects_what_the_entropy_codec_does_not_take():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_analyze_with_the_entropy_codec(dtype):
   """analyze measures the entropy codec through its contract functions: used bytes as
-  the native row encoder reports them, max_nbytes as the static slot, the round trip."""
+  the native row encoder reports them, the ladder's slot as the wire, the round trip."""
   for dist, n in (("gauss", 3 * 4096 + 17), ("random_bits", 5000), ("zeros", 1), ("gauss", 0)):
     x = make(dist, n, dtype, seed=5)
     a = zc.analyze(x, codec="entropy")
     _, status, raws, used = native_encode(x)
-    assert a.codec == "entropy" and a.roundtrip_ok and a.fits and not a.overflow
+    assert a.codec == "entropy" and a.roundtrip_ok and a.fits
     assert a.actual_nbytes == used and a.count == raws
-    assert a.static_nbytes == ent.max_nbytes(dtype, n)
+    rungs = zc.codec_ladder("entropy", dtype, n) if n else ()
+    assert a.wire_nbytes == next((r for r in rungs if r >= used), 2 * n)
     assert a.escape_count is None and a.escape_rate is None
     if n:
       assert a.ratio == pytest.approx(2 * n / used)

@@ -17,7 +17,7 @@ import pytest
 import zipccl_jax as _zc
 from tests import simt_emulator as emulator
 
-ent = _zc.get_codec("entropy")   # the entropy codec's contract functions
+ent = _zc.codecs.get("entropy")   # the entropy codec's contract functions
 
 ROOT = Path(__file__).resolve().parents[1]
 GXX = emulator.GXX

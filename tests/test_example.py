@@ -114,7 +114,8 @@ def test_entropy_codec_run_is_bit_identical_and_matches_the_hlo(entropy_run):
 def test_ladders_follow_the_chosen_codec(example):
   import jax.numpy as jnp
   import zipccl_jax
-  from zipccl_jax._src import entropy, transport
+  from zipccl_jax._src import ladder as ladder_lib
+  from zipccl_jax._src.codecs import entropy
   units, _ = example.init_model(example.Config(**example.QUICK), 8)
   for codec in ("zipccl", "entropy"):
     ladders = example.unit_capacities(units, codec=codec)
@@ -122,10 +123,10 @@ def test_ladders_follow_the_chosen_codec(example):
       gather, scatter = ladders[u.name]
       assert gather[-1] == scatter[-1] == 2 * u.shard
       low = (entropy.ladder_floor(jnp.bfloat16, u.shard) if codec == "entropy"
-             else zipccl_jax.min_nbytes(jnp.bfloat16, u.shard))
+             else zipccl_jax.codecs.get("zipccl").min_nbytes(jnp.bfloat16, u.shard))
       start = -(-low // 128) * 128
       assert start in gather and start in scatter, (codec, u.name, gather)
-      # the entropy codec's ladder also reaches below its floor (transport.LOW_RUNGS)
-      below = (transport.LOW_RUNGS, transport.ALL_TO_ALL_LOW_RUNGS) if codec == "entropy" else (0, 0)
+      # the entropy codec's ladder also reaches below its floor (ladder_lib.LOW_RUNGS)
+      below = (ladder_lib.LOW_RUNGS, ladder_lib.ALL_TO_ALL_LOW_RUNGS) if codec == "entropy" else (0, 0)
       assert gather.index(start) == below[0] and scatter.index(start) == below[1], (codec, gather)
       assert gather[:-1] == zipccl_jax.codec_ladder(codec, jnp.bfloat16, u.shard)

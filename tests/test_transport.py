@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
+from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import transport
 from tests.reference import BF16, F16, F32, assert_bits_equal, gaussian, ordered_sum
 
@@ -26,13 +27,13 @@ TRIM = dict(codec="trim", policy="always")
 
 @pytest.fixture(scope="module", autouse=True)
 def trim_codecs():
-  zc.register_codec(zc.Codec("trim", 90, "tests.trim_codec"))
-  zc.register_codec(zc.Codec("trim_corrupt", 91, "tests.trim_codec_corrupt"))
-  zc.register_codec(zc.Codec("trim_skip", 92, "tests.trim_codec_skip"))
+  zc.codecs.register(zc.codecs.Codec("trim", 90, "tests.trim_codec"))
+  zc.codecs.register(zc.codecs.Codec("trim_corrupt", 91, "tests.trim_codec_corrupt"))
+  zc.codecs.register(zc.codecs.Codec("trim_skip", 92, "tests.trim_codec_skip"))
   yield
-  zc.unregister_codec("trim")
-  zc.unregister_codec("trim_corrupt")
-  zc.unregister_codec("trim_skip")
+  zc.codecs.unregister("trim")
+  zc.codecs.unregister("trim_corrupt")
+  zc.codecs.unregister("trim_skip")
 
 
 def smap(mesh, in_specs, out_specs):
@@ -55,7 +56,7 @@ def used_units(nonzero_bytes, raw):
 
 
 def trim_ladder(raw):
-  return zc.slot_ladder(128 + -(-(3 * raw // 4) // 128) * 128, raw)
+  return ladder_lib.ladder(128 + -(-(3 * raw // 4) // 128) * 128, raw)
 
 
 def expected_rung(max_used_bytes, rungs):
@@ -130,7 +131,7 @@ def test_used_max_rejects_bad_operands():
 
 
 def test_rung_index_counts_the_rungs_too_small():
-  rungs = zc.slot_ladder(128 * 40, 128 * 100)
+  rungs = ladder_lib.ladder(128 * 40, 128 * 100)
   units = [r // 128 for r in rungs]
   f = jax.jit(lambda a: transport.rung_index(a, rungs))
   for agreed in sorted({0, 1, *units, *(u + 1 for u in units), *(u - 1 for u in units), 10**6, -3}):
@@ -225,14 +226,14 @@ def test_switch_in_range_without_the_unclamped_switch(monkeypatch, mesh8):
 @pytest.mark.parametrize("min_nbytes, raw", [(128, 16384), (90_112, 131_072), (5_760, 8_192),
                                              (700_000, 1_048_576), (3 << 30, 4 << 30)])
 def test_ladder_rungs_are_close_and_static(min_nbytes, raw):
-  rungs = zc.slot_ladder(min_nbytes, raw)
+  rungs = ladder_lib.ladder(min_nbytes, raw)
   assert rungs and rungs[0] == -(-min_nbytes // 128) * 128
   assert all(r % 128 == 0 for r in rungs) and rungs[-1] < raw
   assert list(rungs) == sorted(set(rungs))
-  assert len(rungs) <= transport.MAX_RUNGS == 32
+  assert len(rungs) <= ladder_lib.MAX_RUNGS == 32
   if min_nbytes >= 4096:   # real codecs: 1% apart near min_nbytes, then 5%
     steps = list(zip(rungs, rungs[1:]))
-    assert all(b <= max(a * 1.01, a + 128) for a, b in steps[:transport.FINE_RUNGS - 1])
+    assert all(b <= max(a * 1.01, a + 128) for a, b in steps[:ladder_lib.FINE_RUNGS - 1])
     assert all(b <= max(a * 1.05, a + 128) for a, b in steps)
     assert raw <= max(rungs[-1] * 1.05, rungs[-1] + 128) + 128
   assert isinstance(rungs[-1], int)   # Python ints: exact above 2 GiB
@@ -242,11 +243,11 @@ def test_all_to_all_ladder_is_the_gather_ladder():
   """All-to-all rungs compile to no kernel on CPU now (N - 1 permutes, transport.a2a_slot):
   they get the gathers' 1% ladder (they had 8 rungs 2% apart, then 5%, at most 12)."""
   raw = 131_072
-  full, a2a = zc.slot_ladder(90_112, raw), zc.slot_ladder(90_112, raw, all_to_all=True)
+  full, a2a = ladder_lib.ladder(90_112, raw), ladder_lib.ladder(90_112, raw, all_to_all=True)
   assert a2a == full and len(a2a) > 12
   assert all(b <= max(a * 1.01, a + 128) for a, b in zip(a2a[:24], a2a[1:24]))   # 1% at the bottom
   assert a2a[-1] < raw and all(b <= a * 1.05 for a, b in zip(a2a, a2a[1:]))
-  assert zc.slot_ladder(5_760, 8_192, all_to_all=True, below=4_000) == zc.slot_ladder(5_760, 8_192, below=4_000)
+  assert ladder_lib.ladder(5_760, 8_192, all_to_all=True, below=4_000) == ladder_lib.ladder(5_760, 8_192, below=4_000)
 
 
 @pytest.mark.parametrize("raw", [16_384, 114_176, 1 << 20])
@@ -256,7 +257,7 @@ def test_a_ladder_that_starts_low_is_respaced_uniformly(all_to_all, raw):
   rows too) fits as it is and bounds the slack over every band of used sizes (the
   mean slot / used - 1 over the band stays under 2.5%). A ladder that does not fit
   is respaced uniformly: test_a_too_long_ladder_is_respaced_uniformly."""
-  rungs = zc.slot_ladder(raw * 5 // 8, raw, all_to_all=all_to_all)
+  rungs = ladder_lib.ladder(raw * 5 // 8, raw, all_to_all=all_to_all)
   steps = [b / a for a, b in zip(rungs, rungs[1:])] + [raw / rungs[-1]]
   assert len(rungs) <= 32 and max(steps) <= 1.05, steps   # 24 at 1% then 5% fit in 32
   for lo, hi in ((0.64, 0.72), (0.66, 0.80), (0.72, 0.85)):
@@ -270,7 +271,7 @@ def test_a_too_long_ladder_is_respaced_uniformly(all_to_all):
   """From 0.25 x raw 24 rungs at 1% and 5% above need ~47 rungs: one uniform growth,
   the smallest in steps of 0.1% that fits in 32, spaces the whole range."""
   raw = 1 << 20
-  rungs = zc.slot_ladder(raw // 4, raw, all_to_all=all_to_all)
+  rungs = ladder_lib.ladder(raw // 4, raw, all_to_all=all_to_all)
   steps = [b / a for a, b in zip(rungs, rungs[1:])]
   assert 30 <= len(rungs) <= 32 and rungs[0] == raw // 4, len(rungs)
   assert max(steps) - min(steps) < 0.002 and max(steps) < 1.05, steps   # uniform
@@ -278,7 +279,7 @@ def test_a_too_long_ladder_is_respaced_uniformly(all_to_all):
 
 
 def test_ladder_of_a_row_that_cannot_shrink_is_empty():
-  assert zc.slot_ladder(8192, 8192) == () and zc.slot_ladder(9000, 8192) == ()
+  assert ladder_lib.ladder(8192, 8192) == () and ladder_lib.ladder(9000, 8192) == ()
 
 
 # ---- size classes, raw rung, exactness ------------------------------------------------------------
@@ -384,7 +385,7 @@ def test_gathers_do_not_decode_their_own_row(mesh8):
   ways, psum's second phase) gets the skip mask and the fill, and stays exact (a
   mask on the wrong row would put this device's data in another's place)."""
   from tests import skip_spy_codec as spy
-  zc.register_codec(zc.Codec("skip_spy", 93, "tests.skip_spy_codec"))
+  zc.codecs.register(zc.codecs.Codec("skip_spy", 93, "tests.skip_spy_codec"))
   try:
     x = gaussian((N * 4, 512), BF16, seed=14)
     spy.CALLS.clear()
@@ -402,7 +403,7 @@ def test_gathers_do_not_decode_their_own_row(mesh8):
     assert_bits_equal(ys[1], x)
     assert spy.CALLS and all(c == (True, True) for c in spy.CALLS), spy.CALLS
   finally:
-    zc.unregister_codec("skip_spy")
+    zc.codecs.unregister("skip_spy")
 
 
 @pytest.mark.parametrize("codec", ["zipccl", "entropy"])
@@ -549,30 +550,13 @@ def test_stats_sizes_are_exact_python_ints_above_2_gib():
 # ---- options ------------------------------------------------------------------------------------
 
 
-def test_escape_capacity_is_deprecated_and_ignored(mesh8):
-  x = jax.ShapeDtypeStruct((N * 4, 512), jnp.bfloat16)
-
-  def lowered(**kw):
-    return smap(mesh8, P("x"), P())(lambda v: zc.compressed_all_gather(
-        v, "x", tiled=True, to="invarying", **TRIM, **kw)).lower(x).as_text()
-
-  with pytest.warns(DeprecationWarning, match="escape_capacity is deprecated and ignored"):
-    a = lowered(escape_capacity=0)
-  with pytest.warns(DeprecationWarning, match="grad_escape_capacity is deprecated"):
-    b = lowered(grad_escape_capacity=5)
-  with warnings.catch_warnings():
-    warnings.simplefilter("error")
-    c = lowered()
-  assert a == b == c   # the very same program
-
-
 def test_codec_names_come_from_the_registry(mesh8):
-  assert {"zipccl", "trim"} <= set(zc.codec_names())
+  assert {"zipccl", "trim"} <= set(zc.codecs.names())
   with pytest.raises(ValueError, match="codec must be one of 'auto', 'zipccl'.*'raw', None"):
     smap(mesh8, P("x"), P("x"))(lambda v: zc.compressed_ppermute(
         v, "x", [(0, 1)], codec="zstd"))(np.zeros((64, 8), np.float32))
   with pytest.raises(ValueError, match="already registered"):
-    zc.register_codec(zc.Codec("trim", 90, "tests.trim_codec"))
+    zc.codecs.register(zc.codecs.Codec("trim", 90, "tests.trim_codec"))
 
 
 # ---- autodiff and a 2-D mesh -------------------------------------------------------------------------

@@ -176,20 +176,6 @@ def test_a2a_rungs_compile_to_custom_calls_and_permutes_only(mesh8, codec, name)
       mesh=mesh8, in_specs=P("x"), out_specs=P("x")))(x), name)
 
 
-def test_lax_all_to_all_switch_restores_the_old_program(mesh8, monkeypatch):
-  """transport._A2A_PERMUTES = False (A/B measurements only) compiles lax.all_to_all
-  rungs again, with the same result bits."""
-  x = gaussian((8 * 64, 1024), BF16, seed=12)
-  run = lambda: jax.jit(jax.shard_map(lambda v: zc.compressed_psum_scatter(v, "x", tiled=True, **ALWAYS),
-                                      mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
-  new = run()
-  monkeypatch.setattr(transport, "_A2A_PERMUTES", False)
-  old = run()
-  text = old.lower(x).compile().as_text()
-  assert "zipccl_row_split" not in text and "collective-permute" not in text
-  assert_bits_equal(new(x), old(x), "permutes vs lax.all_to_all")
-
-
 # ---- results over 2, 4, 8 devices and a 2-axis mesh --------------------------------------------
 
 

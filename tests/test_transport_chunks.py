@@ -21,6 +21,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
+from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src.codecs import window as W
 from zipccl_jax import costmodel as cm
 from tests.reference import BF16, F16, F32, assert_bits_equal, gaussian, ordered_sum
 
@@ -94,7 +96,7 @@ def test_chunk_bounds_cover_the_row(m, c):
 
 def zc_chunk_bounds(m, c):
   from zipccl_jax._src import transport   # pylint: disable=g-import-not-at-top
-  return transport.chunk_bounds(m, c)
+  return ladder_lib.chunk_bounds(m, c)
 
 
 # ---- exactness -------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ def test_five_collectives_bit_identical(mesh8, dtype, cols, chunks):
   # one rung per chunk per compressed transport (psum: two transports); a row
   # whose smallest encoding is not below raw moves raw, unchunked
   def count(m, a2a):
-    fits = zc.slot_ladder(zc.min_nbytes(dtype, m), m * np.dtype(dtype).itemsize, all_to_all=a2a)
+    fits = ladder_lib.ladder(W.min_nbytes(dtype, m), m * np.dtype(dtype).itemsize, all_to_all=a2a)
     return chunks if fits else 1
 
   gather, a2a = count(8 * cols, False), count(cols, True)
@@ -257,15 +259,15 @@ def test_chunks_environment_default(mesh8, monkeypatch):
 
   try:
     monkeypatch.setenv("ZIPCCL_CHUNKS", "3")
-    transport.chunks_default.cache_clear()
+    ladder_lib.chunks_default.cache_clear()
     assert n_switches() == 3
     monkeypatch.setenv("ZIPCCL_CHUNKS", "lots")
-    transport.chunks_default.cache_clear()
+    ladder_lib.chunks_default.cache_clear()
     with pytest.raises(TypeError, match="chunks"):
       n_switches()
   finally:
     monkeypatch.delenv("ZIPCCL_CHUNKS")
-    transport.chunks_default.cache_clear()
+    ladder_lib.chunks_default.cache_clear()
   assert n_switches() == 1
 
 

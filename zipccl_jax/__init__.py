@@ -1,102 +1,70 @@
 """zipccl_jax: lossless exponent compression for JAX collectives.
 
-Encode bf16/fp16/fp32 tensors right before a collective and decode right after:
-the wire carries ~30% fewer bytes and the results are bit-identical (gathers,
+Encode bf16/fp16/fp32 tensors right before a collective and decode them right
+after: the wire carries ~30% fewer bytes and the results are bit-identical (gathers,
 permutes) or exactly specified and deterministic (reductions).
 
-Public API: the collectives (`compressed_*`), the codec (`encode`, `decode`, and
-the row-level contract `encode_rows` / `decode_rows` that the collectives use),
-`analyze`, `hlo_wire_bytes`; submodules `zipccl_jax.io` (tensor files) and
-`zipccl_jax.progress` (the progress bar of the CLI and the examples).
+The collectives (`compressed_*`) are drop-ins for `jax.lax`'s inside
+`jax.shard_map`. The codec-level API (`encode`, `decode`, `encode_rows`,
+`decode_rows`, `analyze`) works on single tensors. `calibrate`, `decide` and
+`project` are the cost model behind `policy="auto"`. Submodules:
+`zipccl_jax.codecs` (the codec registry and contract), `zipccl_jax.costmodel` (the
+cost model's details), `zipccl_jax.io` (tensor files), `zipccl_jax.progress`.
 """
+from zipccl_jax import codecs
+from zipccl_jax import costmodel
 from zipccl_jax._src.analysis import Analysis, analyze
-from zipccl_jax._src.codec import (
-    BLOCK,
-    CODECS,
-    DEFAULT_ESCAPE_RATE,
-    FORMAT_VERSION,
-    Encoded,
-    decode,
-    decode_error_message,
-    decode_rows,
-    default_escape_capacity,
-    encode,
-    encode_rows,
-    encoded_nbytes,
-    max_nbytes,
-    min_nbytes,
-    workspace_nbytes,
-)
-from zipccl_jax._src.collectives import (
+from zipccl_jax._src.calibrate import calibrate
+from zipccl_jax._src.calibration import Calibration, set_calibration
+from zipccl_jax._src.codecs.api import Encoded, decode, decode_rows, encode, encode_rows
+from zipccl_jax._src.collectives.api import (
     compressed_all_gather,
     compressed_all_to_all,
     compressed_ppermute,
     compressed_psum,
     compressed_psum_scatter,
 )
-from zipccl_jax._src.costmodel import (
-    Calibration,
-    calibrate,
-    decide,
-    project,
-    set_calibration,
-)
-from zipccl_jax._src.ffi import has_cuda_support, native
+from zipccl_jax._src.costmodel import decide, project
+from zipccl_jax._src.ffi import has_cuda_support
 from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator
-from zipccl_jax._src.options import AUTO_CODEC, AUTO_MIN_ROW_BYTES
+from zipccl_jax._src.ladder import codec_ladder
 from zipccl_jax._src.options import BUCKET_BYTES
-from zipccl_jax._src.options import codec_ladder
-from zipccl_jax._src.registry import Codec, get as get_codec, names as codec_names
-from zipccl_jax._src.registry import register as register_codec
-from zipccl_jax._src.registry import unregister as unregister_codec
+from zipccl_jax._src.plan import AUTO_CODEC, AUTO_MIN_ROW_BYTES
 from zipccl_jax._src.stats import CollectiveStats
-from zipccl_jax._src.transport import ladder as slot_ladder
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO_CODEC",
-    "AUTO_MIN_ROW_BYTES",
-    "BUCKET_BYTES",
-    "BLOCK",
-    "CODECS",
-    "DEFAULT_ESCAPE_RATE",
-    "FORMAT_VERSION",
-    "Analysis",
-    "Codec",
-    "Calibration",
-    "CollectiveStats",
-    "Encoded",
-    "HloWireBytes",
-    "analyze",
-    "codec_ladder",
-    "codec_names",
-    "calibrate",
+    # the collectives
     "compressed_all_gather",
     "compressed_all_to_all",
     "compressed_ppermute",
     "compressed_psum",
     "compressed_psum_scatter",
+    # one tensor
+    "Analysis",
+    "Encoded",
+    "analyze",
     "decode",
-    "decide",
-    "decode_error_message",
     "decode_rows",
-    "default_escape_capacity",
     "encode",
     "encode_rows",
-    "encoded_nbytes",
-    "get_codec",
-    "has_cuda_support",
-    "hlo_wire_bytes",
-    "max_nbytes",
-    "min_nbytes",
-    "native",
-    "register_codec",
-    "slot_ladder",
+    # the cost model
+    "Calibration",
+    "calibrate",
+    "decide",
     "project",
     "set_calibration",
+    # seeing what runs
+    "CollectiveStats",
+    "HloWireBytes",
+    "codec_ladder",
+    "hlo_wire_bytes",
+    # defaults and the machine
+    "AUTO_CODEC",
+    "AUTO_MIN_ROW_BYTES",
+    "BUCKET_BYTES",
+    "has_cuda_support",
     "tune_host_allocator",
-    "unregister_codec",
-    "workspace_nbytes",
 ]

@@ -1,4 +1,4 @@
-"""`analyze`: what a codec does to one tensor (entropy bound, ratios, escapes).
+"""`analyze`: what a codec does to one tensor (entropy bound, ratios, wire bytes).
 
 Any registered codec (`codec=`, default the window codec "zipccl"). Used by the
 CLI (`zipccl-jax analyze`), the examples and the benchmarks.
@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
-from zipccl_jax._src import registry
-from zipccl_jax._src.codec import encoded_nbytes, max_nbytes
+from zipccl_jax._src import ladder
+from zipccl_jax._src.codecs import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +33,11 @@ class Analysis:
   escape_count: int | None     # window codec: exponents outside the block windows
   escape_rate: float | None    # escapes / n
   actual_nbytes: int           # used_nbytes of the row (window: escape area as large as needed)
-  static_nbytes: int           # a fixed slot: window encoded_nbytes(dtype, n) at the default
-                               # capacity; other codecs max_nbytes(dtype, n)
+  wire_nbytes: int             # the slot a compressed collective moves for this row: the
+                               # first rung of the codec's ladder at or above actual_nbytes,
+                               # or the raw bytes (the raw rung)
   ratio: float                 # raw / actual_nbytes
-  static_ratio: float          # raw / static_nbytes (what a fixed-slot collective moves)
-  overflow: bool               # the fixed slot would not hold the row
+  wire_ratio: float            # raw / wire_nbytes (what a collective of this tensor reaches)
   fits: bool                   # the row fits max_nbytes (encode's status is 0)
   roundtrip_ok: bool           # decode(encode(x)) == x bit for bit
   codec: str = "zipccl"        # the codec measured
@@ -48,15 +50,25 @@ def _entropy(counts: np.ndarray) -> float:
   return float(-(p * np.log2(p)).sum())
 
 
+def wire_nbytes(codec: str, dtype, n: int, used: int | None) -> int:
+  """The bytes a compressed all-gather moves for one row of n elements whose used
+  size is `used` (None: the row does not fit): the first rung of the codec's ladder
+  at or above it, else the raw row (the raw rung)."""
+  raw = n * np.dtype(dtype).itemsize
+  if used is None or n == 0:
+    return raw
+  return next((r for r in ladder.codec_ladder(codec, dtype, n) if r >= used), raw)
+
+
 def analyze(x, codec: str = "zipccl") -> Analysis:
-  """Measures a codec on x: entropy bound, ratios, escape rate, round trip.
+  """Measures a codec on x: entropy bound, ratios, wire bytes, escape rate, round trip.
 
   Eager only. The window codec ("zipccl") runs its C++ row codec on host buffers
   with an escape area as large as the data needs, so that every tensor is
   measured and round-tripped. Any other registered codec runs its contract
   functions (`encode_rows` / `decode_rows`, jitted on the default device) on x as
-  one row: actual_nbytes is the row's used_nbytes and static_nbytes its
-  `max_nbytes(dtype, n)`.
+  one row. `wire_nbytes` is what a compressed collective moves for the tensor as
+  one row (its ladder's slot; `wire_ratio` the ratio it reaches).
 
   Args:
     x: an array of a dtype the codec takes (bfloat16, float16, float32 for the
@@ -99,22 +111,18 @@ def analyze(x, codec: str = "zipccl") -> Analysis:
   y = np.empty_like(words)
   status = native.decode_into(d.code, buf[:used], n, y.view(np.uint8))
   ok = status == 0 and np.array_equal(y, words)
-  static = encoded_nbytes(x.dtype, n)
+  fits = used <= c.max_nbytes(x.dtype, n)
+  wire = wire_nbytes(codec, x.dtype, n, used if fits else None)
   return Analysis(
       escape_count=esc, escape_rate=esc / n if n else 0.0,
-      actual_nbytes=used, static_nbytes=static, ratio=raw / used if n else 0.0,
-      static_ratio=raw / static if n else 0.0, overflow=used > static,
-      fits=used <= max_nbytes(x.dtype, n), roundtrip_ok=bool(ok), count=int(esc),
-      **common)
+      actual_nbytes=used, wire_nbytes=wire, ratio=raw / used if n else 0.0,
+      wire_ratio=raw / wire if n else 0.0, fits=fits, roundtrip_ok=bool(ok),
+      count=int(esc), **common)
 
 
 def _analyze_rows(c, x, words, raw: int, common: dict) -> Analysis:
   """A codec through its contract functions: x as one row, encoded and decoded."""
-  import jax  # imported late: the window codec's path and the CLI's --help need no jax
-  import jax.numpy as jnp
-
   n = x.size
-  static = int(c.max_nbytes(x.dtype, n))
   payload, stats = jax.jit(c.encode_rows)(jnp.asarray(x.reshape(1, n)))
   status, count, used_units = (int(v) for v in np.asarray(stats)[0, :3])
   fits = status == 0
@@ -125,7 +133,8 @@ def _analyze_rows(c, x, words, raw: int, common: dict) -> Analysis:
                                                         words)
   else:  # DOES_NOT_FIT: the transport would send the row raw (its raw rung)
     used, ok = raw, True
+  wire = wire_nbytes(c.name, x.dtype, n, used if fits else None)
   return Analysis(
-      escape_count=None, escape_rate=None, actual_nbytes=used, static_nbytes=static,
-      ratio=raw / used if n else 0.0, static_ratio=raw / static if n else 0.0,
-      overflow=not fits, fits=fits, roundtrip_ok=bool(ok), count=count, **common)
+      escape_count=None, escape_rate=None, actual_nbytes=used, wire_nbytes=wire,
+      ratio=raw / used if n else 0.0, wire_ratio=raw / wire if n else 0.0,
+      fits=fits, roundtrip_ok=bool(ok), count=count, **common)

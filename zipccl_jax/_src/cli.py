@@ -2,11 +2,10 @@
 
 Prints, for every tensor of .npy, .npz and .safetensors files (bfloat16 included),
 what a codec (`--codec`, any registered one; default the window codec "zipccl")
-does to it: the order-0 entropy bound on the ratio, the codec's ratio in actual
-bytes and in the static size a collective moves (window codec: the default escape
-capacity; other codecs: their max_nbytes row), the escape rate and whether the
-default capacity would overflow (window codec), and whether the bit-exact round
-trip holds. The first thing to run on a checkpoint.
+does to it: the order-0 entropy bound on the ratio, the codec's ratio in used
+bytes, the wire ratio a compressed collective of the tensor reaches (the slot of
+the codec's ladder it moves), the escape rate (window codec), and whether the
+bit-exact round trip holds. The first thing to run on a checkpoint.
 
 Exit status: 0 all analyzed tensors round-trip; 1 a round trip failed or a tensor
 could not be analyzed; 2 a file is missing, of an unknown kind or malformed (or
@@ -23,7 +22,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from zipccl_jax._src import analysis
 from zipccl_jax._src import io as tio
+from zipccl_jax._src.codecs import registry
 from zipccl_jax._src.progress import progress_bar
 
 _MANY_TENSORS = 10  # show a progress bar from this many tensors on
@@ -43,14 +44,13 @@ class Row:
   analyzed_elements: int = 0
   entropy_ratio: float | None = None
   ratio: float | None = None
-  static_ratio: float | None = None
+  wire_ratio: float | None = None
   escape_rate: float | None = None
   escape_count: int | None = None
-  overflow: bool | int | None = None   # total rows: the count of tensors that overflow
   roundtrip_ok: bool | None = None
   raw_nbytes: int = 0
   actual_nbytes: int = 0
-  static_nbytes: int = 0
+  wire_nbytes: int = 0
   entropy_bits_total: float = 0.0
   skipped: str | None = None
   error: str | None = None
@@ -63,9 +63,6 @@ def analyze_tensor(path: str, t: tio.Tensor, max_elements: int, codec: str = "zi
 
   A tensor of a dtype the codec does not take is listed as skipped.
   """
-  import zipccl_jax  # imported late: `--help` and file errors stay fast
-  from zipccl_jax._src import registry
-
   row = Row(file=path, name=t.name, dtype=t.dtype, shape=list(t.shape), elements=t.size,
             note=t.note)
   if t.array is None:
@@ -84,64 +81,48 @@ def analyze_tensor(path: str, t: tio.Tensor, max_elements: int, codec: str = "zi
                  "use --max-elements")
     return row
   try:
-    a = zipccl_jax.analyze(x, codec=codec)
+    a = analysis.analyze(x, codec=codec)
   except Exception as e:  # report the tensor, go on with the others
     row.error = f"{type(e).__name__}: {e}"
     return row
   row.escape_rate, row.roundtrip_ok = a.escape_rate, a.roundtrip_ok
   if x.size == t.size:
     row.raw_nbytes = int(x.nbytes)
-    row.actual_nbytes, row.static_nbytes = a.actual_nbytes, a.static_nbytes
-    row.escape_count, row.overflow = a.escape_count, a.overflow
-  elif codec == "zipccl":
-    _whole_tensor_estimate(row, a, t.size, x.dtype)
+    row.actual_nbytes, row.wire_nbytes = a.actual_nbytes, a.wire_nbytes
+    row.escape_count = a.escape_count
   else:
-    _whole_tensor_estimate_rows(row, a, t.size, x.dtype, c)
+    _whole_tensor_estimate(row, a, t.size, x.dtype, c)
   if a.n:
     row.entropy_ratio = a.entropy_ratio
     row.entropy_bits_total = a.entropy_bits * row.elements
     row.ratio = row.raw_nbytes / row.actual_nbytes if row.actual_nbytes else None
-    row.static_ratio = row.raw_nbytes / row.static_nbytes if row.static_nbytes else None
+    row.wire_ratio = row.raw_nbytes / row.wire_nbytes if row.wire_nbytes else None
   return row
 
 
-def _whole_tensor_estimate(row: Row, a, n: int, dtype) -> None:
+def _whole_tensor_estimate(row: Row, a, n: int, dtype, c) -> None:
   """Sizes of the WHOLE tensor (n elements) from a sample's analysis `a`.
 
-  The per-element quantities (entropy, escape rate) come from the sample; the
-  encoded size is the format's size for n elements with the sample's escape rate
-  scaled to n. So the fixed per-row overhead (128-byte header, 128-byte aligned
-  sections) is counted once for the tensor, not charged to the small sample: a
-  sample of 1000 elements of a 200,000-element tensor no longer reports a much
-  worse ratio than the tensor gets.
-  """
-  from zipccl_jax._src import codec  # imported late, as zipccl_jax in analyze_tensor
-
-  row.estimated = True
-  escapes = min(n, round(a.escape_rate * n))
-  row.raw_nbytes = n * np.dtype(dtype).itemsize
-  row.escape_count = escapes
-  row.actual_nbytes = codec.encoded_nbytes(dtype, n, min(escapes, codec.row_capacity_limit(n)))
-  row.static_nbytes = codec.encoded_nbytes(dtype, n)
-  row.overflow = escapes > codec.default_escape_capacity(n)
-
-
-def _whole_tensor_estimate_rows(row: Row, a, n: int, dtype, c) -> None:
-  """Sizes of the WHOLE tensor (n elements) for a codec other than the window one.
-
-  The sample's coded bytes per element, scaled to n, plus the per-row overhead
-  once: a codec's overhead for m elements is taken as max_nbytes(dtype, m) minus
-  the raw bytes (its worst-case row's header, directory and block heads).
+  A row is its fixed part (`min_nbytes`: header, block tables, what every row of
+  that length holds) plus what the data adds. The sample's bytes above its own
+  fixed part, scaled to n, plus the fixed part of n elements: so a sample of 1000
+  elements of a 200,000-element tensor does not report the much worse ratio a
+  1000-element row has. The window codec's escapes scale with the sample's rate
+  (at most a byte each); the wire size is the ladder's slot for the estimate.
   """
   row.estimated = True
   m, item = a.n, np.dtype(dtype).itemsize
-  over_m = int(c.max_nbytes(dtype, m)) - m * item
-  over_n = int(c.max_nbytes(dtype, n)) - n * item
-  per_elem = max(a.actual_nbytes - over_m, 0) / m
+  per_elem = max(a.actual_nbytes - int(c.min_nbytes(dtype, m)), 0) / m
   row.raw_nbytes = n * item
-  row.actual_nbytes = -(-(over_n + math.ceil(per_elem * n)) // 128) * 128
-  row.static_nbytes = int(c.max_nbytes(dtype, n))
-  row.overflow = a.overflow
+  extra = math.ceil(per_elem * n)
+  if a.escape_rate is not None:
+    # the window codec: the sample's extra bytes are mostly its escape section's
+    # 128-byte alignment; scale the escapes instead, at most a byte each
+    row.escape_count = min(n, round(a.escape_rate * n))
+    extra = row.escape_count
+  row.actual_nbytes = min(-(-(int(c.min_nbytes(dtype, n)) + extra) // 128) * 128,
+                          int(c.max_nbytes(dtype, n)))
+  row.wire_nbytes = analysis.wire_nbytes(c.name, dtype, n, row.actual_nbytes if a.fits else None)
 
 
 def total_row(rows: Sequence[Row], label: str) -> Row:
@@ -152,25 +133,25 @@ def total_row(rows: Sequence[Row], label: str) -> Row:
   ent = sum(r.entropy_bits_total for r in done)
   esc = sum(r.escape_count or 0 for r in done)
   actual = sum(r.actual_nbytes for r in done)
-  static = sum(r.static_nbytes for r in done)
+  wire = sum(r.wire_nbytes for r in done)
   dtypes = sorted({r.dtype for r in done})
   has_esc = any(r.escape_rate is not None for r in done)  # the window codec's field
   return Row(
       file="", name=label, dtype=dtypes[0] if len(dtypes) == 1 else ("mixed" if dtypes else "-"),
       shape=[], elements=n, analyzed_elements=sum(r.analyzed_elements for r in done),
       entropy_ratio=8 * raw / ent if ent else None, ratio=raw / actual if raw else None,
-      static_ratio=raw / static if raw else None,
-      escape_rate=esc / n if n and has_esc else None, escape_count=esc if has_esc else None, overflow=sum(bool(r.overflow) for r in done) if done else None,
+      wire_ratio=raw / wire if raw else None,
+      escape_rate=esc / n if n and has_esc else None, escape_count=esc if has_esc else None,
       roundtrip_ok=all(r.roundtrip_ok for r in done) if done else None, raw_nbytes=raw,
-      actual_nbytes=actual, static_nbytes=static, entropy_bits_total=ent,
+      actual_nbytes=actual, wire_nbytes=wire, entropy_bits_total=ent,
       estimated=any(r.estimated for r in done),
       skipped=f"{len(rows) - len(done)} not analyzed" if len(done) < len(rows) else None)
 
 
 # ---- output ---------------------------------------------------------------------------
 
-_COLUMNS = ("tensor", "dtype", "shape", "elements", "entropy", "zipccl", "static", "escapes",
-            "overflow", "roundtrip")  # column 5 is named after the codec
+_COLUMNS = ("tensor", "dtype", "shape", "elements", "entropy", "zipccl", "wire", "escapes",
+            "roundtrip")  # column 5 is named after the codec
 _RIGHT = {3, 4, 5, 6, 7}  # right-aligned column indexes
 
 
@@ -187,19 +168,13 @@ def _cells(r: Row, is_total: bool = False) -> list[str]:
     elems += f" (sampled {r.analyzed_elements:,})"
   dtype = r.dtype + ("*" if r.note else "")
   if r.skipped and not is_total:
-    return [r.name, dtype, shape, elems, f"skipped: {r.skipped}", "", "", "", "", ""]
+    return [r.name, dtype, shape, elems, f"skipped: {r.skipped}", "", "", "", ""]
   if r.error:
-    return [r.name, dtype, shape, elems, f"error: {r.error}", "", "", "", "", ""]
+    return [r.name, dtype, shape, elems, f"error: {r.error}", "", "", "", ""]
   esc = "-" if r.escape_rate is None else f"{100 * r.escape_rate:.2f}%"
-  if r.overflow is None:
-    ovf = "-"
-  elif is_total:  # a count of overflowing tensors
-    ovf = f"YES ({r.overflow})" if r.overflow else "no"
-  else:
-    ovf = "YES" if r.overflow else "no"
   rt = "-" if r.roundtrip_ok is None else ("ok" if r.roundtrip_ok else "FAIL")
   return [r.name, dtype, shape, elems, _fmt_ratio(r.entropy_ratio), _fmt_ratio(r.ratio),
-          _fmt_ratio(r.static_ratio), esc, ovf, rt]
+          _fmt_ratio(r.wire_ratio), esc, rt]
 
 
 def _ratio_column(codec: str) -> str:
@@ -240,26 +215,14 @@ def format_table(rows: Sequence[Row], total: Row | None, codec: str = "zipccl") 
 
 _LEGEND = (
     "entropy: order-0 entropy bound on the ratio (fp32: exponent entropy + raw bits); "
-    "zipccl: raw / encoded bytes with capacity = escapes found; static: raw / encoded bytes "
-    "with the default escape capacity (what a collective moves); escapes: exponents outside "
-    "the block windows; overflow: the default capacity would not hold them (TOTAL: how "
-    "many tensors); "
-    "*: dtype interpreted (see --void2). "
-    "Sampled tensors (--max-elements; 'sampled N' in the elements column): the round trip "
-    "is checked on the sample; entropy and escape rate are the sample's; ratios and "
-    "escapes are estimates for the WHOLE tensor (the format's size for all its elements "
-    "at the sample's escape rate: per-row overhead counted once, as when it is sent)."
-)
-
-_LEGEND_OTHER = (
-    "entropy: order-0 entropy bound on the ratio; {codec} codec: raw / used bytes of the encoded "
-    "row (the bytes the size-adaptive transport needs); static: raw / max_nbytes (the "
-    "fixed-size row a collective moves without the size ladder); escapes: - (a window-codec "
-    "field); overflow: the row does not fit max_nbytes (TOTAL: how many tensors); "
-    "*: dtype interpreted (see --void2); dtypes the codec does not take are skipped. "
-    "Sampled tensors (--max-elements; 'sampled N' in the elements column): the round trip "
-    "is checked on the sample; ratios are estimates for the WHOLE tensor (the sample's coded "
-    "bytes per element times all its elements, plus the per-row overhead once)."
+    "{codec}: raw / used bytes of the encoded row; wire: raw / the bytes a compressed "
+    "collective of the tensor moves (the slot of the codec's ladder at or above the used "
+    "size, or raw); escapes: exponents outside the block windows (window codec; - for "
+    "other codecs); *: dtype interpreted (see --void2); dtypes the codec does not take are "
+    "skipped. Sampled tensors (--max-elements; 'sampled N' in the elements column): the "
+    "round trip is checked on the sample; ratios are estimates for the WHOLE tensor (the "
+    "sample's coded bytes per element times all its elements, plus the per-row overhead "
+    "once)."
 )
 
 
@@ -339,7 +302,6 @@ def run_analyze(args, out=None, err=None) -> int:
     print("error: --max-elements must be >= 0", file=err)
     return 2
   codec = getattr(args, "codec", "zipccl")
-  from zipccl_jax._src import registry  # light: no jax
   if codec not in registry.names():
     print(f"error: --codec must be one of {', '.join(registry.names())}, got {codec!r}", file=err)
     return 2
@@ -385,7 +347,7 @@ def run_analyze(args, out=None, err=None) -> int:
     if len(per_file) > 1:
       print(format_table([], grand, codec), file=out)
       print(file=out)
-    print(_LEGEND if codec == "zipccl" else _LEGEND_OTHER.format(codec=codec), file=out)
+    print(_LEGEND.format(codec=_ratio_column(codec)), file=out)
   for f, _, _, failure in per_file:
     if failure:
       print(f"error: {failure}", file=err)

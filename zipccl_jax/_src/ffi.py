@@ -62,5 +62,7 @@ def has_cuda_support() -> bool:
 
 
 def native():
-  """The CPU native module (static-size contract, constants)."""
+  """The CPU extension module: the codecs' size functions and constants, and both
+  codecs on host buffers (`encode_into` / `decode_into`, `entropy_encode_into` /
+  `entropy_decode_into`)."""
   return _cpu_module()

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zipccl_jax._src.codecs import registry
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,6 @@ class CollectiveStats:
     """The codec's count as a rate, named by the codec module's COUNT_NAME and
     COUNT_UNIT (window codec: escape_rate, escaped exponents per element; entropy
     codec: raw_block_rate, blocks stored raw per block)."""
-    from zipccl_jax._src import registry
     impl = registry.get(self.codec).impl if self.codec in registry.names() else None
     name, unit = getattr(impl, "COUNT_NAME", "count"), getattr(impl, "COUNT_UNIT", 1)
     count = int(np.max(_host(self.escape_count)))

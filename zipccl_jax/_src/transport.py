@@ -52,7 +52,6 @@ Each mover returns (rows that arrived, (stats.Part per chunk,)).
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -62,141 +61,13 @@ from jax import lax
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
+from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import stats
+from zipccl_jax._src.codecs import base
 
-_ALIGN = 128           # used sizes and slots are multiples of 128 bytes (the contract)
-# The ladder: FINE_RUNGS rungs 1% apart from the codec's min_nbytes (where data that
-# compresses lands: weights, most gradients), then COARSE growth up to the raw
-# size, at most MAX_RUNGS compressed rungs: each is a switch branch. Every rung
-# compiles to custom calls and collectives only on XLA:CPU (a gather or permute
-# rung cuts its slot with `row_prefix`, an all-to-all rung is N - 1 permutes of
-# `a2a_slot`), ~0 kernels and a few ms of compile time per rung, so all
-# transports get the same fine ladder (docs/design.md, "Transport"). It was 8
-# rungs 2% apart, then 5%, at most 12 for the all-to-all transports while their
-# rungs were XLA all-to-alls (~10 kernels each).
-LADDER_GROWTH = ((1, 100), (1, 20))   # (fine, coarse) growth per rung, exact fractions
-FINE_RUNGS = 24
-MAX_RUNGS = 32
-ALL_TO_ALL_LADDER = (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS)   # the same as the gathers'
-UNIFORM_DEN = 1000     # a too-long ladder is respaced uniformly, growth in 0.1% steps
-# A ladder that starts above the codec's min_nbytes (a codec's `ladder_floor`, where
-# typical rows land) gets LOW_RUNGS more rungs below its start, each LOW_STEP
-# smaller than the one above (at least min_nbytes): rows that compress much
-# better than typical (zero-heavy activations and embedding gradients under the
-# entropy codec's zero elision: ratios 2-10) then move within 25% of their size
-# instead of on the first rung. The same for all-to-all transports (2 while their
-# rungs cost N slice kernels each on XLA:CPU).
-LOW_RUNGS = 4
-ALL_TO_ALL_LOW_RUNGS = LOW_RUNGS
-LOW_STEP = (5, 4)       # 1.25x apart: ratios 2.0, 2.5, 3.1, 3.9 below a 1.6 floor
+_ALIGN = ladder_lib.ALIGN   # used sizes and slots are multiples of 128 bytes
 _UNROLL_MAX = 64       # ordered sums over more peers use a fori_loop
-# Chunks: at most MAX_CHUNKS per row (each is a switch of the whole ladder: compile
-# time grows with C); chunk boundaries are multiples of CHUNK_ALIGN elements (both
-# codecs' block sizes, 2048 and 4096, divide it, so chunks hold whole blocks)
-# unless the row is too short for that.
-MAX_CHUNKS = 16
-CHUNK_ALIGN = 4096
-# False codes the own row like any other (the behaviour before the skip mask): read
-# at trace time, only for A/B measurements (benchmarks/netns_bench.py's "<codec>+own").
-_SKIP_OWN_ROW = True
-# False keeps lax.all_to_all for the compressed all-to-all rungs on CPU too (the
-# behaviour before `a2a_slot`'s permutes): read at trace time, only for A/B
-# measurements of compile and run time.
-_A2A_PERMUTES = True
 
-
-def ladder(min_nbytes: int, raw_row: int, *, all_to_all: bool = False,
-           below: int | None = None) -> tuple:
-  """Compressed slot sizes (bytes per row) for rows whose raw size is raw_row.
-
-  Ascending multiples of 128 from align128(min_nbytes), all below raw_row: the
-  first FINE_RUNGS 1% (at least 128 bytes) apart, the rest 5% apart, so that a
-  used size u near the codec's best case lands on a rung at most 1% above u.
-  Sizes above the last rung take the raw rung (raw_row bytes, implicit, not
-  listed). With all_to_all (the rows of an all-to-all transport) the ladder is
-  ALL_TO_ALL_LADDER, now the same as the others. A ladder longer than
-  its maximum (one that starts low, as the entropy codec's floor does) is
-  respaced with one uniform growth, the smallest in steps of 0.1% that fits: the
-  rows' band is not known in advance, and a uniform ladder bounds the slack
-  everywhere (~1.5-2% mean over any band, where widening the coarse part first
-  left 4-6% in bands above the fine part). Python ints: exact for any size.
-
-  below: the codec's own min_nbytes when `min_nbytes` is a floor above it (a
-  codec's `ladder_floor`): then LOW_RUNGS (ALL_TO_ALL_LOW_RUNGS) rungs go below
-  the first, 1.25x apart (multiples of 128, none below `below`).
-  """
-  rungs = _ladder_from(min_nbytes, raw_row, all_to_all)
-  if below is None or not rungs or below >= rungs[0]:
-    return rungs
-  low, s = [], rungs[0]
-  for _ in range(ALL_TO_ALL_LOW_RUNGS if all_to_all else LOW_RUNGS):
-    s = max(s * LOW_STEP[1] // LOW_STEP[0] // _ALIGN * _ALIGN, -(-below // _ALIGN) * _ALIGN)
-    if s >= (low[-1] if low else rungs[0]):
-      break
-    low.append(s)
-  return tuple(reversed(low)) + rungs
-
-
-def _ladder_from(min_nbytes: int, raw_row: int, all_to_all: bool) -> tuple:
-  fine, ((fn, fd), (cn, cd)), max_rungs = (ALL_TO_ALL_LADDER if all_to_all else
-                                            (FINE_RUNGS, LADDER_GROWTH, MAX_RUNGS))
-
-  def build(fine, fn, fd, cn, cd):
-    rungs = []
-    s = -(-min_nbytes // _ALIGN) * _ALIGN
-    while s < raw_row and len(rungs) <= max_rungs:
-      rungs.append(s)
-      num, den = (fn, fd) if len(rungs) < fine else (cn, cd)
-      s = max(s + _ALIGN, s * (den + num) // den // _ALIGN * _ALIGN)
-    return rungs
-
-  rungs = build(fine, fn, fd, cn, cd)
-  # Too long: one uniform growth over the whole range, the smallest (in steps of
-  # 0.1%, integers only, so that every host builds the same ladder) that fits.
-  g = fn * UNIFORM_DEN // fd
-  while len(rungs) > max_rungs:
-    g += 1
-    rungs = build(0, g, UNIFORM_DEN, g, UNIFORM_DEN)
-  return tuple(rungs)
-
-
-@functools.cache
-def check_decode_default() -> bool:
-  """ZIPCCL_CHECK_DECODE=1 turns `check_decode` on by default (read once)."""
-  return os.environ.get("ZIPCCL_CHECK_DECODE", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-@functools.cache
-def chunks_default():
-  """ZIPCCL_CHUNKS: the default of the collectives' `chunks=None` ("auto" or an int;
-  read once). Anything else is reported by the collective that reads it."""
-  v = os.environ.get("ZIPCCL_CHUNKS", "auto").strip().lower()
-  if v in ("", "auto"):
-    return "auto"
-  try:
-    return int(v)
-  except ValueError:
-    return v
-
-
-def chunk_bounds(m: int, chunks: int) -> tuple:
-  """Element ranges ((a, b), ...) of the chunks of a row of m elements.
-
-  min(chunks, m) non-empty ranges covering [0, m) in order, as equal as possible.
-  When m >= chunks * CHUNK_ALIGN every boundary is a multiple of CHUNK_ALIGN
-  (whole codec blocks; the chunks differ by at most CHUNK_ALIGN elements, the
-  last holds the remainder), else the sizes are floor/ceil of m / chunks.
-  Python ints: static.
-  """
-  if m <= 0 or chunks <= 1:
-    return ((0, max(m, 0)),)
-  if m >= chunks * CHUNK_ALIGN:
-    blocks = -(-m // CHUNK_ALIGN)
-    cuts = [CHUNK_ALIGN * (k * blocks // chunks) for k in range(chunks)]
-  else:
-    cuts = [k * m // chunks for k in range(chunks)]
-  cuts.append(m)
-  return tuple((a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a)
 
 
 def bits(x):
@@ -210,10 +81,9 @@ def unbits(u, dtype):
 
 def _target(name: str, shape, dtype, like, *args, vmap_method=None, **attrs):
   """One result dtype[shape] of the transport FFI target `name` called on args
-  (attrs: its attributes), typed varying like `like` (`codec._result_type`)."""
-  from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
+  (attrs: its attributes), typed varying like `like` (`base.result_type`)."""
   _ffi.register()
-  out = _codec._result_type(tuple(shape), dtype, like)  # pylint: disable=protected-access
+  out = base.result_type(tuple(shape), dtype, like)
   return jax.ffi.ffi_call(name, out, vmap_method=vmap_method)(*args, **attrs)
 
 
@@ -315,7 +185,7 @@ def a2a_by_permutes() -> bool:
   """Whether an all-to-all ladder traced now runs its rungs as N - 1 permutes
   (`a2a_slot`'s CPU path): the static bookkeeping of the bytes it hands to XLA
   (stats), read from the traced mesh's platform."""
-  return _A2A_PERMUTES and compat.mesh_platform() == "cpu"
+  return compat.mesh_platform() == "cpu"
 
 
 def _permute_index(axes):
@@ -346,10 +216,9 @@ def _permute_index(axes):
 
 def _permute_rows(p, slot: int, axes, me):
   """The CPU all-to-all of p[:, :slot] (p u8[N, L]) as N - 1 collective permutes."""
-  from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
   _ffi.register()
   n_peers = p.shape[0]
-  piece = _codec._result_type((slot,), jnp.uint8, p)  # pylint: disable=protected-access
+  piece = base.result_type((slot,), jnp.uint8, p)
   my = lax.axis_index(axes).astype(jnp.int32) if me is None else me
   # Under jax.vmap both custom calls run once per batch member ("sequential"); the
   # permutes between them batch as lax's do.
@@ -383,7 +252,7 @@ def a2a_slot(payload, slot: int, axes, me=None):
   def default(p):
     return lax.all_to_all(p[:, :slot], axes, 0, 0, tiled=True)
 
-  if n_peers < 2 or not _A2A_PERMUTES:
+  if n_peers < 2:
     return default(payload)
   return lax.platform_dependent(payload, cpu=lambda p: _permute_rows(p, slot, axes, me),
                                 default=default)
@@ -407,7 +276,7 @@ def a2a_raw(rows, axes, me=None):
   def default(r):
     return unbits(lax.all_to_all(bits(r), axes, 0, 0, tiled=True), r.dtype)
 
-  if n_peers < 2 or not _A2A_PERMUTES:
+  if n_peers < 2:
     return default(rows)
 
   def on_cpu(r):
@@ -430,8 +299,9 @@ def _agree(used, count, axes, want_stats):
   return lax.pmax(used.astype(jnp.int32), axes), jnp.int32(0), 4
 
 
-def _raise_decode_error(where, word, bad, worst):
-  """Host side of check_decode: zero of the wire word dtype, or raises.
+def _raise_decode_error(where, codec, word, bad, worst):
+  """Host side of check_decode: zero of the wire word dtype, or raises naming the
+  codec and its status text.
 
   A pure_callback (not a debug callback) on purpose: its error fails this call's
   results, which the caller sees at block_until_ready, and nothing else. A failing
@@ -439,11 +309,12 @@ def _raise_decode_error(where, word, bad, worst):
   effects barrier and at interpreter exit.
   """
   if int(bad):
-    from zipccl_jax._src import codec as _codec  # pylint: disable=g-import-not-at-top
     raise RuntimeError(
-        f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode (status "
-        f"{int(worst)}: {_codec.decode_error_message(int(worst))}); they hold NaN "
-        "(all-one bits). The payload was corrupted in transit.")
+        f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode with the "
+        f"{codec.name!r} codec (status {int(worst)}: "
+        f"{codec.decode_error_message(int(worst))}); they hold NaN (all-one bits). The "
+        "payload was corrupted in transit, or the sending process used another codec or "
+        "format version.")
   return np.zeros((), word)
 
 
@@ -528,7 +399,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     # y ^ zero: the results depend on the check (zero comes from the host at run
     # time, so XLA cannot fold it away) and fail with its error; one pass over y.
     word = dtypes.info(dtype).word
-    zero = jax.pure_callback(functools.partial(_raise_decode_error, where, word),
+    zero = jax.pure_callback(functools.partial(_raise_decode_error, where, codec, word),
                              jax.ShapeDtypeStruct((), word), bad, jnp.max(status),
                              vmap_method="sequential")
     y = unbits(bits(y) ^ zero, dtype)
@@ -541,7 +412,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
 
 def skips_own_row(codec) -> bool:
   """Whether transports leave the own row uncoded with this codec (its SKIP_ROWS)."""
-  return _SKIP_OWN_ROW and bool(getattr(codec, "SKIP_ROWS", False))
+  return bool(getattr(codec, "SKIP_ROWS", False))
 
 
 def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:

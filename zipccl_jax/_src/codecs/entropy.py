@@ -22,8 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from zipccl_jax._src import ffi as _ffi
-from zipccl_jax._src import codec as _codec
-from zipccl_jax._src.codec import _result_type  # keeps shard_map's varying type
+from zipccl_jax._src.codecs import base
 
 ENCODE_TARGET = "zipccl_entropy_encode"
 DECODE_TARGET = "zipccl_entropy_decode"
@@ -36,7 +35,7 @@ BLOCK = 4096            # elements per block
 COUNT_NAME, COUNT_UNIT = "raw_block", BLOCK   # the count statistic: blocks stored RAW
 STREAMS = 8             # bit streams per Huffman block
 MAX_CODE_LEN = 11       # bits
-_ALIGN = 128
+_ALIGN = base.ALIGN
 _HEADER_BYTES = 56      # the header; the directory (u16 per block) follows it
 _BLOCK_HEAD = 4         # mode byte, zero byte, u16
 
@@ -63,8 +62,7 @@ DECODE_ERRORS = {
 }
 
 
-def _align(x: int) -> int:
-  return (x + _ALIGN - 1) // _ALIGN * _ALIGN
+_align = base.align
 
 
 def _dtype_info(dtype, where: str = "dtype"):
@@ -77,12 +75,7 @@ def _dtype_info(dtype, where: str = "dtype"):
   return _DTYPES[dt]
 
 
-def _check_count(value, name: str) -> int:
-  if isinstance(value, jax.core.Tracer):
-    raise TypeError(f"{name} must be a static Python int, got a traced value")
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-    raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-  return int(value)
+_check_count = base.check_count
 
 
 def _data_offset(n: int) -> int:
@@ -117,7 +110,7 @@ def min_nbytes(dtype, n: int) -> int:
 # The best ratio (raw / used) real data reaches with this codec, per dtype: the
 # slot ladder starts there instead of at min_nbytes (all blocks CONST-Z, which real
 # tensors never are), so its rungs sit where rows land. Measured
-# (benchmarks/results/entropy_ratio_*.md): bf16 1.46-1.54 on weights, gradients,
+# (benchmarks/entropy_ratio.py): bf16 1.46-1.54 on weights, gradients,
 # GELU and softmax; fp16 1.15-1.25 (format version 4). Half-zero ReLU outputs
 # reach 2.72 (bf16) / 2.05 (fp16) since format version 3 (kind Z) but keep this
 # floor (activations are one data kind among many in a step). A row that
@@ -143,7 +136,7 @@ def workspace_nbytes(n: int) -> int:
   return 128 + _align(8 * (-(-n // BLOCK) + 1))
 
 
-# The FFI targets take a per-row skip mask and the decoder a fill (codec.py).
+# The FFI targets take a per-row skip mask and the decoder a fill (base.py).
 SKIP_ROWS = True
 
 
@@ -152,7 +145,7 @@ def encode_rows(x: jax.Array, skip=None):
 
   Args:
     x: bfloat16 or float16 array; the last dimension is the row.
-    skip: optional rows to leave uncoded, as in `zipccl_jax.codec.encode_rows`.
+    skip: optional rows to leave uncoded, as in the window codec's `encode_rows`.
 
   Returns:
     (payload uint8[..., max_nbytes(dtype, n)], stats int32[..., 4]) with stats =
@@ -170,11 +163,11 @@ def encode_rows(x: jax.Array, skip=None):
   lead = x.shape[:-1]
   call = jax.ffi.ffi_call(
       ENCODE_TARGET,
-      (_result_type(lead + (max_nbytes(x.dtype, n),), jnp.uint8, x),
-       _result_type(lead + (4,), jnp.int32, x),
-       _result_type(lead + (workspace_nbytes(n),), jnp.uint8, x)),
+      (base.result_type(lead + (max_nbytes(x.dtype, n),), jnp.uint8, x),
+       base.result_type(lead + (4,), jnp.int32, x),
+       base.result_type(lead + (workspace_nbytes(n),), jnp.uint8, x)),
       vmap_method="broadcast_all")
-  payload, stats, _ = call(x, _codec._skip_operand(skip, lead, "entropy.encode_rows"))  # pylint: disable=protected-access
+  payload, stats, _ = call(x, base.skip_operand(skip, lead, "entropy.encode_rows"))
   return payload, stats
 
 
@@ -186,7 +179,7 @@ def decode_rows(payload: jax.Array, n: int, dtype, skip=None, fill=None):
     n: elements per row (static).
     dtype: bfloat16 or float16.
     skip, fill: rows not to decode and what they take instead, as in
-      `zipccl_jax.codec.decode_rows`.
+      the window codec's `decode_rows`.
 
   Returns:
     (values[..., n] of dtype, status int32[...]); status 0 = OK, else see
@@ -204,10 +197,10 @@ def decode_rows(payload: jax.Array, n: int, dtype, skip=None, fill=None):
   lead = payload.shape[:-1]
   call = jax.ffi.ffi_call(
       DECODE_TARGET,
-      (_result_type(lead + (n,), np.dtype(dtype), payload),
-       _result_type(lead, jnp.int32, payload),
-       _result_type(lead + (workspace_nbytes(n),), jnp.uint8, payload)),
+      (base.result_type(lead + (n,), np.dtype(dtype), payload),
+       base.result_type(lead, jnp.int32, payload),
+       base.result_type(lead + (workspace_nbytes(n),), jnp.uint8, payload)),
       vmap_method="broadcast_all")
-  y, status, _ = call(payload, _codec._skip_operand(skip, lead, "entropy.decode_rows"),  # pylint: disable=protected-access
-                      _codec._fill_operand(fill, lead, n, dtype, "entropy.decode_rows"))  # pylint: disable=protected-access
+  y, status, _ = call(payload, base.skip_operand(skip, lead, "entropy.decode_rows"),
+                      base.fill_operand(fill, lead, n, dtype, "entropy.decode_rows"))
   return y, status

@@ -1,10 +1,8 @@
 """The codec registry: one entry per codec, so that adding a codec is adding an entry.
 
-A codec is a Python module that implements the codec contract (docs/format.md):
-`max_nbytes(dtype, n)`, `min_nbytes(dtype, n)`, `encode_rows(x)`,
-`decode_rows(payload, n, dtype)`, over the FFI targets `zipccl_<name>_encode` /
-`zipccl_<name>_decode`. The transport looks codecs up here by name and never
-branches on which one it got.
+A codec is a Python module that implements the codec contract (base.py), over the
+FFI targets `zipccl_<name>_encode` / `zipccl_<name>_decode`. The transport looks
+codecs up here by name and never branches on which one it got.
 
 "raw" (the same transport moving uncompressed words) and None (the plain
 `jax.lax` collective) are not codecs: they are the transport's own modes.
@@ -62,6 +60,13 @@ class Codec:
       raise AttributeError(attr)
     return getattr(self.impl, attr)
 
+  def decode_error_message(self, status: int) -> str:
+    """Text of one of this codec's decoder statuses (0 = OK)."""
+    if int(status) == 0:
+      return "OK"
+    errors = getattr(self.impl, "DECODE_ERRORS", {})
+    return errors.get(int(status), f"unknown status {int(status)}")
+
 
 _REGISTRY: dict[str, Codec] = {}
 
@@ -100,7 +105,7 @@ def get(name: str, where: str = "codec") -> Codec:
 
 
 # The window codec (docs/format.md): every dtype of the table.
-register(Codec("zipccl", 1, "zipccl_jax._src.codec"))
+register(Codec("zipccl", 1, "zipccl_jax._src.codecs.window"))
 # The entropy codec (docs/format.md, "Entropy codec (codec id 2)"): bf16 and fp16.
-register(Codec("entropy", 2, "zipccl_jax._src.entropy", (dtypes.BF16.dtype, dtypes.FP16.dtype)))
+register(Codec("entropy", 2, "zipccl_jax._src.codecs.entropy", (dtypes.BF16.dtype, dtypes.FP16.dtype)))
 _BUILTIN = frozenset(_REGISTRY)
