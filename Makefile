@@ -9,7 +9,7 @@ ZIPCCL_CUDA ?= AUTO
 # Python files too: the editable install maps the package's files when it is made.
 NATIVE_SRC := $(wildcard ffi/* cuda/*) CMakeLists.txt pyproject.toml $(shell find zipccl_jax -name "*.py")
 
-.PHONY: setup demo test bench sanitize clean
+.PHONY: setup demo test test-fast bench sanitize clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ TEST_JOBS ?= 2
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
+# The unit tier: everything but the slow, multi-process and emulator tests.
+test-fast: setup
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow and not multiprocess and not emulator"
 
 bench: setup
 	$(PY) -m pip install -q "torch==2.13.0" ".[bench]"

@@ -38,3 +38,20 @@ def mesh8():
 def mesh4x2():
   """2-D mesh 4 x 2, axes ("a", "b")."""
   return jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+# Test tiers (`make test-fast` runs neither): files whose tests build the CUDA code or
+# run the SIMT emulator, start several processes, or train the examples.
+_TIERS = {
+    "emulator": ("test_cuda_build.py", "test_entropy_cuda.py"),
+    "multiprocess": ("test_multiprocess.py", "test_examples_mp.py"),
+    "slow": ("test_example.py", "test_gpu_check.py", "test_lax_parity.py"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    name = item.path.name
+    for marker, files in _TIERS.items():
+      if name in files:
+        item.add_marker(getattr(pytest.mark, marker))
