@@ -30,7 +30,7 @@ demo: setup
 
 # The suite runs in TEST_JOBS worker processes (pytest-xdist), a whole test file
 # per worker so that a file's session fixtures (the CUDA build, the emulators) are
-# built once: 8 min 54 s with 2 on 2 cores, 13 min 46 s in one process.
+# built once: about 6 minutes with 2 on 2 cores.
 # TEST_JOBS=0 runs it in this process.
 TEST_JOBS ?= 2
 
