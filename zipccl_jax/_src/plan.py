@@ -83,13 +83,12 @@ def plan(fn: str, dtype, m: int, opts: Opts, *, collective: str | None = None,
   raw_row = m * dtype.itemsize
   cal = calibration.active_calibration() if collective is not None and n_peers else None
   name = opts.codec
+  names = _candidates(dtype) if name == "auto" else (name,)
   choice = None
-  if name == "auto" or (cal is not None and name not in (None, "raw")):
-    names = _candidates(dtype) if name == "auto" else (name,)
-    if cal is not None:
-      choice = costmodel.choose(collective, dtype, m, n_peers, cal, names, chunks=opts.chunks)
-    if name == "auto":
-      name = choice.codec if choice is not None and choice.codec else _fallback_codec(names)
+  if cal is not None and name not in (None, "raw"):
+    choice = costmodel.choose(collective, dtype, m, n_peers, cal, names, chunks=opts.chunks)
+  if name == "auto":
+    name = choice.codec if choice is not None and choice.codec else _fallback_codec(names)
   if name in (None, "raw") or opts.policy == "never" or m == 0:
     return Plan(False, m, dtype, raw_row, name=name)
   codec = registry.get(name)
@@ -105,7 +104,7 @@ def plan(fn: str, dtype, m: int, opts: Opts, *, collective: str | None = None,
   chunks = opts.chunks
   if chunks is None:
     chunks = choice.chunks if choice is not None and choice.codec == name else 1
-  return with_ladder(Plan(True, m, dtype, raw_row, codec, rungs, name=name), chunks, all_to_all)
+  return _chunked(Plan(True, m, dtype, raw_row, codec, rungs, name=name), chunks, all_to_all)
 
 
 def _auto_compress(choice, name: str, cal, raw_row: int, min_nbytes: int) -> bool:
@@ -125,11 +124,16 @@ def with_ladder(p: Plan, chunks: int, all_to_all: bool) -> Plan:
   an all-to-all one: the same codec and decision, the ladders rebuilt."""
   if not p.compress:
     return p
-  rungs = ladder_lib.codec_rungs(p.codec, p.dtype, p.m, all_to_all)
+  return _chunked(p._replace(rungs=ladder_lib.codec_rungs(p.codec, p.dtype, p.m, all_to_all)),
+                  chunks, all_to_all)
+
+
+def _chunked(p: Plan, chunks: int, all_to_all: bool) -> Plan:
+  """`p` (compressed, its ladder built) cut into `chunks` chunks, each with its own plan."""
   bounds = ladder_lib.chunk_bounds(p.m, chunks)
   if len(bounds) == 1:
-    return p._replace(rungs=rungs, bounds=(), parts=())
-  return p._replace(rungs=rungs, bounds=bounds,
+    return p._replace(bounds=(), parts=())
+  return p._replace(bounds=bounds,
                     parts=tuple(_chunk_plan(p.codec, p.dtype, b - a, all_to_all, p.name)
                                 for a, b in bounds))
 
