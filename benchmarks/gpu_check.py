@@ -13,7 +13,7 @@ Phases (each GPU phase runs in its own process, so a fault in one cannot hide th
 others' results):
   1. build    pip install --no-build-isolation --no-deps . with ZIPCCL_CUDA=ON and
               ptxas -v, printing registers / spills / stack per kernel
-  2. tests    pytest -x -q tests/test_codec.py on the GPU backend (from a copy of
+  2. tests    pytest -x -q tests/test_window.py on the GPU backend (from a copy of
               tests/, so that the installed package is the one imported)
   3. identity GPU encode vs CPU encode, byte for byte, on many distributions and
               sizes (n = 0, 1, 7, odd, 2047..2049, 1M, 256M+ bf16, overflow, several
@@ -164,13 +164,13 @@ def sub_python(code: str, timeout: int = 120) -> tuple[int, str]:
 
 
 def phase_tests(args) -> dict:
-  src = ROOT / "tests" / "test_codec.py"
+  src = ROOT / "tests" / "test_window.py"
   if not src.exists():
-    log("TESTS: tests/test_codec.py not found, skipped")
+    log("TESTS: tests/test_window.py not found, skipped")
     return {"ok": None, "skipped": True}
   with tempfile.TemporaryDirectory() as d:
     shutil.copytree(ROOT / "tests", Path(d) / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/test_codec.py"]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/test_window.py"]
     log(f"TESTS: {' '.join(cmd)} (in a copy of tests/, default backend = {backend_name(args)})")
     t = time.time()
     rc, out = run_capture(cmd, args.test_timeout, cwd=d)
@@ -890,7 +890,7 @@ def phase_ctiming(args) -> dict:
 
 # ---- driver --------------------------------------------------------------------------------------
 
-# The tile kernels' variants (8-element groups per thread; cuda/codec.cu, docs/cuda.md).
+# The tile kernels' variants (8-element groups per thread; cuda/window.cu, docs/cuda.md).
 GROUP_VARIANTS = (1, 2, 4)
 
 
@@ -972,7 +972,7 @@ def write_report(args, report: dict) -> None:
     lines.append("")
   t = report.get("tests", {})
   lines += ["## Checks", "", f"- build: {'ok' if b.get('ok') else 'FAILED' if b else 'skipped'}",
-            f"- tests/test_codec.py on the {gpu} backend: {t.get('summary', 'skipped')}"]
+            f"- tests/test_window.py on the {gpu} backend: {t.get('summary', 'skipped')}"]
   ident = report.get("identity", {})
   if ident:
     n_cases = len(ident.get("cases", []))
@@ -995,7 +995,7 @@ def write_report(args, report: dict) -> None:
     lines += ["", "roofline share = (input + payload bytes) / time, divided by the copy's (read + write) "
               "bandwidth measured in the same run. G = 8-element groups per thread of the tile kernels "
               "(set_tile_groups / ZIPCCL_CUDA_GROUPS; without them 4 for 16-bit dtypes, 2 for fp32: "
-              "cuda/codec.cu groups_per_thread)."]
+              "cuda/window.cu groups_per_thread)."]
   elif tim:
     lines += ["", f"Timing failed: {tim.get('error', '?')}"]
   en = report.get("entropy", {})
@@ -1061,7 +1061,7 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--quick", action="store_true", help="fewer identity cases and timing sizes")
   ap.add_argument("--skip-build", action="store_true", help="use the installed zipccl_jax as is")
-  ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_codec.py")
+  ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_window.py")
   ap.add_argument("--out", type=Path, help="results directory (default: benchmarks/results/; with --rehearse "
                   "a new temporary directory)")
   ap.add_argument("--archs", default="90", help="ZIPCCL_CUDA_ARCHITECTURES for the build (default 90: H100/H200)")
@@ -1121,7 +1121,7 @@ def main() -> int:
   for name in only:
     report[name] = run_phase_subprocess(name, args, timeout=timeouts[name])
   write_report(args, report)
-  # A phase that ran must have passed (tests: ok is None when tests/test_codec.py is missing).
+  # A phase that ran must have passed (tests: ok is None when tests/test_window.py is missing).
   ok = (report.get("build", {}).get("ok", True) and report.get("tests", {}).get("ok") is not False
         and all(report[name].get("ok") for name in only))
   log(f"DONE in {time.time() - T0:.0f}s: {'all checks passed' if ok else 'SOME CHECKS FAILED'}")

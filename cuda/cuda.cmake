@@ -1,5 +1,5 @@
 # CUDA codec module _zipccl_cuda (included by CMakeLists.txt when ZIPCCL_CUDA
-# resolves to ON). Kernels: cuda/codec.cu (window codec), cuda/entropy.cu (entropy
+# resolves to ON). Kernels: cuda/window.cu (window codec), cuda/entropy.cu (entropy
 # codec), cuda/transport.cu (the ladder's row-prefix copy); module: cuda/module_cuda.cc.
 #
 #   ZIPCCL_CUDA_ARCHITECTURES  "80;90" by default: SASS for every entry, plus PTX
@@ -28,7 +28,7 @@ message(STATUS "zipccl_jax: building the CUDA module for architectures ${_zipccl
 
 # The kernels as a static library (nvcc does not see nanobind's compiler flags),
 # linked into the nanobind module together with the static CUDA runtime.
-add_library(zipccl_cuda_kernels STATIC cuda/codec.cu cuda/entropy.cu cuda/transport.cu)
+add_library(zipccl_cuda_kernels STATIC cuda/window.cu cuda/entropy.cu cuda/transport.cu)
 set_target_properties(zipccl_cuda_kernels PROPERTIES
   CUDA_ARCHITECTURES "${_zipccl_cuda_archs}"
   CUDA_STANDARD 17

@@ -2,7 +2,7 @@
 // file is compiled for it (ZIPCCL_SIMT_HOST defined by the emulator driver):
 // shared-memory declarations, launches, relaxed global accesses, cp.async copies;
 // and the host-side helpers both kernel files' handlers share (CUDA errors as FFI
-// errors, the warm-up loop over devices). Used by cuda/codec.cu and
+// errors, the warm-up loop over devices). Used by cuda/window.cu and
 // cuda/entropy.cu; the emulator header is found through the include path, so
 // moving it means changing only the -I flags of its drivers.
 #pragma once

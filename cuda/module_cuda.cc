@@ -5,7 +5,7 @@
 // there is a GPU and is a no-op otherwise.
 #include <nanobind/nanobind.h>
 
-#include "codec_cuda.h"
+#include "window_cuda.h"
 #include "entropy_cuda.h"
 #include "handler_common.h"
 #include "transport.h"

@@ -1,4 +1,4 @@
-// What the CPU FFI handlers of both codecs (ffi/codec_cpu.cc, ffi/entropy_cpu.cc)
+// What the CPU FFI handlers of both codecs (ffi/window_cpu.cc, ffi/entropy_cpu.cc)
 // share beyond handler_common.h: the huge-page hint on large outputs and the
 // zeroing of a row's unused tail.
 #pragma once

@@ -1,4 +1,4 @@
-// What the CPU (ffi/codec_cpu.cc) and CUDA (cuda/codec.cu) XLA FFI handlers of the
+// What the CPU (ffi/window_cpu.cc) and CUDA (cuda/window.cu) XLA FFI handlers of the
 // window codec share: the target names, the XLA dtype -> format dtype mapping, and
 // the operand/result shape checks. Both handlers bind the same signature (no
 // attributes):
@@ -23,8 +23,9 @@
 #include <stdint.h>
 
 #include <string>
+#include <utility>
 
-#include "codec_format.h"
+#include "window_format.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace zipccl {
@@ -145,6 +146,31 @@ inline ffi::Error check_decode(ffi::Span<const int64_t> payload, ffi::DataType y
   if (ffi::Error e = check_row_elems(t, s->n); e.failure()) return e;
   s->ws_row = workspace_nbytes(s->n);
   return check_workspace(t, ws, *s);
+}
+
+// The codec handler signatures, the one binding every codec (window, entropy) uses on
+// every platform. `b` is ffi::Ffi::Bind() on the CPU, or Bind() with the stream
+// context first on CUDA; the operands follow in this order (no attributes):
+//   encode: x [..., n], skip u8 [...] -> payload u8 [..., max_nbytes], stats s32 [..., 4],
+//           workspace u8 [..., W]
+//   decode: payload u8 [..., L], skip u8 [...], fill [F, n] -> y [..., n], status s32 [...],
+//           workspace u8 [..., W]
+template <typename B>
+auto bind_encode(B b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::U8>>()
+      .template Ret<ffi::Buffer<ffi::U8>>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::U8>>();
+}
+template <typename B>
+auto bind_decode(B b) {
+  return std::move(b).template Arg<ffi::Buffer<ffi::U8>>()
+      .template Arg<ffi::Buffer<ffi::U8>>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::U8>>();
 }
 
 }  // namespace handler

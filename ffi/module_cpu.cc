@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "codec_cpu.h"
+#include "window_cpu.h"
 #include "entropy_cpu.h"
 #include "handler_common.h"
 #include "transport.h"

@@ -1,5 +1,5 @@
-"""Building and running the SIMT-emulator drivers of tests/cuda (emulate_host.cc for
-cuda/codec.cu, emulate_entropy.cc for cuda/entropy.cu): the one compile command and
+"""Building and running the SIMT-emulator drivers of tests/cuda (emulate_window.cc for
+cuda/window.cu, emulate_entropy.cc for cuda/entropy.cu): the one compile command and
 the parsing of their summary lines, shared by tests/test_cuda_build.py and
 tests/test_entropy_cuda.py."""
 from __future__ import annotations

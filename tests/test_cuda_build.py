@@ -1,8 +1,8 @@
 """The CUDA codec without a GPU: it compiles, ptxas reports no spills or local
 memory, the module imports and registers, the CPU-only build still works, and the
-kernels themselves -- cuda/codec.cu compiled for the CPU SIMT emulator of
+kernels themselves -- cuda/window.cu compiled for the CPU SIMT emulator of
 tests/cuda/simt_host.h, launched through the FFI handler functions -- produce the
-CPU codec's bytes and decoder statuses (tests/cuda/emulate_host.cc). The emulator is shown
+CPU codec's bytes and decoder statuses (tests/cuda/emulate_window.cc). The emulator is shown
 to catch broken synchronisation by running it on deliberately broken kernels.
 
 The GPU itself is exercised by benchmarks/gpu_check.py on a GPU machine.
@@ -28,7 +28,7 @@ NINJA = shutil.which("ninja")
 GXX = shutil.which("g++") or shutil.which("c++")
 DTYPES = ("BF16", "F16", "F32")
 GROUPS = (1, 2, 4)  # the tile kernels' variants: 8-element groups per thread
-# cuda/codec.cu min_ctas<T, G>(): CTAs per SM that __launch_bounds__ asks for.
+# cuda/window.cu min_ctas<T, G>(): CTAs per SM that __launch_bounds__ asks for.
 MIN_CTAS = {("BF16", 1): 5, ("BF16", 2): 8, ("BF16", 4): 10, ("F16", 1): 5, ("F16", 2): 8, ("F16", 4): 10,
             ("F32", 1): 4, ("F32", 2): 5, ("F32", 4): 8}
 
@@ -74,7 +74,7 @@ def test_cuda_module_compiles_without_spills(cuda_build):
   assert want <= set(usage), f"ptxas -v did not report every kernel; got {sorted(usage)}"
   for name, u in sorted(usage.items()):
     assert u.get("stack") == 0 and u.get("spill_stores") == 0 and u.get("spill_loads") == 0, (name, u)
-    # The register cap __launch_bounds__ sets (cuda/codec.cu, min_ctas): 65536 / (threads x CTAs).
+    # The register cap __launch_bounds__ sets (cuda/window.cu, min_ctas): 65536 / (threads x CTAs).
     m = re.search(r"<(\w+),G=(\d)>", name)
     # cuda/entropy.cu: ent_encode_kernel 256 threads x 6 CTAs (42 -> 40); ent_decode_blocks one warp x 16 CTAs
     # (65536 / 512 = 128: its 12.7 KB of shared memory per CTA allows 16 per SM, registers must too);
@@ -125,8 +125,8 @@ def test_cpu_only_build(tmp_path):
 
 
 def _build_emulator(cuda_dir: Path, exe: Path) -> None:
-  """tests/cuda/emulate_host.cc with the kernels of cuda_dir/codec.cu (the tree's, or a mutated copy)."""
-  emulator.build("emulate_host.cc", "codec_cpu.cc", cuda_dir, exe)
+  """tests/cuda/emulate_window.cc with the kernels of cuda_dir/window.cu (the tree's, or a mutated copy)."""
+  emulator.build("emulate_window.cc", "window_cpu.cc", cuda_dir, exe)
 
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no host C++ compiler")
@@ -134,7 +134,7 @@ needs_gxx = pytest.mark.skipif(GXX is None, reason="no host C++ compiler")
 
 @needs_gxx
 def test_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
-  exe = tmp_path / "emulate_host"
+  exe = tmp_path / "emulate_window"
   _build_emulator(ROOT / "cuda", exe)
   res, out = emulator.run(exe)
   assert res.returncode == 0 and " 0 failures" in res.stdout, out[-6000:]
@@ -147,7 +147,7 @@ def test_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
 
 # Each mutation breaks the kernels' synchronisation in a way a GPU may or may not
 # show on a given run; the emulator must catch every one. A mutation replaces the
-# statement after a named marker `/*ZC_MUTATE:<name>*/` in cuda/codec.cu (comments
+# statement after a named marker `/*ZC_MUTATE:<name>*/` in cuda/window.cu (comments
 # around it may change freely).
 MUTATIONS = {
     "decoder reads a stage before the barrier after its copies": ("dec_syncA", "(void)0;"),
@@ -159,7 +159,7 @@ MUTATIONS = {
 def mutate(src: str, marker: str, statement: str) -> str:
   """src with the statement after /*ZC_MUTATE:marker*/ (up to its ';') replaced."""
   pattern = re.compile(r"(/\*ZC_MUTATE:" + re.escape(marker) + r"\*/)\s*[^;]*;")
-  assert len(pattern.findall(src)) == 1, f"marker /*ZC_MUTATE:{marker}*/ not found once in cuda/codec.cu"
+  assert len(pattern.findall(src)) == 1, f"marker /*ZC_MUTATE:{marker}*/ not found once in cuda/window.cu"
   return pattern.sub(lambda m: m.group(1) + " " + statement, src)
 
 
@@ -169,7 +169,7 @@ def _run_mutated(tmp_path, name: str, edit):
   cuda = tmp_path / "cuda"
   shutil.copytree(ROOT / "cuda", cuda)
   (cuda / name).write_text(edit((cuda / name).read_text()))
-  exe = tmp_path / "emulate_host"
+  exe = tmp_path / "emulate_window"
   _build_emulator(cuda, exe)
   return emulator.run(exe, "--quick", "--stop", timeout=300)
 
@@ -178,7 +178,7 @@ def _run_mutated(tmp_path, name: str, edit):
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_simt_emulator_catches_broken_kernels(tmp_path, mutation):
   marker, statement = MUTATIONS[mutation]
-  res, out = _run_mutated(tmp_path, "codec.cu", lambda src: mutate(src, marker, statement))
+  res, out = _run_mutated(tmp_path, "window.cu", lambda src: mutate(src, marker, statement))
   assert res.returncode != 0, f"the emulator passed kernels with this bug: {mutation}\n{out[-2000:]}"
   assert "FAIL" in out or "SIMT emulation error" in out, out[-2000:]
 

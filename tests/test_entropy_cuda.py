@@ -78,9 +78,11 @@ def test_simt_emulator_catches_broken_entropy_kernels(tmp_path, old, new):
   to v3's: the emulator must fail."""
   cuda = tmp_path / "cuda"
   shutil.copytree(ROOT / "cuda", cuda)
-  src = (cuda / "entropy.cu").read_text()
-  assert src.count(old) == 1, f"mutation anchor not found in cuda/entropy.cu: {old!r}"
-  (cuda / "entropy.cu").write_text(src.replace(old, new))
+  parts = [cuda / name for name in ("entropy.cu", "entropy_encode.cuh", "entropy_device.cuh")]
+  hits = [p for p in parts if old in p.read_text()]
+  assert len(hits) == 1 and hits[0].read_text().count(old) == 1, \
+      f"mutation anchor not found once in the entropy kernels: {old!r}"
+  hits[0].write_text(hits[0].read_text().replace(old, new))
   exe = tmp_path / "emulate_entropy"
   _build(cuda, exe)
   res, out = emulator.run(exe, "--quick", "--stop", timeout=300)

@@ -29,7 +29,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
   results = ROOT / "benchmarks" / "results"
   before = set(results.iterdir())
-  # Smallest settings: --quick, no build, no tests/test_codec.py (the suite runs that file itself).
+  # Smallest settings: --quick, no build, no tests/test_window.py (the suite runs that file itself).
   res = subprocess.run([sys.executable, str(SCRIPT), "--rehearse", "--quick", "--skip-build", "--skip-tests",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
   log = res.stdout + res.stderr
@@ -57,7 +57,7 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
 
   tim = rep["timing"]
   assert tim["ok"] is True and tim["exit"] == 0, tim.get("error")
-  # Every size, both ops, every tile-kernel variant G (cuda/codec.cu; ZIPCCL_CUDA_GROUPS).
+  # Every size, both ops, every tile-kernel variant G (cuda/window.cu; ZIPCCL_CUDA_GROUPS).
   variants = list(gc.GROUP_VARIANTS)
   assert [r["size"] for r in tim["rows"]] == sum(([s] * 2 * len(variants) for s in ("256 KiB", "4 MiB", "256 KiB")), [])
   assert [r["groups"] for r in tim["rows"]] == sum(([g, g] for g in variants), []) * 3

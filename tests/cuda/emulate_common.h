@@ -1,5 +1,5 @@
-// Buffers shared by the SIMT-emulator drivers (tests/cuda/emulate_host.cc for
-// cuda/codec.cu, tests/cuda/emulate_entropy.cc for cuda/entropy.cu): page-guarded,
+// Buffers shared by the SIMT-emulator drivers (tests/cuda/emulate_window.cc for
+// cuda/window.cu, tests/cuda/emulate_entropy.cc for cuda/entropy.cu): page-guarded,
 // garbage-filled device buffers, XLA_FFI_Buffer views of them, and one handler
 // call through them. Include after the
 // kernel file (which brings in simt_host.h and the XLA FFI API).

@@ -1,6 +1,6 @@
-// A small SIMT machine on the CPU, so that the CUDA kernels of cuda/codec.cu run
+// A small SIMT machine on the CPU, so that the CUDA kernels of cuda/window.cu run
 // unchanged (same source, same launch code, same FFI handlers) on a machine without
-// a GPU. tests/cuda/emulate_host.cc includes this header and then codec.cu with
+// a GPU. tests/cuda/emulate_window.cc includes this header and then window.cu with
 // ZIPCCL_SIMT_HOST defined, and compares every byte with the CPU codec.
 //
 // Model. Every CUDA thread is a fiber (ucontext) with its own stack; all fibers run
@@ -195,7 +195,7 @@ inline void remove_runnable(Fiber* f) {
 // sets up its stack) and afterwards with _setjmp/_longjmp, which, unlike
 // swapcontext, make no sigprocmask system call -- two thirds of the emulator's
 // time otherwise. Jumping between stacks this way is the classic coroutine
-// technique; it needs the non-fortified _longjmp (emulate_host.cc is built with
+// technique; it needs the non-fortified _longjmp (emulate_window.cc is built with
 // -U_FORTIFY_SOURCE, see tests/test_cuda_build.py).
 inline void to_scheduler() {
   if (_setjmp(cur()->jb) == 0) _longjmp(m().main_jb, 1);
@@ -556,10 +556,10 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) { return ::simt::atomic_add(p
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return ::simt::atomic_add(p, v); }
 inline unsigned atomicOr(unsigned* p, unsigned v) { return ::simt::atomic_or(p, v); }
 
-// ---- the CUDA runtime calls codec.cu makes (host side) --------------------------------------
+// ---- the CUDA runtime calls window.cu makes (host side) --------------------------------------
 // One emulated "device" per value of simt::config().resident would need a real
 // driver; instead the occupancy query answers config().resident CTAs on 1 SM, and
-// cudaGetDevice reports device `resident` so that codec.cu's per-device occupancy
+// cudaGetDevice reports device `resident` so that window.cu's per-device occupancy
 // cache sees a different device whenever the emulation changes `resident`.
 typedef int cudaError_t;
 constexpr cudaError_t cudaSuccess = 0;

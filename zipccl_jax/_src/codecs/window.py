@@ -24,7 +24,7 @@ from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src.codecs import base
 
-# ---- static-size contract (mirror of ffi/codec_format.h) ---------------------------
+# ---- static-size contract (mirror of ffi/window_format.h) ---------------------------
 
 FORMAT_VERSION = 4
 CODEC_ID = 1            # the window codec's id in the common row header (byte 6)
@@ -36,7 +36,7 @@ _ALIGN = base.ALIGN     # section alignment and used_nbytes unit, bytes
 _HEADER_BYTES = 128
 _RECORD_BYTES = 8
 _PLANE_BYTES = BLOCK // 8
-_MAX_ELEMS = 2**56      # the layout arithmetic's bound (codec_format.h: kMaxElems)
+_MAX_ELEMS = 2**56      # the layout arithmetic's bound (window_format.h: kMaxElems)
 STATS_WIDTH = 4         # encode_rows' stats row: (status, escapes, used_units, 0)
 
 # Encoder statuses (header byte 7, stats[..., 0]).
@@ -67,7 +67,7 @@ def min_nbytes(dtype, n: int) -> int:
   """The fixed part of a row (header, block table, raw bytes, planes), in bytes.
 
   The smallest `used_nbytes` any row of n elements can have. Mirrors
-  `zipccl::min_nbytes` in ffi/codec_format.h (tested to agree).
+  `zipccl::min_nbytes` in ffi/window_format.h (tested to agree).
   """
   _, raw_bytes, planes = _dtype_info(dtype)
   n = _check_n(n, "min_nbytes")

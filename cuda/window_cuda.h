@@ -1,4 +1,4 @@
-// CUDA zipccl codec: XLA FFI handlers for platform "CUDA" (cuda/codec.cu), registered
+// CUDA zipccl codec: XLA FFI handlers for platform "CUDA" (cuda/window.cu), registered
 // by cuda/module_cuda.cc under the same target names as the CPU handlers.
 #pragma once
 

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import zipccl_jax as zc
 from zipccl_jax._src import ffi as zffi
 from zipccl_jax._src.codecs import window as W
-from tests import reference_codec as ref
+from tests import reference_window as ref
 from zipccl_jax._src.codecs import registry
 from tests.reference import BF16, DTYPES, assert_bits_equal, make, special_words, uint, words  # noqa: F401
 

@@ -1,15 +1,15 @@
 // zipccl codec on the CPU: encoder, decoder and their XLA FFI handlers
 // (targets "zipccl_zipccl_encode" / "zipccl_zipccl_decode", platform "cpu").
 //
-// Format: docs/format.md and codec_format.h. This file is the reference the CUDA
-// codec (cuda/codec.cu) must reproduce byte for byte.
+// Format: docs/format.md and window_format.h. This file is the reference the CUDA
+// codec (cuda/window.cu) must reproduce byte for byte.
 //
 // Speed: the per-block work is branch-free over 8-element groups (one plane byte
 // per group), written so that GCC vectorizes it; bf16 and fp16 additionally have
 // AVX2 paths for full blocks, chosen at run time (no -march flags: the module runs
 // on any x86-64 or aarch64; ZIPCCL_DISABLE_SIMD selects the portable code).
 // Rows of >= kParallelMinElems elements are split across threads by whole blocks.
-#include "codec_cpu.h"
+#include "window_cpu.h"
 
 #include "cpu_handler.h"
 #include "cpu_parallel.h"
@@ -51,7 +51,7 @@ inline uint64_t spread8(uint32_t m) {
 }
 
 // Checksum contribution of nbytes (multiple of 4) at row byte offset byte_off (multiple
-// of 4): sum (2j+1) w_j over its u32 words (codec_format.h: checksum_span). Split into
+// of 4): sum (2j+1) w_j over its u32 words (window_format.h: checksum_span). Split into
 // sum w and sum i*w (32x32->64 products) so that it vectorizes.
 inline uint64_t cs_bytes(const uint8_t* p, uint64_t byte_off, uint64_t nbytes) {
   uint64_t s0 = 0, s1 = 0;
@@ -322,7 +322,7 @@ BlockOut encode_block(const typename T::bits_t* x, uint32_t len, uint8_t* raw, u
 // Row encoder.
 
 // Codes a block's escapes (exponents ex[0..count), window w): fills the record's
-// width and split and writes its stream (codec_format.h, "escape coding") to
+// width and split and writes its stream (window_format.h, "escape coding") to
 // out[0..stream_bytes), only the bytes below `room` (the rest of the capacity).
 // Returns the stream bytes.
 inline uint32_t code_escapes(const uint8_t* ex, Record* r, uint8_t* out, uint64_t room) {
@@ -634,7 +634,7 @@ __attribute__((target("avx2,bmi,popcnt"))) bool decode_block_avx2(
 }
 #endif
 
-// A block's escape stream (codec_format.h, "escape coding") -> the exponents
+// A block's escape stream (window_format.h, "escape coding") -> the exponents
 // ex[0..count). False when a value names no exponent of the dtype or a bit past
 // count * width is set. Reads exactly stream_bytes(count, width) bytes.
 template <typename T>
@@ -864,18 +864,7 @@ ffi::Error DecodeCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8> skip
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCpu, EncodeCpuImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()            // x [..., n]
-                                  .Arg<ffi::Buffer<ffi::U8>>()      // skip [...]
-                                  .Ret<ffi::Buffer<ffi::U8>>()      // payload [..., max_nbytes]
-                                  .Ret<ffi::Buffer<ffi::S32>>()     // stats [..., 4]
-                                  .Ret<ffi::Buffer<ffi::U8>>());    // workspace [..., W]
+                              zipccl::handler::bind_encode(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCpu, DecodeCpuImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::U8>>()      // payload [..., L]
-                                  .Arg<ffi::Buffer<ffi::U8>>()      // skip [...]
-                                  .Arg<ffi::AnyBuffer>()            // fill [F, n]
-                                  .Ret<ffi::AnyBuffer>()            // y [..., n]
-                                  .Ret<ffi::Buffer<ffi::S32>>()     // status [...]
-                                  .Ret<ffi::Buffer<ffi::U8>>());    // workspace [..., W]
+                              zipccl::handler::bind_decode(ffi::Ffi::Bind()));

@@ -1,6 +1,6 @@
 // zipccl encoded format, version 4 (the window codec, codec id 1): layout
 // constants, per-dtype traits and the static-size contract, shared by the CPU codec
-// (ffi/codec_cpu.cc) and the CUDA codec (cuda/codec.cu). docs/format.md is the
+// (ffi/window_cpu.cc) and the CUDA codec (cuda/window.cu). docs/format.md is the
 // normative text; this header is its executable form. Everything here is
 // __host__ __device__ so that the CPU output is the bit-exact reference for the GPU.
 //

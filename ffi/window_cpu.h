@@ -1,9 +1,9 @@
-// CPU zipccl codec: row encoder/decoder (codec_cpu.cc) and its XLA FFI handlers.
+// CPU zipccl codec: row encoder/decoder (window_cpu.cc) and its XLA FFI handlers.
 #pragma once
 
 #include <stdint.h>
 
-#include "codec_format.h"
+#include "window_format.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace zipccl {

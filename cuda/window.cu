@@ -1,9 +1,9 @@
 // zipccl codec on CUDA GPUs: encode/decode kernels and their XLA FFI handlers
 // (targets "zipccl_zipccl_encode" / "zipccl_zipccl_decode", platform "CUDA").
 //
-// The output is byte-identical to the CPU codec (ffi/codec_cpu.cc) for every input:
-// the layout math is ffi/codec_format.h, the per-thread bit work cuda/codec_tile.h
-// (both also compiled for the host, where tests/cuda/emulate_host.cc checks them against
+// The output is byte-identical to the CPU codec (ffi/window_cpu.cc) for every input:
+// the layout math is ffi/window_format.h, the per-thread bit work cuda/window_tile.h
+// (both also compiled for the host, where tests/cuda/emulate_window.cc checks them against
 // the CPU codec). docs/cuda.md describes the design; in short:
 //
 // Encoder, per call (all rows), three stream operations, no host synchronisation:
@@ -26,7 +26,7 @@
 // ring; each record checked locally against its neighbour, planes against the
 // record, escapes read by offset and bounds-checked) and decode_finalize (header
 // checks in the CPU's order, then the tiles' findings by priority, then the checksum).
-#include "device_util.h"  // CUDA or, for tests/cuda/emulate_host.cc, the CPU SIMT emulator
+#include "device_util.h"  // CUDA or, for tests/cuda/emulate_window.cc, the CPU SIMT emulator
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,9 +38,9 @@
 #include <string>
 #include <utility>
 
-#include "codec_cuda.h"
-#include "codec_format.h"
-#include "codec_tile.h"
+#include "window_cuda.h"
+#include "window_format.h"
+#include "window_tile.h"
 #include "env.h"
 #include "handler_common.h"
 
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) encode_ke
 #pragma unroll
     for (int i = 0; i < G; ++i) m0 |= esc[i] << (8 * i);
     // How far the escapes lie below and above the window (the block's width and
-    // split, codec_format.h "escape coding"): per thread, then per warp.
+    // split, window_format.h "escape coding"): per thread, then per warp.
     const uint32_t wlo = win.base, whi = window_hi(win.base, win.mode);
     uint32_t db = 0, da = 0;
 #pragma unroll
@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(tile_threads<G>(), min_ctas<T, G>()) decode_ke
   dec_flush(a, acc_row, csum, bad, lane);
 }
 
-// One CTA per row: the header checks (statuses 1..5, codec_format.h check_header),
+// One CTA per row: the header checks (statuses 1..5, window_format.h check_header),
 // the header's (and, for n = 0, the escape section's) part of the checksum, the
 // padding check, the final status in the CPU's priority, and on any error the row
 // of y filled with all-one bits.
@@ -1125,22 +1125,9 @@ int warm_up() {
 namespace ffi = ::xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclEncodeCuda, zipccl::gpu::EncodeCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<ffi::AnyBuffer>()                     // x [..., n]
-                                  .Arg<ffi::Buffer<ffi::U8>>()               // skip [...]
-                                  .Ret<ffi::Buffer<ffi::U8>>()               // payload [..., max_nbytes]
-                                  .Ret<ffi::Buffer<ffi::S32>>()              // stats [..., 4]
-                                  .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
+                              zipccl::handler::bind_encode(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclDecodeCuda, zipccl::gpu::DecodeCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<ffi::Buffer<ffi::U8>>()               // payload [..., L]
-                                  .Arg<ffi::Buffer<ffi::U8>>()               // skip [...]
-                                  .Arg<ffi::AnyBuffer>()                     // fill [F, n]
-                                  .Ret<ffi::AnyBuffer>()                     // y [..., n]
-                                  .Ret<ffi::Buffer<ffi::S32>>()              // status [...]
-                                  .Ret<ffi::Buffer<ffi::U8>>(),              // workspace [..., W]
+                              zipccl::handler::bind_decode(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});

@@ -1,5 +1,5 @@
-// Per-thread building blocks of the CUDA codec (cuda/codec.cu), written so that
-// they also compile as plain host C++: tests/cuda/emulate_host.cc runs them over whole
+// Per-thread building blocks of the CUDA codec (cuda/window.cu), written so that
+// they also compile as plain host C++: tests/cuda/emulate_window.cc runs them over whole
 // rows in the kernels' own decomposition and compares the bytes with the CPU
 // codec, which checks everything except the warp/block glue on a machine
 // without a GPU.
@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "codec_format.h"
+#include "window_format.h"
 
 #if defined(__CUDACC__)
 #define ZC_TD __host__ __device__ __forceinline__
@@ -106,7 +106,7 @@ ZC_TD uint32_t valid_mask(uint32_t len, uint32_t grp) {
   return nv >= 8 ? 0xFFu : (1u << nv) - 1u;
 }
 
-// block_len(n, b): codec_format.h.
+// block_len(n, b): window_format.h.
 
 // ---- per-dtype tile configuration ----------------------------------------------
 
@@ -211,7 +211,7 @@ ZC_TD Stats group_stats(const Split& s, uint32_t vmask) {
 // choose_window() with 32-bit arithmetic (a 64-bit division is a long software
 // routine on the GPU and costs registers). Exact for block statistics, where
 // N, Z <= len <= 2048 and S <= 254 N, so 4S - 13N and 4N fit easily in int32;
-// tests/cuda/emulate_host.cc checks it against choose_window on every block it encodes.
+// tests/cuda/emulate_window.cc checks it against choose_window on every block it encodes.
 template <typename T>
 ZC_TD Window choose_window32(uint32_t S, uint32_t N, uint32_t Z, uint32_t len) {
   const int32_t hi0 = (int32_t)T::kExpMax - 6;
@@ -372,7 +372,7 @@ ZC_TD uint64_t raw_word_off(uint64_t b, uint32_t grp, int q) {
   return (b * kBlock + 8ull * grp) * (uint64_t)Cfg<T>::kRB + 8ull * (uint64_t)q;
 }
 
-// The record as the little-endian u64 of its 8 bytes (codec_format.h store_record).
+// The record as the little-endian u64 of its 8 bytes (window_format.h store_record).
 ZC_TD uint64_t record_word(Record r) {
   const uint64_t cw = (r.esc_count & 0xFFFu) | ((r.width & 0xFu) << 12);
   return (uint64_t)r.esc_offset | (cw << 32) | ((uint64_t)(r.base & 0xFFu) << 48) |
@@ -408,7 +408,7 @@ ZC_TD bool record_ok(Record r, uint64_t b, uint32_t nb, uint32_t len, bool have_
 
 // ---- checksum terms ---------------------------------------------------------------------
 // checksum = sum over the row's u32 words w_j of w_j * (2j + 1) mod 2^64, j = byte
-// offset / 4 (codec_format.h: checksum_span). Being a sum, it is accumulated per
+// offset / 4 (window_format.h: checksum_span). Being a sum, it is accumulated per
 // thread in any order and reduced with integer adds; a byte b at offset o is the
 // word b << 8 (o mod 4) at j = o / 4.
 ZC_TD uint64_t cs_word(uint64_t off, uint32_t w) { return (uint64_t)w * (2 * (off >> 2) + 1); }
@@ -434,7 +434,7 @@ ZC_TD uint64_t header_word(int i, const Header& f) {
   }
 }
 
-// = header_checksum() of codec_format.h, without a byte array (no local memory).
+// = header_checksum() of window_format.h, without a byte array (no local memory).
 ZC_TD uint64_t header_cs(const Header& f) {
   uint64_t s = 0;
   for (int i = 0; i < (int)(kHeaderUsed / 8); ++i) s += cs_u64(8ull * i, header_word(i, f));

@@ -1,20 +1,20 @@
-// The CUDA codec (cuda/codec.cu) run on the CPU: its kernels, launch code and FFI
+// The CUDA codec (cuda/window.cu) run on the CPU: its kernels, launch code and FFI
 // handler functions, compiled unchanged for the SIMT emulator of tests/cuda/simt_host.h
 // (fibers for threads, adversarial cp.async, strict barriers and warp ops, several
 // CTAs at once). Every payload byte, encoder stat, decoded word and decoder status
-// is compared with the CPU codec (ffi/codec_cpu.cc), including corrupted payloads.
+// is compared with the CPU codec (ffi/window_cpu.cc), including corrupted payloads.
 // Device buffers are page-guarded (an access past a buffer's end faults) and start
 // as garbage. What this cannot show is listed in tests/cuda/simt_host.h; the GPU itself
 // is exercised by benchmarks/gpu_check.py.
 //
 // Build and run (tests/test_cuda_build.py does this), with INC = jax.ffi.include_dir():
-//   g++ -O2 -std=c++17 -Iffi -Icuda -Itests/cuda -isystem $INC tests/cuda/emulate_host.cc ffi/codec_cpu.cc -lpthread
+//   g++ -O2 -std=c++17 -Iffi -Icuda -Itests/cuda -isystem $INC tests/cuda/emulate_window.cc ffi/window_cpu.cc -lpthread
 //   ./a.out [--quick] [--stop]     (--stop: end at the first failure)
 // simt_host.h switches fibers with _longjmp, which the fortified libc refuses
 // between stacks; this must precede every #include.
 #undef _FORTIFY_SOURCE
 #define ZIPCCL_SIMT_HOST 1
-#include "codec.cu"  // after simt_host.h (included by codec.cu in this mode)
+#include "window.cu"  // after simt_host.h (included by window.cu in this mode)
 
 #include <stdint.h>
 #include <stdio.h>
@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "codec_cpu.h"
-#include "codec_format.h"
+#include "window_cpu.h"
+#include "window_format.h"
 #include "emulate_common.h"
 
 using namespace zipccl;
