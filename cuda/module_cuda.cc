@@ -35,7 +35,7 @@ NB_MODULE(_zipccl_cuda, m) {
     d[zipccl::transport::kRowSplitTarget] = encapsulate(ZipcclRowSplitCuda);
     d[zipccl::transport::kRowJoinTarget] = encapsulate(ZipcclRowJoinCuda);
     d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCuda);
-    d[zipccl::transport::kRungIndexTarget] = encapsulate(ZipcclRungIndexCuda);
+    d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCuda);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCuda);
     return d;
   });

@@ -3,12 +3,13 @@
 // program lowered for CPU and GPU at once (whose CPU branch holds the custom calls)
 // compiles on the GPU too. row_prefix: one strided device-to-device copy on XLA's
 // stream; row_split / row_join: one small copy kernel per peer row, which reads
-// `me` on the device (no host synchronisation); used_max / rung_index: one-thread
+// `me` on the device (no host synchronisation); used_max / agree: one-thread
 // kernels; bitcast_copy: one device-to-device copy.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include <string>
+#include <string_view>
 
 #include "transport.h"
 #include "transport_cuda.h"
@@ -105,7 +106,7 @@ ffi::Error RowJoinCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> payload, ff
   return launch_status(t);
 }
 
-// used_max / rung_index: one thread each (a handful of rows or rungs), reading
+// used_max / agree: one thread each (a handful of rows or rungs), reading
 // their operand on the device.
 __global__ void used_max_kernel(int32_t* out, const int32_t* stats, uint64_t rows) {
   int32_t used = 0;
@@ -120,10 +121,11 @@ struct Units {
   int32_t v[zipccl::transport::kMaxRungs];
 };
 
-__global__ void rung_index_kernel(int32_t* out, const int32_t* agreed, Units units, uint32_t count) {
-  int32_t k = 0;
-  for (uint32_t i = 0; i < count; ++i) k += *agreed > units.v[i];
-  *out = k;
+// The agreement on the device: rung = K + 1 (the branch that moves nothing) when the
+// participants' plan fingerprints differ; the host is not involved.
+__global__ void agree_kernel(int32_t* out, const int32_t* every, uint64_t rows, uint64_t width, Units units,
+                             uint32_t count) {
+  zipccl::transport::agree_rows(every, rows, width, units.v, count, out);
 }
 
 ffi::Error UsedMaxCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> stats, ffi::Result<ffi::Buffer<ffi::S32>> out) {
@@ -135,15 +137,16 @@ ffi::Error UsedMaxCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> stats, ffi
   return launch_status(zipccl::transport::kUsedMaxTarget);
 }
 
-ffi::Error RungIndexCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> agreed, ffi::Result<ffi::Buffer<ffi::S32>> out,
-                             ffi::Span<const int32_t> units) {
+ffi::Error AgreeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> every, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                         ffi::Span<const int32_t> units, std::string_view where) {
   namespace zt = zipccl::transport;
-  if (ffi::Error e = zt::rung_index_shape(agreed.element_count(), out->element_count(), units); e.failure())
+  uint64_t rows, width;
+  if (ffi::Error e = zt::agree_shape(every.dimensions(), out->element_count(), units, &rows, &width); e.failure())
     return e;
   Units u{};
   for (size_t i = 0; i < units.size(); ++i) u.v[i] = units[i];
-  rung_index_kernel<<<1, 1, 0, stream>>>(out->typed_data(), agreed.typed_data(), u, (uint32_t)units.size());
-  return launch_status(zt::kRungIndexTarget);
+  agree_kernel<<<1, 1, 0, stream>>>(out->typed_data(), every.typed_data(), rows, width, u, (uint32_t)units.size());
+  return launch_status(zt::kAgreeTarget);
 }
 
 ffi::Error BitcastCopyCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
@@ -165,12 +168,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCuda, UsedMaxCudaImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>(),             // used []
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRungIndexCuda, RungIndexCudaImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclAgreeCuda, AgreeCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<ffi::Buffer<ffi::S32>>()              // agreed []
-                                  .Ret<ffi::Buffer<ffi::S32>>()              // rung []
-                                  .Attr<ffi::Span<const int32_t>>("units"),
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // every [N, W]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // (agreed, count, rung)
+                                  .Attr<ffi::Span<const int32_t>>("units")
+                                  .Attr<std::string_view>("where"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclBitcastCopyCuda, BitcastCopyCudaImpl,

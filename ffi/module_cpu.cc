@@ -60,7 +60,7 @@ NB_MODULE(_zipccl_cpu, m) {
     d[zipccl::transport::kRowSplitTarget] = encapsulate(ZipcclRowSplitCpu);
     d[zipccl::transport::kRowJoinTarget] = encapsulate(ZipcclRowJoinCpu);
     d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCpu);
-    d[zipccl::transport::kRungIndexTarget] = encapsulate(ZipcclRungIndexCpu);
+    d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCpu);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCpu);
     return d;
   });

@@ -1,5 +1,5 @@
 // The slot ladder's transport helpers: XLA FFI targets "zipccl_row_prefix",
-// "zipccl_row_split", "zipccl_row_join", "zipccl_used_max", "zipccl_rung_index" and
+// "zipccl_row_split", "zipccl_row_join", "zipccl_used_max", "zipccl_agree" and
 // "zipccl_bitcast_copy", what their CPU (ffi/transport_cpu.cc) and CUDA
 // (cuda/transport.cu) handlers share.
 //
@@ -13,9 +13,19 @@
 //   zipccl_used_max:   stats s32 [..., 4] (an encoder's) -> s32 []: max(0, the largest
 //                      stats[r, 2]) (used size, units of 128 bytes) over the rows r:
 //                      0 when there are none (used sizes are >= 1)
-//   zipccl_rung_index: agreed s32 [], attribute units s32 [K] ascending -> s32 []:
-//                      the number of units[k] < agreed (the first rung that holds
-//                      `agreed` units; K = the raw rung)
+//   zipccl_agree:      every s32 [N, W] (W >= 2: one row per participant, gathered),
+//                      attributes units s32 [K] ascending, where (string)
+//                      -> s32 [3] = (agreed, count, rung): agreed = the largest
+//                      every[:, 0] (used size, units of 128 bytes), count = the sum of
+//                      every[:, 1] (saturated at INT32_MAX), rung = the number of
+//                      units[k] < agreed (the first rung that holds `agreed` units;
+//                      K = the raw rung). Columns 2 .. W - 1 are the plan fingerprint
+//                      (kFingerprintFields, in that order): every participant must
+//                      hold the same values. When they differ the CPU handler fails
+//                      the call with an error naming `where` and the fields that
+//                      differ; the CUDA handler (which cannot raise without a host
+//                      round trip) returns rung = K + 1, a branch that moves nothing
+//                      and fills the rows with all-one bits and a nonzero status.
 //   zipccl_bitcast_copy: x [...] of any type -> y [...] of any type with the same
 //                      byte size: y's bytes = x's bytes (a same-width
 //                      bitcast_convert, e.g. bf16 words <-> u16 words)
@@ -27,7 +37,7 @@
 // own row back in peer order, so join(permutes(split(p))) is exactly
 // all_to_all(p[:, :S]). XLA:CPU would compile the all-to-all into N per-peer slice
 // kernels plus a concatenate per ladder rung; custom calls compile to nothing.
-// used_max, rung_index and bitcast_copy are the ladder's small fixed steps (the used
+// used_max, agree and bitcast_copy are the ladder's small fixed steps (the used
 // size before the agreement, the rung after it, the raw rung's views): as XLA ops,
 // each is an LLVM kernel for XLA:CPU to compile (5-9 ms each, distinct kernels),
 // as custom calls none.
@@ -47,9 +57,9 @@ constexpr const char* kRowPrefixTarget = "zipccl_row_prefix";
 constexpr const char* kRowSplitTarget = "zipccl_row_split";
 constexpr const char* kRowJoinTarget = "zipccl_row_join";
 constexpr const char* kUsedMaxTarget = "zipccl_used_max";
-constexpr const char* kRungIndexTarget = "zipccl_rung_index";
+constexpr const char* kAgreeTarget = "zipccl_agree";
 constexpr const char* kBitcastCopyTarget = "zipccl_bitcast_copy";
-// rung_index: at most this many rungs (the ladder has <= 32 + 4; the CUDA kernel
+// agree: at most this many rungs (the ladder has <= 32 + 4; the CUDA kernel
 // takes them by value).
 constexpr uint64_t kMaxRungs = 256;
 
@@ -175,29 +185,66 @@ inline xla::ffi::Error used_max_shape(xla::ffi::Span<const int64_t> stats, size_
   return xla::ffi::Error::Success();
 }
 
-// rung_index: one s32 agreed, one s32 out, 1..kMaxRungs strictly ascending units.
-inline xla::ffi::Error rung_index_shape(size_t agreed_count, size_t out_count,
-                                        xla::ffi::Span<const int32_t> units) {
-  if (agreed_count != 1 || out_count != 1)
-    return handler::invalid(kRungIndexTarget, "agreed and out must be one s32 each, got " +
-                                                  handler::str(agreed_count) + " and " + handler::str(out_count) +
-                                                  " elements");
+// agree: the fingerprint fields of columns 2 .. W - 1 (zipccl_jax/_src/transport.py
+// `fingerprint` computes them in this order).
+constexpr const char* kFingerprintFields[] = {"codec and format version", "slot ladder", "chunking",
+                                              "collective, dtype, row shape and check_decode"};
+constexpr uint64_t kFingerprintCount = sizeof(kFingerprintFields) / sizeof(kFingerprintFields[0]);
+
+// agree: every s32 [N, W] with N >= 1, 2 <= W <= 2 + kFingerprintCount; out s32 [3];
+// 1..kMaxRungs strictly ascending units.
+inline xla::ffi::Error agree_shape(xla::ffi::Span<const int64_t> every, size_t out_count,
+                                   xla::ffi::Span<const int32_t> units, uint64_t* rows, uint64_t* width) {
+  if (every.size() != 2 || every[0] < 1 || every[1] < 2 || (uint64_t)every[1] > 2 + kFingerprintCount)
+    return handler::invalid(kAgreeTarget, "every must be s32 [N, W] with N >= 1 and 2 <= W <= " +
+                                              handler::str(2 + kFingerprintCount) + ", got rank " +
+                                              handler::str(every.size()));
+  if (out_count != 3)
+    return handler::invalid(kAgreeTarget, "out must be s32 [3], got " + handler::str(out_count) + " elements");
   if (units.size() == 0 || units.size() > kMaxRungs)
-    return handler::invalid(kRungIndexTarget, "units must hold 1.." + handler::str(kMaxRungs) +
-                                                  " rung sizes, got " + handler::str(units.size()));
+    return handler::invalid(kAgreeTarget, "units must hold 1.." + handler::str(kMaxRungs) +
+                                              " rung sizes, got " + handler::str(units.size()));
   for (size_t k = 1; k < units.size(); ++k)
     if (units[k] <= units[k - 1])
-      return handler::invalid(kRungIndexTarget, "units must ascend strictly, got units[" + handler::str(k - 1) +
-                                                    "] = " + std::to_string(units[k - 1]) + " >= units[" +
-                                                    handler::str(k) + "] = " + std::to_string(units[k]));
+      return handler::invalid(kAgreeTarget, "units must ascend strictly, got units[" + handler::str(k - 1) +
+                                                "] = " + std::to_string(units[k - 1]) + " >= units[" +
+                                                handler::str(k) + "] = " + std::to_string(units[k]));
+  *rows = (uint64_t)every[0];
+  *width = (uint64_t)every[1];
   return xla::ffi::Error::Success();
 }
 
 // The rung: how many rungs are too small for `agreed` units (K = the raw rung).
-inline int32_t rung_of(int32_t agreed, xla::ffi::Span<const int32_t> units) {
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int32_t rung_of(int32_t agreed, const int32_t* units, uint64_t count) {
   int32_t k = 0;
-  for (int32_t u : units) k += agreed > u;
+  for (uint64_t i = 0; i < count; ++i) k += agreed > units[i];
   return k;
+}
+
+// The agreement of rows every[rows, width]: out = (agreed, count, rung); returns a
+// bit mask of the fingerprint fields that differ between rows (0: the plans agree).
+// __host__ __device__ so that the CPU and CUDA handlers share it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline uint32_t agree_rows(const int32_t* every, uint64_t rows, uint64_t width, const int32_t* units,
+                           uint64_t n_units, int32_t* out) {
+  int32_t agreed = 0;
+  int64_t count = 0;
+  uint32_t differ = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const int32_t* row = every + r * width;
+    agreed = row[0] > agreed ? row[0] : agreed;
+    count += row[1] > 0 ? row[1] : 0;
+    for (uint64_t f = 2; f < width; ++f) differ |= (row[f] != every[f] ? 1u : 0u) << (f - 2);
+  }
+  out[0] = agreed;
+  out[1] = count > INT32_MAX ? INT32_MAX : (int32_t)count;
+  out[2] = differ ? (int32_t)n_units + 1 : rung_of(agreed, units, n_units);
+  return differ;
 }
 
 // bitcast_copy: the same number of bytes in and out.
@@ -215,5 +262,5 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowPrefixCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowSplitCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowJoinCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclUsedMaxCpu);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRungIndexCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclAgreeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclBitcastCopyCpu);

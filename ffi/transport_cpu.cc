@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <string_view>
 
 #include "transport.h"
 
@@ -79,7 +81,7 @@ ffi::Error RowJoinCpuImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::S32> me
   return ffi::Error::Success();
 }
 
-// The ladder's fixed steps (zipccl_used_max, zipccl_rung_index, zipccl_bitcast_copy):
+// The ladder's fixed steps (zipccl_used_max, zipccl_agree, zipccl_bitcast_copy):
 // why custom calls, see ffi/transport.h.
 ffi::Error UsedMaxCpuImpl(ffi::Buffer<ffi::S32> stats, ffi::Result<ffi::Buffer<ffi::S32>> out) {
   uint64_t rows;
@@ -93,13 +95,26 @@ ffi::Error UsedMaxCpuImpl(ffi::Buffer<ffi::S32> stats, ffi::Result<ffi::Buffer<f
   return ffi::Error::Success();
 }
 
-ffi::Error RungIndexCpuImpl(ffi::Buffer<ffi::S32> agreed, ffi::Result<ffi::Buffer<ffi::S32>> out,
-                            ffi::Span<const int32_t> units) {
+ffi::Error AgreeCpuImpl(ffi::Buffer<ffi::S32> every, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                        ffi::Span<const int32_t> units, std::string_view where) {
   namespace zt = zipccl::transport;
-  if (ffi::Error e = zt::rung_index_shape(agreed.element_count(), out->element_count(), units); e.failure())
+  uint64_t rows, width;
+  if (ffi::Error e = zt::agree_shape(every.dimensions(), out->element_count(), units, &rows, &width); e.failure())
     return e;
-  *out->typed_data() = zt::rung_of(*agreed.typed_data(), units);
-  return ffi::Error::Success();
+  const int32_t* ev = every.typed_data();
+  const uint32_t differ = zt::agree_rows(ev, rows, width, units.begin(), units.size(), out->typed_data());
+  if (!differ) return ffi::Error::Success();
+  // The participants planned different transports for this call: nothing has moved
+  // yet, and every participant sees the same gathered rows, so each one fails here.
+  std::string what;
+  for (uint64_t f = 0; f < zt::kFingerprintCount; ++f)
+    if (differ >> f & 1) what += std::string(what.empty() ? "" : ", ") + zt::kFingerprintFields[f];
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    "zipccl_jax: the participants of " + std::string(where) +
+                        " planned different compressed transports (they differ in: " + what +
+                        "); no bytes were moved. Every process must call it with the same codec, "
+                        "chunks and options and hold the same calibration and ZIPCCL_* settings "
+                        "(zipccl_jax.calibration check: docs/sharp-bits.md, \"Processes configured alike\").");
 }
 
 ffi::Error BitcastCopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
@@ -116,11 +131,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCpu, UsedMaxCpuImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()     // stats [..., 4]
                                   .Ret<ffi::Buffer<ffi::S32>>());   // used []
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRungIndexCpu, RungIndexCpuImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclAgreeCpu, AgreeCpuImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()     // agreed []
-                                  .Ret<ffi::Buffer<ffi::S32>>()     // rung []
-                                  .Attr<ffi::Span<const int32_t>>("units"));
+                                  .Arg<ffi::Buffer<ffi::S32>>()     // every [N, W]
+                                  .Ret<ffi::Buffer<ffi::S32>>()     // (agreed, count, rung)
+                                  .Attr<ffi::Span<const int32_t>>("units")
+                                  .Attr<std::string_view>("where"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclBitcastCopyCpu, BitcastCopyCpuImpl,
                               ffi::Ffi::Bind()

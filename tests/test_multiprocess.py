@@ -76,3 +76,41 @@ def test_dead_worker_fails_fast_with_its_output(tmp_path):
   with pytest.raises(pytest.fail.Exception, match=r"worker 1 of 2 exited with code 3"):
     _launch(tmp_path, 2, 1, {"ZIPCCL_MP_CRASH_PID": "1"})
   assert time.monotonic() - start < DEADLINE_S / 2
+
+
+def _diverge(tmp_path: Path, nproc: int, case: str) -> list:
+  """Runs tests/_diverge_worker.py CASE as `nproc` processes; their reports."""
+  worker = WORKER.with_name("_diverge_worker.py")
+  launch.launch([sys.executable, str(worker), str(tmp_path), case], nproc, local_devices=1,
+                deadline_s=DIVERGE_DEADLINE_S, logdir=tmp_path, echo=False,
+                cwd=str(WORKER.parent.parent))
+  return [json.loads((tmp_path / f"worker{pid}.json").read_text()) for pid in range(nproc)]
+
+
+DIVERGE_DEADLINE_S = 90   # the launch (start-up, compile); the outcome itself within 30 s
+# what each divergent configuration must end in, on every process
+DIVERGE_ERRORS = {
+    "codec": r"planned different compressed transports \(they differ in: codec and format version",
+    "chunks": r"planned different compressed transports \(they differ in: .*chunking",
+    "check_decode": r"planned different compressed transports \(they differ in: .*check_decode",
+    "calibration": r"the processes disagree on what decides the compressed collectives",
+}
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("case", sorted(DIVERGE_ERRORS))
+def test_divergent_processes_fail_on_every_process(tmp_path, case, nproc):
+  """Processes configured differently: an error naming the disagreement on every
+  process, within 30 s of the start of the job's first step; never a hang, never
+  NaN returned as success."""
+  import re
+  for pid, r in enumerate(_diverge(tmp_path, nproc, case)):
+    assert r["error"] and re.search(DIVERGE_ERRORS[case], r["error"]), (pid, r)
+    assert r["seconds"] < 30 + 30, (pid, r)   # start-up and compile included
+
+
+def test_stats_on_one_process_only_is_the_same_program(tmp_path):
+  """stats=True on process 0 only (the usual "log on rank 0"): the same collectives
+  run everywhere, so the job completes with results equal to codec="raw"."""
+  for pid, r in enumerate(_diverge(tmp_path, 2, "stats")):
+    assert r["error"] is None and r["exact"] is True, (pid, r)

@@ -130,26 +130,66 @@ def test_used_max_rejects_bad_operands():
     jax.block_until_ready(g(jnp.zeros((2, 4), jnp.int32)))
 
 
-def test_rung_index_counts_the_rungs_too_small():
+def _agree_rows(used, count=None, fps=None):
+  used = np.asarray(used, np.int32)
+  count = np.zeros_like(used) if count is None else np.asarray(count, np.int32)
+  fps = np.zeros((len(used), len(transport.FINGERPRINT_FIELDS)), np.int32) if fps is None else fps
+  return jnp.asarray(np.concatenate([used[:, None], count[:, None], fps], axis=1))
+
+
+@pytest.mark.parametrize("path", ["cpu", "default"])
+def test_agree_is_max_sum_and_the_rungs_too_small(path, monkeypatch):
+  """zipccl_agree (CPU) and the jnp ops of other backends: the largest used size, the
+  summed count (saturated), the number of rungs too small for the used size."""
+  if path == "default":   # what a GPU runs, here on the CPU
+    monkeypatch.setattr(transport.lax, "platform_dependent",
+                        lambda *a, cpu, default: default(*a))
   rungs = ladder_lib.ladder(128 * 40, 128 * 100)
   units = [r // 128 for r in rungs]
-  f = jax.jit(lambda a: transport.rung_index(a, rungs))
-  for agreed in sorted({0, 1, *units, *(u + 1 for u in units), *(u - 1 for u in units), 10**6, -3}):
-    want = sum(1 for u in units if agreed > u)
-    assert int(f(jnp.int32(agreed))) == want, agreed
-  assert int(jax.jit(lambda a: transport.rung_index(a, ()))(jnp.int32(7))) == 0   # the raw rung
+  f = jax.jit(lambda e: transport.agree(e, rungs, "a test"))
+  for agreed in sorted({0, 1, *units, *(u + 1 for u in units), *(u - 1 for u in units), 10**6}):
+    got = np.asarray(f(_agree_rows([agreed, max(agreed - 5, 0), 0], [3, 4, 5])))
+    assert got.tolist() == [agreed, 12, sum(1 for u in units if agreed > u)], agreed
+  big = np.asarray(f(_agree_rows([1, 1], [2**31 - 1, 2**31 - 1])))
+  assert big[1] == 2**31 - 1   # the count saturates
+  assert np.asarray(jax.jit(lambda e: transport.agree(e, (), "t"))(_agree_rows([7])))[2] == 0
 
 
-def test_rung_index_rejects_bad_units():
-  out = jax.ShapeDtypeStruct((), jnp.int32)
-  with pytest.raises(Exception, match=r"zipccl_rung_index: units must ascend strictly, got units\[1\] = 5 >= units\[2\] = 5"):
-    jax.block_until_ready(_target("zipccl_rung_index", out, units=np.array([3, 5, 5], np.int32))(jnp.int32(4)))
-  with pytest.raises(Exception, match=r"zipccl_rung_index: units must hold 1\.\.256 rung sizes, got 300"):
-    jax.block_until_ready(_target("zipccl_rung_index", out,
-                                  units=np.arange(300, dtype=np.int32))(jnp.int32(4)))
-  with pytest.raises(Exception, match=r"zipccl_rung_index: agreed and out must be one s32 each, got 2 and 1"):
-    jax.block_until_ready(_target("zipccl_rung_index", out, units=np.array([3], np.int32))(
-        jnp.zeros((2,), jnp.int32)))
+def test_agree_fails_on_different_fingerprints():
+  """Participants with different plans: the CPU handler fails the call naming the call
+  and every field that differs."""
+  rungs = ladder_lib.ladder(128 * 40, 128 * 100)
+  fps = np.zeros((3, 4), np.int32)
+  fps[2, 0] = 5   # codec
+  fps[1, 2] = 9   # chunking
+  f = jax.jit(lambda e: transport.agree(e, rungs, "an all_gather"))
+  with pytest.raises(Exception, match=r"participants of an all_gather planned different compressed "
+                                      r"transports \(they differ in: codec and format version, "
+                                      r"chunking\); no bytes were moved"):
+    jax.block_until_ready(f(_agree_rows([1, 2, 3], fps=fps)))
+
+
+def test_agree_default_path_takes_the_branch_that_moves_nothing(monkeypatch):
+  monkeypatch.setattr(transport.lax, "platform_dependent", lambda *a, cpu, default: default(*a))
+  rungs = ladder_lib.ladder(128 * 40, 128 * 100)
+  fps = np.zeros((2, 4), np.int32)
+  fps[1, 3] = 1
+  got = np.asarray(jax.jit(lambda e: transport.agree(e, rungs, "t"))(_agree_rows([1, 2], fps=fps)))
+  assert got[2] == len(rungs) + 1
+
+
+def test_agree_rejects_bad_operands():
+  out = jax.ShapeDtypeStruct((3,), jnp.int32)
+  call = lambda units, e, o=out: jax.block_until_ready(
+      _target("zipccl_agree", o, units=np.asarray(units, np.int32), where="t")(e))
+  with pytest.raises(Exception, match=r"zipccl_agree: units must ascend strictly, got units\[1\] = 5 >= units\[2\] = 5"):
+    call([3, 5, 5], _agree_rows([4]))
+  with pytest.raises(Exception, match=r"zipccl_agree: units must hold 1\.\.256 rung sizes, got 300"):
+    call(np.arange(300), _agree_rows([4]))
+  with pytest.raises(Exception, match=r"zipccl_agree: every must be s32 \[N, W\]"):
+    call([3], jnp.zeros((2,), jnp.int32))
+  with pytest.raises(Exception, match=r"zipccl_agree: out must be s32 \[3\], got 1 elements"):
+    call([3], _agree_rows([4]), jax.ShapeDtypeStruct((), jnp.int32))
 
 
 @pytest.mark.parametrize("src, dst, shape", [(BF16, np.uint16, None), (np.uint16, BF16, None),
@@ -197,7 +237,7 @@ def test_ladder_fixed_steps_compile_to_custom_calls(mesh8, name):
           "ppermute": lambda a: zc.compressed_ppermute(a, "x", ring, policy="always")}[name]
   f = smap(mesh8, P("x"), P() if name == "all_gather" else P("x"))(call)
   txt = f.lower(x).compile().as_text()
-  for target in ("zipccl_used_max", "zipccl_rung_index", "zipccl_bitcast_copy"):
+  for target in ("zipccl_used_max", "zipccl_agree", "zipccl_bitcast_copy"):
     assert f'custom_call_target="{target}"' in txt, target
   assert txt.count('custom_call_target="zipccl_bitcast_copy"') == 2      # the raw rung's two views
   assert not re.findall(r"\bclamp\(", txt)
@@ -323,7 +363,7 @@ def test_each_device_its_own_size_class(mesh8, dtype):
   rungs = trim_ladder(n * item)
   assert int(st["rung"][0]) == expected_rung(want_units * 128, rungs)
   assert int(st["rung"][0]) < len(rungs)          # not the raw rung
-  assert not np.any(np.asarray(st["decode_errors"]))
+  assert np.all(np.asarray(st["decode_errors"]) <= 0)   # -1: not counted (no check_decode)
 
 
 def test_one_incompressible_device_takes_the_raw_rung(mesh8):
@@ -462,7 +502,9 @@ def test_stats_report_rung_used_and_slot_bytes(mesh8):
   assert len(cond.branch_bytes) == len(rungs) + 1 and cond.branch_bytes[-1] == 2 * n
   assert list(cond.branch_bytes[:-1]) == list(rungs)   # one slot per rung
   assert wb.taken([r]) == int(s.wire_bytes)
-  assert wb.common == rungs[0] + 8 + 4 and wb.fallback == 2 * n + 8 + 4
+  # the agreement: an all-gather of (used, count, 4 fingerprint fields), with or without stats
+  assert s.agree_bytes == 24
+  assert wb.common == rungs[0] + 24 and wb.fallback == 2 * n + 24
 
 
 def test_psum_stats_have_two_transports(mesh8):
@@ -488,7 +530,7 @@ def test_decode_errors_give_nan_rows_and_stats(mesh8):
   y = np.asarray(y).view(np.uint16).reshape(N, -1)
   assert np.all(y[0] == 0xFFFF), "a row that failed to decode must be all-one bits"
   assert_bits_equal(y[1:].view(BF16), x.reshape(N, -1)[1:])
-  assert int(s.decode_errors) == N   # every device decoded one bad row
+  assert int(s.decode_errors) == -1   # not counted without check_decode (no extra collective)
 
 
 def test_check_decode_raises(mesh8):

@@ -192,8 +192,9 @@ def test_hlo_has_one_switch_and_agreement_per_chunk(mesh8, chunks):
   # each switch's raw rung moves its chunk's uint16 words
   assert sorted(c.branch_bytes[-1] for c in wb.conditionals) == sorted(
       2 * (b - a) for a, b in bounds)
-  agreements = [o for o in wb.ops if o.opcode.startswith("all-reduce")]
-  assert len(agreements) == chunks and all(o.operand_bytes == 4 for o in agreements)
+  # the agreements: an all-gather of 24 bytes per chunk, outside the switches
+  agreements = [o for o in wb.ops if o.opcode.startswith("all-gather") and not o.branches]
+  assert len(agreements) == chunks and all(o.operand_bytes == 24 for o in agreements)
 
 
 def test_chunks_1_is_the_unchunked_program(mesh8):
@@ -224,7 +225,7 @@ def test_stats_add_up_over_chunks(mesh8):
     assert len(s.slots) == chunks
     # wire bytes = the rungs' slots summed over the chunks + every chunk's agreement
     slots = sum(s.slots[t][int(r)] for t, r in enumerate(np.asarray(s.rung)))
-    assert int(s.wire_bytes) == slots + s.agree_bytes and s.agree_bytes == 12 * chunks
+    assert int(s.wire_bytes) == slots + s.agree_bytes and s.agree_bytes == 24 * chunks
     # the compiled switches on the rungs taken: a switch belongs to a chunk of its raw
     # size (chunks of one size have the same ladder, so which is which does not
     # change the sum)

@@ -35,6 +35,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from zipccl_jax._src import compat
+
 SCHEMA_VERSION = 1
 ENV_VAR = "ZIPCCL_CALIBRATION"
 _MAX_FILE_BYTES = 16 << 20     # a calibration is a few KiB; anything this large is not one
@@ -532,6 +534,36 @@ def _digest(inputs: Mapping) -> np.ndarray:
   """int32[8]: sha256 of the canonical JSON of `inputs`."""
   blob = hashlib.sha256(json.dumps(dict(inputs), sort_keys=True).encode()).digest()
   return np.frombuffer(blob, np.int32).copy()
+
+
+# The automatic check (`check_agreement_once`): how long a process waits for the
+# others to reach their first compressed collective.
+AUTO_CHECK_TIMEOUT_S = 600.0
+_auto_checked = False
+
+
+def check_agreement_once() -> None:
+  """check_agreement(raise_on_mismatch=True) at the first compressed collective of a
+  multi-process job, once per process lifetime (one small host-to-host exchange
+  through the coordinator: it runs while the first call is traced, before any
+  program of it can run). A no-op with one process and after the first call.
+
+  Decisions taken later from inputs changed on some processes only (a
+  set_calibration after the first call) are not re-checked; call check_agreement()
+  again after such a change, on every process.
+  """
+  global _auto_checked
+  if _auto_checked or jax.process_count() == 1:
+    return
+  _auto_checked = True
+
+  def allgather(mine):
+    blobs = compat.exchange_across_processes("decision_inputs", mine.tobytes(), AUTO_CHECK_TIMEOUT_S)
+    if blobs is None:
+      return mine[None]
+    return np.stack([np.frombuffer(b, mine.dtype) for b in blobs])
+
+  check_agreement(raise_on_mismatch=True, allgather=allgather)
 
 
 def check_agreement(*, raise_on_mismatch: bool = False,

@@ -9,6 +9,11 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+try:
+  from jax._src import distributed as _distributed   # the coordinator's client
+except ImportError:  # pragma: no cover
+  _distributed = None
+
 
 def check_vma_enabled() -> bool:
   """True when shard_map tracks varying manual axes (check_vma=True, the default).
@@ -125,6 +130,14 @@ def varying_axes(x) -> frozenset:
   return frozenset(getattr(aval, "vma", ()) or ())  # pragma: no cover - older spelling
 
 
+def struct_varying(s) -> tuple:
+  """The manual axes over which a jax.eval_shape result is typed varying."""
+  mat = getattr(s, "manual_axis_type", None)
+  if mat is not None:
+    return tuple(sorted(getattr(mat, "varying", ()) or ()))
+  return tuple(sorted(getattr(s, "vma", ()) or ()))
+
+
 def pvary(x, axes: tuple):
   """Types x as varying over `axes` (no data movement); a no-op where it already is.
 
@@ -217,3 +230,26 @@ def switch_in_range(index, branches, *operands):
   if fn is None:
     return lax.switch(index, branches, *operands)
   return fn(index, branches, operands, branches_platforms=None)
+
+
+def exchange_across_processes(key: str, value: bytes, timeout_s: float) -> list | None:
+  """Every process's `value` under `key`, in process order, through the
+  jax.distributed coordinator's key-value store (host to host: no device
+  collective, so it can run while a function is being traced). None outside a
+  multi-process job. A process that does not publish within timeout_s raises.
+
+  The client is JAX's (jax._src.distributed, no public spelling).
+  """
+  client = getattr(getattr(_distributed, "global_state", None), "client", None)
+  if client is None or jax.process_count() == 1:
+    return None
+  me = jax.process_index()
+  client.key_value_set_bytes(f"zipccl_jax/{key}/{me}", value)
+  out = []
+  for i in range(jax.process_count()):
+    try:
+      out.append(client.blocking_key_value_get_bytes(f"zipccl_jax/{key}/{i}", int(timeout_s * 1000)))
+    except Exception as e:  # a timeout or a coordinator error, with the process named
+      raise RuntimeError(f"zipccl_jax: process {i} did not publish {key!r} within {timeout_s:.0f} s "
+                         f"(it has not reached the same point of the program: {e})") from None
+  return out

@@ -61,7 +61,9 @@ class HloConditional:
   Attributes:
     name: the conditional instruction's name.
     branch_bytes: per branch, the operand bytes of the collectives inside it (a
-      slot ladder's switch: one entry per rung, the raw rung last).
+      slot ladder's switch: one entry per rung, the raw rung last; its final
+      branch, which moves nothing and runs only when the participants' plans
+      differ, is left out).
     opcodes: the collective opcodes found in its branches (to tell switches apart).
   """
   name: str
@@ -214,6 +216,12 @@ def hlo_wire_bytes(hlo_text: str) -> HloWireBytes:
 
   found = {}
   walk(entry, (), frozenset(), found)
+  # A slot ladder's switch ends with the plan-mismatch branch, which moves nothing
+  # (taken only when the participants planned different transports): not counted,
+  # so that the last branch counted is the raw rung.
+  for c, nb in list(conds.items()):
+    if nb >= 3 and not any((c, nb - 1) in v[4] for v in found.values()):
+      conds[c] = nb - 1
   ops = []
   for key, (opcode, nbytes, group, sent, path) in found.items():
     first = all(i == 0 for _, i in path)

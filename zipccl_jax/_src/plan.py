@@ -52,6 +52,7 @@ class Plan(NamedTuple):
   bounds: tuple = ()
   parts: tuple = ()
   name: str | None = None      # the codec the call resolved to (stats name it), or None/"raw"
+  chunk: tuple = ()            # (k, C): this plan is chunk k of C of a chunked row; () unchunked
 
   @property
   def chunks(self) -> int:
@@ -134,8 +135,8 @@ def _chunked(p: Plan, chunks: int, all_to_all: bool) -> Plan:
   if len(bounds) == 1:
     return p._replace(bounds=(), parts=())
   return p._replace(bounds=bounds,
-                    parts=tuple(_chunk_plan(p.codec, p.dtype, b - a, all_to_all, p.name)
-                                for a, b in bounds))
+                    parts=tuple(_chunk_plan(p.codec, p.dtype, b - a, all_to_all, p.name)._replace(
+                                    chunk=(k, len(bounds))) for k, (a, b) in enumerate(bounds)))
 
 
 def _chunk_plan(codec, dtype, m: int, all_to_all: bool, name: str) -> Plan:

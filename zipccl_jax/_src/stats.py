@@ -38,9 +38,11 @@ class CollectiveStats:
       participants, in units of 128 bytes (0 when not compressed).
     escape_count: int32[], the codec's count (window codec: escaped exponents) in
       all rows encoded for this call, summed over all participants.
-    decode_errors: int32[], received rows whose decoder status was not 0 (filled
-      with NaN, all-one bits), summed over all participants. Always 0 unless the
-      wire corrupted a payload; see `check_decode` to raise instead.
+    decode_errors: int32[], with `check_decode` on: received rows whose decoder
+      status was not 0, summed over all participants (a failure also raises, so a
+      call that returns reports 0). -1 without `check_decode`: not counted, since
+      a count over the participants is one more collective, and stats must not
+      change the program. Rows that fail to decode hold NaN (all-one bits).
     collective: static, "all_gather", "psum_scatter", "psum", "all_to_all" or
       "ppermute".
     codec: static, the codec name, "raw" or None (plain lax).
@@ -157,8 +159,9 @@ def _per_transport(tables, rung):
   """table[t][rung[t]] for every transport t (rung may have leading batch dims)."""
   if _concrete(rung):
     r = _host(rung)
-    return np.stack([np.asarray(tab, np.int64)[r[..., t]] for t, tab in enumerate(tables)],
-                    axis=-1)
+    # (a rung past the table: the plan-mismatch branch, which moved nothing)
+    return np.stack([np.append(np.asarray(tab, np.int64), 0)[np.minimum(r[..., t], len(tab))]
+                     for t, tab in enumerate(tables)], axis=-1)
   return jnp.stack([jnp.asarray(np.asarray(tab, np.int64).clip(max=2**31 - 1), jnp.int32)[
       rung[..., t]] for t, tab in enumerate(tables)], axis=-1)
 
@@ -173,7 +176,7 @@ class Part(NamedTuple):
   rung: Any            # int32[] rung index taken
   used_units: Any      # int32[] agreed used size / 128
   escapes: Any         # int32[] codec count over all participants
-  decode_errors: Any   # int32[] failed rows over all participants
+  decode_errors: Any   # int32[] failed rows over all participants; None: not counted
   slots: tuple         # bytes this device sends on each rung (static)
   slot_sizes: tuple    # row slot of each rung (static)
   agree_bytes: int
@@ -188,7 +191,8 @@ def make_stats(name: str, codec, parts) -> CollectiveStats:
       rung=jnp.stack([i32(p.rung) for p in parts]),
       used_units=jnp.stack([i32(p.used_units) for p in parts]),
       escape_count=sum(i32(p.escapes) for p in parts),
-      decode_errors=sum(i32(p.decode_errors) for p in parts),
+      decode_errors=(jnp.int32(-1) if any(p.decode_errors is None for p in parts)
+                     else sum(i32(p.decode_errors) for p in parts)),
       collective=name, codec=codec, compressed=any(p.compressed for p in parts),
       raw_bytes=sum(p.raw_bytes for p in parts), elements=sum(p.elements for p in parts),
       slots=tuple(p.slots for p in parts), slot_sizes=tuple(p.slot_sizes for p in parts),

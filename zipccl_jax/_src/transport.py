@@ -7,8 +7,12 @@ ppermute). For one call, a device
   1. encodes all its rows in one `encode_rows` call into a worst-case buffer
      uint8[R, max_nbytes]; the codec reports each row's used size (a multiple of
      128 bytes; more than max_nbytes when the row does not fit);
-  2. agrees with its peers on the largest used size: ONE int32 pmax over the axes
-     (an all-gather of (used, count) pairs when stats are asked for);
+  2. agrees with its peers on the largest used size: ONE all-gather of a small
+     int32 row per participant, (used size, count, the plan fingerprint), the same
+     with or without stats. The fingerprint (`fingerprint`: codec and format
+     version, ladder, chunking, collective, dtype, row shape, check_decode) must
+     be equal everywhere: participants that planned different transports fail
+     the call before any byte moves ("zipccl_agree");
   3. rounds it up to the next rung of a static ladder of slot sizes (`ladder`),
      from the codec's min_nbytes (or its floor, with low rungs below) to below
      the raw row size, 1% apart (`ladder`); the rung index is identical
@@ -52,6 +56,7 @@ Each mover returns (rows that arrived, (stats.Part per chunk,)).
 from __future__ import annotations
 
 import functools
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -144,22 +149,61 @@ def _used_max_vmap(axis_size, in_batched, st):
   return used_max(st), False
 
 
-def rung_index(agreed, rungs):
-  """The rung of an agreed used size (int32, units of 128 B): the number of rungs
-  (slot sizes in bytes, ascending) too small for it; len(rungs) = the raw rung.
+# Status of every received row when the participants' plans differ on a backend
+# whose agreement cannot raise (the "zipccl_agree" CPU handler fails the call
+# instead). Outside every codec's status range (codecs use small positive values).
+PLAN_MISMATCH = 0x7FFF0000
+# The fingerprint fields, in the order of ffi/transport.h kFingerprintFields.
+FINGERPRINT_FIELDS = ("codec and format version", "slot ladder", "chunking",
+                      "collective, dtype, row shape and check_decode")
 
-  A custom call on CPU backends ("zipccl_rung_index", the rung sizes an attribute):
-  the comparison and sum would be a kernel. Elsewhere jnp ops.
+
+def fingerprint(plan, rows_shape, where: str, check: bool) -> tuple:
+  """The static plan of one ladder transport as len(FINGERPRINT_FIELDS) int32 values
+  (CRC-32 of each field's canonical text, top bit cleared): what every participant
+  must share for the agreement and the slot switch to mean the same thing."""
+  codec = plan.codec
+  impl = getattr(codec, "impl", None)
+  fields = ((codec.name, getattr(impl, "FORMAT_VERSION", None), getattr(codec, "codec_id", None)),
+            tuple(int(r) for r in plan.rungs),
+            tuple(plan.chunk),
+            (where, np.dtype(plan.dtype).name, tuple(int(d) for d in rows_shape), bool(check)))
+  assert len(fields) == len(FINGERPRINT_FIELDS)
+  return tuple(zlib.crc32(repr(f).encode()) & 0x7FFFFFFF for f in fields)
+
+
+def agree(every, rungs, where: str):
+  """(agreed, count, rung) int32[3] of the gathered agreement rows every[N, W]
+  (used size in units of 128 B, count, fingerprint fields): the largest used size,
+  the summed count and the first rung (slot sizes in bytes, ascending) that holds
+  the agreed size, len(rungs) = the raw rung.
+
+  A custom call ("zipccl_agree", the rung sizes and `where` attributes) on CPU
+  backends, where differing fingerprints fail the call with an error naming
+  `where` and the fields; jnp ops elsewhere, where differing fingerprints give
+  rung len(rungs) + 1: the switch's last branch, which moves nothing.
   """
   units = np.asarray([s // _ALIGN for s in rungs], np.int32)
-  if units.size == 0:   # no compressed rung: the raw one
-    return jnp.sum(agreed > units).astype(jnp.int32)
 
   def on_cpu(v):
-    return _target("zipccl_rung_index", (), jnp.int32, v, v, units=units, vmap_method="sequential")
+    return _target("zipccl_agree", (3,), jnp.int32, v, v, units=units, where=where,
+                   vmap_method="sequential")
 
-  return lax.platform_dependent(agreed.astype(jnp.int32), cpu=on_cpu,
-                                default=lambda v: jnp.sum(v > units).astype(jnp.int32))
+  def default(v):
+    agreed = jnp.max(v[:, 0], initial=0)
+    # the count's sum saturated at INT32_MAX, exact in int32 arithmetic: the high and
+    # low 16 bits summed apart (N < 32768 participants)
+    c = jnp.maximum(v[:, 1], 0)
+    hi, lo = jnp.sum(c >> 16), jnp.sum(c & 0xFFFF)
+    hi = hi + (lo >> 16)
+    count = jnp.where(hi >= 1 << 15, np.iinfo(np.int32).max, (hi << 16) + (lo & 0xFFFF))
+    differ = jnp.any(v[:, 2:] != v[:1, 2:])
+    rung = jnp.where(differ, len(rungs) + 1, jnp.sum(agreed > units)).astype(jnp.int32)
+    return jnp.stack([agreed, count, rung])
+
+  if units.size == 0:   # no compressed rung: jnp ops on every backend
+    return default(every)
+  return lax.platform_dependent(every, cpu=on_cpu, default=default)
 
 
 def row_prefix(payload, slot: int):
@@ -287,32 +331,41 @@ def a2a_raw(rows, axes, me=None):
   return lax.platform_dependent(rows, cpu=on_cpu, default=default)
 
 
-def _agree(used, count, axes, want_stats):
-  """The largest used size (units of 128 B) over the participants, and the summed count.
+def _agree(used, count, fp, axes, rungs, where):
+  """(agreed, count, rung, bytes): the agreement of one transport.
 
-  Without stats: one pmax of an int32 (4 bytes). With stats: one all-gather of
-  (used, count) (8 bytes), reduced locally, so stats cost no extra collective here.
+  One all-gather of (used, count, *fp) int32 per participant, reduced on each
+  device (`agree`): the same collective with or without stats, so a process that
+  asks for stats runs the program of one that does not.
   """
-  if want_stats:
-    both = compat.all_gather_invariant(jnp.stack([used, count]).astype(jnp.int32), axes)
-    return jnp.max(both[:, 0]), jnp.sum(both[:, 1]), 8
-  return lax.pmax(used.astype(jnp.int32), axes), jnp.int32(0), 4
+  row = jnp.stack([used.astype(jnp.int32), count.astype(jnp.int32)]
+                  + [jnp.int32(f) for f in fp])
+  every = compat.all_gather_invariant(row, axes)   # [N, 2 + len(fp)]
+  out = agree(every, rungs, where)
+  return out[0], out[1], out[2], 4 * (2 + len(fp))
 
 
 def _raise_decode_error(where, codec, word, bad, worst):
   """Host side of check_decode: zero of the wire word dtype, or raises naming the
-  codec and its status text.
+  codec and its status text (or the plan mismatch, PLAN_MISMATCH).
 
   A pure_callback (not a debug callback) on purpose: its error fails this call's
   results, which the caller sees at block_until_ready, and nothing else. A failing
   jax.debug.callback stays in JAX's runtime tokens and re-raises at every later
   effects barrier and at interpreter exit.
   """
+  if int(bad) and int(worst) == PLAN_MISMATCH:
+    raise RuntimeError(
+        f"zipccl_jax: the participants of {where} planned different compressed transports "
+        "(codec, format version, ladder, chunking, dtype, shape or check_decode differ); no "
+        "bytes were moved and the rows hold NaN (all-one bits). Every process must call it "
+        "with the same options and hold the same calibration and ZIPCCL_* settings.")
   if int(bad):
+    status = (f"status {int(worst)}: {codec.decode_error_message(int(worst))}" if int(worst)
+              else "on other participants")
     raise RuntimeError(
         f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode with the "
-        f"{codec.name!r} codec (status {int(worst)}: "
-        f"{codec.decode_error_message(int(worst))}); they hold NaN (all-one bits). The "
+        f"{codec.name!r} codec ({status}); they hold NaN (all-one bits). The "
         "payload was corrupted in transit, or the sending process used another codec or "
         "format version.")
   return np.zeros((), word)
@@ -369,8 +422,8 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     # A data dependence (used >= 0 and rung >= 0, so the value is unchanged):
     # XLA:CPU drops optimization barriers before it combines all-reduces.
     used = jnp.maximum(used, jnp.minimum(after, 0).astype(used.dtype))
-  agreed, count_total, agree_bytes = _agree(used, count, axes, want_stats)
-  rung = rung_index(agreed, plan.rungs)       # the first rung >= agreed size
+  fp = fingerprint(plan, rows.shape, where, check)
+  agreed, count_total, rung, agree_bytes = _agree(used, count, fp, axes, plan.rungs, where)
 
   def zeros_status(like):
     # typed varying over exactly the axes the received rows vary over
@@ -390,23 +443,35 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
       y = copy_as(move(copy_as(rows, word)), dtype)
     return y, zeros_status(y)
 
-  y, status = compat.switch_in_range(rung, [functools.partial(compressed, s) for s in plan.rungs] + [raw])
+  def mismatch():
+    # The participants' plans differ (a backend whose agreement cannot raise): the
+    # raw branch's types, nothing moved, all-one rows with status PLAN_MISMATCH.
+    like_y, like_status = jax.eval_shape(raw)
+    word = dtypes.info(dtype).word
+    y = compat.pvary(jnp.full(like_y.shape, np.iinfo(word).max, word), compat.struct_varying(like_y))
+    status = compat.pvary(jnp.full(like_status.shape, PLAN_MISMATCH, jnp.int32),
+                          compat.struct_varying(like_status))
+    return unbits(y, dtype), status
+
+  y, status = compat.switch_in_range(
+      rung, [functools.partial(compressed, s) for s in plan.rungs] + [raw, mismatch])
   if recvs is not None:   # nobody sends to this device: lax gives zeros
     y = unbits(jnp.where(recvs, bits(y), 0), dtype)
     status = jnp.where(recvs, status, 0)
-  bad = jnp.sum(status != 0).astype(jnp.int32)
+  errors = None   # not counted without check_decode: a count over the participants is a collective
   if check:
+    # The failed rows over all participants (check_decode is part of the plan
+    # fingerprint, so every participant runs this psum), so that every device
+    # fails, not only the ones that received a bad row.
+    errors = lax.psum(jnp.sum(status != 0).astype(jnp.int32), axes)
+    agree_bytes += 4
     # y ^ zero: the results depend on the check (zero comes from the host at run
     # time, so XLA cannot fold it away) and fail with its error; one pass over y.
     word = dtypes.info(dtype).word
     zero = jax.pure_callback(functools.partial(_raise_decode_error, where, codec, word),
-                             jax.ShapeDtypeStruct((), word), bad, jnp.max(status),
+                             jax.ShapeDtypeStruct((), word), errors, jnp.max(status),
                              vmap_method="sequential")
     y = unbits(bits(y) ^ zero, dtype)
-  errors = jnp.int32(0)
-  if want_stats:
-    errors = lax.psum(bad, axes)
-    agree_bytes += 4
   return y, (rung, agreed, count_total, errors, agree_bytes)
 
 

@@ -33,8 +33,10 @@ _OPTIONS_DOC = """
       is faster.
     stats: also return a `CollectiveStats` (per leaf of x): the rung each
       transport took, used vs slot bytes, whether the raw rung was taken, the
-      codec's count, decode errors. Costs one 4-byte psum per transport and turns
-      the 4-byte agreement into an 8-byte all-gather.
+      codec's count, decode errors (counted with check_decode). Free: the stats
+      come from the agreement every compressed transport runs anyway, so the
+      program (buckets, collectives, sizes) is the same with and without stats,
+      and processes may differ in it (stats on one process only).
     check_decode: fail the call's results (a `jax.pure_callback` that the results
       depend on raises, so `block_until_ready` raises an error naming the
       collective) when a received row fails to decode, instead of only returning
@@ -52,8 +54,8 @@ _OPTIONS_DOC = """
       packed, per dtype and in leaf order, into buckets of at most this size, and
       each bucket moves as one transport (one row header, agreement and ladder
       for many small leaves; the same bits as leaf by leaf). None: the default,
-      `BUCKET_BYTES` (4 MiB); 0: every leaf alone. With stats=True every leaf
-      travels alone, so that its stats are its own."""
+      `BUCKET_BYTES` (4 MiB); 0: every leaf alone. With stats=True the leaves of
+      a bucket share its transport and report the bucket's stats."""
 
 
 def _with_options_doc(f):
@@ -123,7 +125,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
                  lambda g: impl.ag_assemble(g, shape, a, tiled, n_peers))
 
   def run(rows):
-    return autodiff.bag(rows, impl.Cfg(axes, n_peers, opts, False, fn, to=to))[0]
+    return autodiff.bag(rows, impl.Cfg(axes, n_peers, opts, stats, fn, to=to))
 
   return buckets.map_leaves(one, x, stats, (item, run, limit))
 
@@ -184,7 +186,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
     return buckets.Item(rows, lambda r: r.reshape(chunk))
 
   def run(rows):    # [N, m] each: row j for peer j, as impl.rows_for_peers(x, 0, False) sees it
-    return autodiff.brs(rows, impl.Cfg(axes, n_peers, opts, False, fn))[0]
+    return autodiff.brs(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
   return buckets.map_leaves(one, x, stats, (item, run, limit))
 
@@ -231,7 +233,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "auto", policy: str = "
     return buckets.flat_item(fn, leaf, opts, axes)
 
   def run(rows):
-    return autodiff.bpsum(rows, impl.Cfg(axes, n_peers, opts, False, fn))[0]
+    return autodiff.bpsum(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
   return buckets.map_leaves(one, x, stats, (item, run, limit))
 
@@ -287,7 +289,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
     return buckets.Item(rows, lambda r: impl.a2a_assemble(r, chunk, c, tiled, n_peers))
 
   def run(rows):    # [N, m] each in and out: row i from peer i
-    return autodiff.ba2a(rows, impl.Cfg(axes, n_peers, opts, False, fn))[0]
+    return autodiff.ba2a(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
   return buckets.map_leaves(one, x, stats, (item, run, limit))
 
@@ -331,6 +333,6 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "auto", polic
     return buckets.flat_item(fn, leaf, opts, axes)
 
   def run(rows):
-    return autodiff.bpp(rows, impl.Cfg(axes, n_peers, opts, False, fn, perm=perm))[0]
+    return autodiff.bpp(rows, impl.Cfg(axes, n_peers, opts, stats, fn, perm=perm))
 
   return buckets.map_leaves(one, x, stats, (item, run, limit))

@@ -135,7 +135,10 @@ def _unpack(y, xs):
 
 
 def _bucketed(fwd):
-  return lambda xs, cfg: (_unpack(fwd(_pack(xs), cfg)[0], xs), None)
+  def run(xs, cfg):
+    y, st = fwd(_pack(xs), cfg)
+    return _unpack(y, xs), st
+  return run
 
 
 def _pvary_all(cts, cfg):

@@ -67,29 +67,29 @@ def map_leaves(one, x, stats: bool, bucket=None):
 
   bucket: None, or (item, run, limit): item(leaf) -> _Item, or None for a leaf that
   is not bucketed (plain lax, empty); run(rows) runs the bucketed collective on a
-  tuple of rows and returns the tuple of their results. With stats=True every
-  leaf keeps its own transport (its stats are its own), so nothing is bucketed.
+  tuple of rows and returns (the tuple of their results, the bucket's stats). The
+  buckets are the same with stats=True (the program must not change with stats):
+  every leaf of a bucket then reports the bucket's stats.
   """
   leaves, treedef = jax.tree_util.tree_flatten(x)
-  if bucket is None or stats or len(leaves) < 2:
-    outs = [one(leaf) for leaf in leaves]
-    y = jax.tree_util.tree_unflatten(treedef, [o[0] for o in outs])
-    if not stats:
-      return y
-    return y, jax.tree_util.tree_unflatten(treedef, [o[1] for o in outs])
-  item, run, limit = bucket
-  items = [(i, it) for i, it in ((i, item(leaf)) for i, leaf in enumerate(leaves))
-           if it is not None]
-  by_index = dict(items)
-  ys = [None] * len(leaves)
-  for group in _bucket_groups(items, limit):
-    if len(group) == 1:
-      continue
-    its = [by_index[i] for i in group]
-    for i, it, r in zip(group, its, run(tuple(it.rows for it in its))):
-      ys[i] = it.post(r)
-  ys = [one(leaf)[0] if y is None else y for leaf, y in zip(leaves, ys)]
-  return jax.tree_util.tree_unflatten(treedef, ys)
+  outs = [None] * len(leaves)
+  if bucket is not None and len(leaves) >= 2:
+    item, run, limit = bucket
+    items = [(i, it) for i, it in ((i, item(leaf)) for i, leaf in enumerate(leaves))
+             if it is not None]
+    by_index = dict(items)
+    for group in _bucket_groups(items, limit):
+      if len(group) == 1:
+        continue
+      its = [by_index[i] for i in group]
+      ys, st = run(tuple(it.rows for it in its))
+      for i, it, r in zip(group, its, ys):
+        outs[i] = (it.post(r), st)
+  outs = [one(leaf) if o is None else o for leaf, o in zip(leaves, outs)]
+  y = jax.tree_util.tree_unflatten(treedef, [o[0] for o in outs])
+  if not stats:
+    return y
+  return y, jax.tree_util.tree_unflatten(treedef, [o[1] for o in outs])
 
 
 def lax_stats(name, x):

@@ -1,0 +1,91 @@
+"""One process of the divergent-configuration tests (launched by test_multiprocess.py).
+
+    python examples/launch.py -n N tests/_diverge_worker.py OUT_DIR CASE
+
+Process 0 and the others are configured differently (CASE, below) and run
+compressed collectives over every device of every process. Writes
+{"error": the exception text or None, "exact": the results equal codec="raw"'s,
+"seconds"} to OUT_DIR/worker<i>.json. The test expects an error naming the
+disagreement on every process, or (stats) identical programs and exact results.
+
+CASE: codec (zipccl vs entropy), chunks (1 vs 2), calibration (a calibration in
+force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
+the same program, exact results).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import launch  # noqa: E402
+
+
+def _call(jax, zc, case: str, first: bool):
+  """The per-process options of CASE: process 0 (first) vs the others."""
+  kw = dict(policy="always")
+  if case == "codec":
+    kw["codec"] = "zipccl" if first else "entropy"
+  elif case == "chunks":
+    kw["chunks"] = 1 if first else 2
+  elif case == "check_decode":
+    kw["check_decode"] = first
+  elif case == "calibration" and first:
+    from zipccl_jax._src import calibration   # the saved defaults: a calibration in force
+    zc.set_calibration(calibration.default_calibration())
+  stats = case == "stats" and first
+
+  def body(x):
+    outs = [zc.compressed_all_gather(x, "x", tiled=True, stats=stats, **kw),
+            zc.compressed_psum(x, "x", stats=stats, **kw)]
+    return [o[0] if stats else o for o in outs]
+
+  return body
+
+
+def main(argv) -> int:
+  if not launch.launched() or len(argv) != 3:
+    print(__doc__.split("\n\n")[1], file=sys.stderr)
+    return 2
+  pid = int(os.environ[launch.ENV_PROCESS_ID])
+  out = {"error": None, "exact": None, "seconds": None}
+  start = time.monotonic()
+  try:
+    launch.init_jax()
+    import jax
+    import ml_dtypes
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import zipccl_jax as zc
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    x = np.random.default_rng(5).standard_normal((n * 8, 4096)).astype(ml_dtypes.bfloat16)
+    xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
+    f = jax.jit(jax.shard_map(_call(jax, zc, argv[2], pid == 0), mesh=mesh, in_specs=P("x"),
+                              out_specs=[P("x"), P()]))
+    raw = jax.jit(jax.shard_map(lambda v: [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
+                                           zc.compressed_psum(v, "x", codec="raw")],
+                                mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
+    got = jax.block_until_ready(f(xg))
+    want = raw(xg)
+    out["exact"] = all(
+        np.asarray(a.addressable_data(0)).view(np.uint16).tobytes()
+        == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
+  except Exception as e:  # the outcome under test: reported, not raised
+    out["error"] = f"{type(e).__name__}: {e}"
+    if "zipccl_jax" not in str(e):
+      out["error"] += "\n" + traceback.format_exc()
+  out["seconds"] = time.monotonic() - start
+  Path(argv[1], f"worker{pid}.json").write_text(json.dumps(out))
+  sys.stdout.flush()
+  os._exit(0)   # no distributed shutdown barrier after a failed collective
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
