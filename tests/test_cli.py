@@ -1,9 +1,11 @@
 """The `python -m zipccl_jax analyze` command line and the tensor file loader."""
+import io
 import json
 import os
 import struct
 import subprocess
 import sys
+import zipfile
 
 import ml_dtypes
 import numpy as np
@@ -239,6 +241,33 @@ def test_progress_bar_for_many_tensors(tmp_path, capsys):
   assert "/12" not in capsys.readouterr().err
 
 
+def _npy_bytes(a) -> bytes:
+  buf = io.BytesIO()
+  np.save(buf, a)
+  return buf.getvalue()
+
+
+def _zip_bytes(name: str, data: bytes) -> bytes:
+  buf = io.BytesIO()
+  with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr(name, data)
+  return buf.getvalue()
+
+
+def _zip(path, name: str, data: bytes):
+  path.write_bytes(_zip_bytes(name, data))
+  return path
+
+
+def _corrupt_crc(blob: bytes) -> bytes:
+  """The member's stored CRC-32 changed (local header and central directory)."""
+  b = bytearray(blob)
+  for sig, off in ((b"PK\x03\x04", 14), (b"PK\x01\x02", 16)):
+    i = b.index(sig) + off
+    b[i] ^= 0xFF
+  return bytes(b)
+
+
 @pytest.mark.parametrize("make, msg", [
     (lambda d: d / "missing.npy", "no such file"),
     (lambda d: (d / "x.bin").write_bytes(b"1234") and d / "x.bin", "unknown file kind"),
@@ -251,18 +280,65 @@ def test_progress_bar_for_many_tensors(tmp_path, capsys):
     (lambda d: np.save(d / "obj.npy", np.array([1, "a", None], object), allow_pickle=True)
      or d / "obj.npy", "holds Python objects (dtype object)"),
     (lambda d: np.savez(d / "obj.npz", a=np.array([1, None], object)) or d / "obj.npz",
-     "member 'a' is not readable (it holds Python objects"),
+     "member 'a.npy': holds Python objects (dtype object)"),
     (lambda d: np.save(d / "t.npy", np.zeros(1000, np.float32)) or (d / "t.npy").write_bytes(
         (d / "t.npy").read_bytes()[:-100]) and d / "t.npy",
-     "truncated .npy file: its header describes float32 [1000] (4000 bytes of data), the file "
+     "truncated .npy data: its header describes float32 [1000] (4000 bytes of data), the file "
      "holds 3900"),
+    (lambda d: os.mkfifo(d / "pipe.npy") or d / "pipe.npy", "not a regular file (a FIFO"),
+    (lambda d: _zip(d / "lie.npz", "a.npy", _npy_bytes(np.zeros(64, np.float32))[:-40]),
+     "member 'a.npy': truncated .npy data"),
+    (lambda d: _zip(d / "long.npz", "a.npy", _npy_bytes(np.zeros(64, np.float32)) + b"x" * 9),
+     "its header describes 256 bytes of data, the archive declares 265"),
+    (lambda d: _zip(d / "hdr.npz", "a.npy", b"\x93NUMPY\x01\x00\x10\x00{garbage header}\n"),
+     "member 'a.npy': malformed .npy header"),
+    (lambda d: _zip(d / "notnpy.npz", "a.npy", b"hello world"), "member 'a.npy': not a .npy file"),
+    (lambda d: (d / "cut.npz").write_bytes(_zip_bytes("a.npy", _npy_bytes(_gauss(5000, np.float32)))[:3000])
+     and d / "cut.npz", "not a readable .npz file"),
+    (lambda d: (d / "crc.npz").write_bytes(_corrupt_crc(_zip_bytes("a.npy", _npy_bytes(np.ones(50, np.float32)))))
+     and d / "crc.npz", "is not readable (Bad CRC-32"),
 ])
+
+
 def test_bad_files(tmp_path, capsys, make, msg):
   path = make(tmp_path)
   assert cli.main(["analyze", str(path)]) == 2
   err = capsys.readouterr().err
   assert msg in err
   assert "allow_pickle" not in err and "pickle.load" not in err   # never numpy's advice
+
+
+def test_npz_members_stream_with_bounded_memory(tmp_path):
+  """A 4.5 MB .npz of zeros that inflates to 1 GiB: with --max-elements the member is
+  inflated as a stream and only the sample is kept (peak memory far below the
+  inflated size); the sample equals subsample() of the whole array."""
+  n = 1 << 28   # float32 zeros: 1 GiB inflated
+  path = tmp_path / "bomb.npz"
+  with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+    with z.open("z.npy", "w", force_zip64=True) as f:
+      f.write(_npy_bytes(np.zeros(0, np.float32)).replace(b"(0,)", b"(%d,)" % n)[:128])
+      chunk = bytes(1 << 24)
+      for _ in range(n * 4 // len(chunk)):
+        f.write(chunk)
+  assert path.stat().st_size < 8 << 20
+  code = ("import resource, sys; from zipccl_jax import __main__ as cli; "
+          f"rc = cli.main(['analyze', '--max-elements', '100000', '--json', {str(path)!r}]); "
+          "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); "
+          "sys.exit(rc)")
+  res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  peak_kib = int(res.stderr.split("PEAK")[-1].split()[0])
+  assert peak_kib < 700 * 1024, peak_kib   # the interpreter, jax and the sample: not 1 GiB
+  doc = json.loads(res.stdout)
+  (t,) = doc["files"][0]["tensors"]
+  assert t["shape"] == [n] and t["analyzed_elements"] <= 100000 and t["roundtrip_ok"]
+  # the streamed sample is subsample()'s
+  small = tmp_path / "small.npz"
+  x = _gauss(300_000, np.float32, seed=3)
+  np.savez_compressed(small, x=x)
+  (got,) = list(tio.iter_tensors(str(small), max_elements=50_000))
+  assert got.shape == (300_000,)
+  np.testing.assert_array_equal(got.array.view(np.uint32), tio.subsample(x, 50_000).view(np.uint32))
 
 
 def test_bad_safetensors_offsets(tmp_path, capsys):

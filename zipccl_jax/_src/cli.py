@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import sys
+import zipfile
 from typing import Any, Sequence
 
 import numpy as np
@@ -263,8 +264,8 @@ def _count(path: str) -> int:
       header, _ = tio.read_safetensors_header(path)
       return sum(1 for k in header if k != "__metadata__")
     if path.lower().endswith(".npz"):
-      with np.load(path, allow_pickle=False) as z:
-        return len(z.files)
+      with zipfile.ZipFile(path) as z:
+        return len(z.infolist())
   except Exception:  # the real load reports the error
     pass
   return 1
@@ -316,11 +317,14 @@ def run_analyze(args, out=None, err=None) -> int:
       rows: list[Row] = []
       failure = None
       try:
-        for t in tio.iter_tensors(f, void2=args.void2):
+        for t in tio.iter_tensors(f, void2=args.void2, max_elements=args.max_elements):
           rows.append(analyze_tensor(f, t, args.max_elements, codec))
           bar.update(1)
       except tio.TensorFileError as e:
         failure = str(e)
+        status = 2
+      except (Exception, MemoryError) as e:  # anything else a hostile file causes: one line, exit 2
+        failure = f"{f}: not readable ({type(e).__name__}: {e})"
         status = 2
       per_file.append((f, rows, total_row(rows, "TOTAL") if rows else None, failure))
   finally:

@@ -19,7 +19,9 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import zipfile
+import zlib
 from typing import Iterator
 
 import ml_dtypes
@@ -67,9 +69,10 @@ class Tensor:
     return math.prod(self.shape)
 
 
-def _from_numpy(name: str, a: np.ndarray, void2: str) -> Tensor:
-  """Wraps a numpy array, interpreting 2-byte void data as `void2` (or skipping it)."""
-  shape = tuple(a.shape)
+def _from_numpy(name: str, a: np.ndarray, void2: str, shape: tuple | None = None) -> Tensor:
+  """Wraps a numpy array, interpreting 2-byte void data as `void2` (or skipping it).
+  shape: the stored shape when `a` is a sample of it (flat)."""
+  shape = tuple(a.shape) if shape is None else tuple(shape)
   if dtypes.is_supported(a.dtype):
     return Tensor(name, a.dtype.name, shape, array=a)
   # ml_dtypes' bfloat16 has no numpy type code: np.save writes it as '|V2' and
@@ -93,43 +96,43 @@ def _why(e: Exception) -> str:
   return text
 
 
-def _npy_header(path: str, f) -> tuple[np.dtype, tuple, int]:
-  """Checks a .npy header: (dtype, shape, data offset), or TensorFileError in our words.
+def _npy_header(path: str, f, size: int) -> tuple[np.dtype, tuple, bool, int]:
+  """Checks a .npy header read from stream f (a file or a zip member of `size`
+  bytes): (dtype, shape, fortran_order, data offset), or TensorFileError in our words.
 
   np.load on a file that is not .npy falls back to unpickling and then suggests
   allow_pickle=True: never that. The magic bytes, the header, the dtype (no Python
-  objects) and the data size against the file size are all checked first.
+  objects) and the data size against `size` are all checked first.
   """
-  head = f.read(len(_NPY_MAGIC))
-  if head != _NPY_MAGIC:
+  head = f.read(len(_NPY_MAGIC) + 2)
+  if head[:len(_NPY_MAGIC)] != _NPY_MAGIC:
     raise TensorFileError(f"{path}: not a .npy file (it does not start with the .npy magic "
-                          f"bytes \\x93NUMPY; first bytes {head!r})")
-  f.seek(0)
+                          f"bytes \\x93NUMPY; first bytes {head[:len(_NPY_MAGIC)]!r})")
+  version = tuple(head[len(_NPY_MAGIC):])
   try:
-    version = np.lib.format.read_magic(f)
     if version == (1, 0):
-      shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+      shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
     elif version in ((2, 0), (3, 0)):
-      shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+      shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
     else:
       raise ValueError(f"unsupported .npy format version {version}")
-  except (ValueError, OSError, EOFError, SyntaxError, UnicodeDecodeError) as e:
+  except (ValueError, OSError, EOFError, SyntaxError, UnicodeDecodeError, TypeError) as e:
     raise TensorFileError(f"{path}: malformed .npy header ({_why(e)})") from e
   if dtype.hasobject:
     raise TensorFileError(f"{path}: holds Python objects (dtype {dtype}), not numbers; "
                           "only numeric arrays are read")
   offset = f.tell()
   need = math.prod(shape) * dtype.itemsize
-  have = os.path.getsize(path) - offset
+  have = size - offset
   if have < need:
-    raise TensorFileError(f"{path}: truncated .npy file: its header describes {dtype} "
+    raise TensorFileError(f"{path}: truncated .npy data: its header describes {dtype} "
                           f"{list(shape)} ({need} bytes of data), the file holds {have}")
-  return dtype, shape, offset
+  return dtype, shape, bool(fortran), offset
 
 
 def _load_npy(path: str, void2: str) -> Iterator[Tensor]:
   with open(path, "rb") as f:
-    _npy_header(path, f)
+    _npy_header(path, f, os.path.getsize(path))
   try:
     a = np.load(path, mmap_mode="r", allow_pickle=False)
   except (ValueError, OSError, EOFError) as e:
@@ -137,24 +140,61 @@ def _load_npy(path: str, void2: str) -> Iterator[Tensor]:
   yield _from_numpy(os.path.splitext(os.path.basename(path))[0], a, void2)
 
 
-def _load_npz(path: str, void2: str) -> Iterator[Tensor]:
+def _read(f, nbytes: int, where: str) -> bytes:
+  data = f.read(nbytes)
+  if len(data) != nbytes:
+    raise TensorFileError(f"{where}: truncated data ({len(data)} of {nbytes} bytes)")
+  return data
+
+
+def _npz_member(path: str, z: zipfile.ZipFile, info: zipfile.ZipInfo, max_elements: int):
+  """One .npz member, inflated as a stream: (the array, its stored shape). The
+  whole array, or with max_elements > 0 only the `subsample` runs (the stream is
+  read once, the rest discarded), so memory holds the sample, never more than the
+  member's declared size, which must match its header."""
+  where = f"{path}: member {info.filename!r}"
+  with z.open(info) as f:
+    dtype, shape, fortran, offset = _npy_header(where, f, info.file_size)
+    n = math.prod(shape)
+    if offset + n * dtype.itemsize != info.file_size:
+      raise TensorFileError(f"{where}: its header describes {n * dtype.itemsize} bytes of data, "
+                            f"the archive declares {info.file_size - offset}")
+    runs = sample_runs(n, max_elements)
+    if runs is None:
+      a = np.frombuffer(_read(f, n * dtype.itemsize, where), dtype)
+      a = a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
+      return a, tuple(shape)
+    pieces, at = [], 0
+    for start, count in runs:   # ascending, disjoint
+      while at < start:
+        skip = min(start - at, 1 << 20)
+        _read(f, skip * dtype.itemsize, where)
+        at += skip
+      pieces.append(np.frombuffer(_read(f, count * dtype.itemsize, where), dtype))
+      at += count
+    return np.concatenate(pieces), tuple(shape)
+
+
+def _load_npz(path: str, void2: str, max_elements: int = 0) -> Iterator[Tensor]:
   with open(path, "rb") as f:
     head = f.read(4)
   if head not in _ZIP_MAGICS:
     raise TensorFileError(f"{path}: not an .npz file (not a zip archive; first bytes {head!r})")
   try:
-    z = np.load(path, allow_pickle=False)
+    z = zipfile.ZipFile(path)
   except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
     raise TensorFileError(f"{path}: not a readable .npz file ({_why(e)})") from e
-  if not isinstance(z, np.lib.npyio.NpzFile):
-    raise TensorFileError(f"{path}: not an .npz archive (it holds a single array)")
   with z:
-    for key in z.files:
+    for info in z.infolist():
+      key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
       try:
-        a = z[key]
-      except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        raise TensorFileError(f"{path}: member {key!r} is not readable ({_why(e)})") from e
-      yield _from_numpy(key, a, void2)
+        a, shape = _npz_member(path, z, info, max_elements)
+      except TensorFileError:
+        raise
+      except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+              RuntimeError) as e:
+        raise TensorFileError(f"{path}: member {info.filename!r} is not readable ({_why(e)})") from e
+      yield _from_numpy(key, a, void2, shape)
 
 
 def read_safetensors_header(path: str) -> tuple[dict, int]:
@@ -220,13 +260,16 @@ def _load_safetensors(path: str) -> Iterator[Tensor]:
       yield Tensor(name, st_dtype, shape, skip=f"unknown safetensors dtype {st_dtype!r}")
 
 
-def iter_tensors(path: str, *, void2: str = "bfloat16") -> Iterator[Tensor]:
+def iter_tensors(path: str, *, void2: str = "bfloat16", max_elements: int = 0) -> Iterator[Tensor]:
   """Yields the tensors of a .npy, .npz or .safetensors file, in file order.
 
   Args:
     path: the file. Its kind is taken from the suffix.
     void2: how to read 2-byte void arrays (bfloat16 saved by ml_dtypes/JAX with
       np.save): "bfloat16", "float16" or "skip".
+    max_elements: > 0: members of .npz archives are inflated as streams and only
+      `subsample(.., max_elements)`'s runs are kept (a flat `array`; `shape` is the
+      stored one). .npy and .safetensors arrays are memory maps either way.
 
   Raises:
     TensorFileError: the file does not exist, has another suffix, or is malformed.
@@ -240,7 +283,7 @@ def iter_tensors(path: str, *, void2: str = "bfloat16") -> Iterator[Tensor]:
   if suffix == ".npy":
     yield from _load_npy(path, void2)
   elif suffix == ".npz":
-    yield from _load_npz(path, void2)
+    yield from _load_npz(path, void2, max_elements)
   else:
     yield from _load_safetensors(path)
 
@@ -254,6 +297,12 @@ def check_path(path: str) -> str | None:
     return f"{path}: no such file"
   if os.path.isdir(path):
     return f"{path}: is a directory, not a tensor file"
+  try:
+    mode = os.stat(path).st_mode
+  except OSError as e:
+    return f"{path}: cannot be read ({e.strerror})"
+  if not stat.S_ISREG(mode):
+    return f"{path}: not a regular file (a FIFO, socket or device); tensor files are regular files"
   suffix = os.path.splitext(path)[1].lower()
   if suffix not in SUPPORTED_SUFFIXES:
     return (f"{path}: unknown file kind {suffix or '(no suffix)'!r}; "
@@ -261,21 +310,19 @@ def check_path(path: str) -> str | None:
   return None
 
 
-def subsample(a: np.ndarray, max_elements: int, chunk: int = 65536) -> np.ndarray:
-  """At most `max_elements` elements of `a` (flattened), spread evenly over all of it.
+def sample_runs(n: int, max_elements: int, chunk: int = 65536) -> list | None:
+  """The (start, count) runs `subsample` keeps of n elements, ascending and disjoint;
+  None when it keeps all of them.
 
   The sample is `k` contiguous runs at evenly spaced offsets, from the first
   element to the last run ending at or before the end: at least 16 runs where the
   budget allows, each at most `chunk` elements. Runs of whole 2048-element blocks,
   starting on a block boundary, keep the local structure the per-block window sees;
   budgets under 16 blocks use shorter runs (the first N elements alone would
-  describe only the start of the tensor). Returns `a.reshape(-1)` itself when
-  small enough.
+  describe only the start of the tensor).
   """
-  flat = a.reshape(-1)
-  n = flat.size
   if max_elements <= 0 or n <= max_elements:
-    return flat
+    return None
   block = 2048
   runs = 16
   if max_elements >= runs * block:
@@ -289,4 +336,14 @@ def subsample(a: np.ndarray, max_elements: int, chunk: int = 65536) -> np.ndarra
   starts = np.linspace(0, n - c, k).astype(np.int64)
   if c % block == 0:
     starts = starts // block * block   # runs stay >= c apart: spacing >= c, c a multiple
-  return np.concatenate([np.asarray(flat[s:s + m]) for s, m in zip(starts, sizes)])
+  return [(int(s), int(m)) for s, m in zip(starts, sizes)]
+
+
+def subsample(a: np.ndarray, max_elements: int, chunk: int = 65536) -> np.ndarray:
+  """At most `max_elements` elements of `a` (flattened), spread evenly over all of it
+  (`sample_runs`). Returns `a.reshape(-1)` itself when small enough."""
+  flat = a.reshape(-1)
+  runs = sample_runs(flat.size, max_elements, chunk)
+  if runs is None:
+    return flat
+  return np.concatenate([np.asarray(flat[s:s + m]) for s, m in runs])
