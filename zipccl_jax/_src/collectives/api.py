@@ -40,7 +40,8 @@ _OPTIONS_DOC = """
     check_decode: fail the call's results (a `jax.pure_callback` that the results
       depend on raises, so `block_until_ready` raises an error naming the
       collective) when a received row fails to decode, instead of only returning
-      NaN rows (and counting them in stats). Costs one host callback per call. None: on when the
+      NaN rows. Costs one host callback and one 4-byte psum per transport (the
+      failures counted over the participants, so that every device raises). None: on when the
       environment has ZIPCCL_CHECK_DECODE=1. A decode failure means the payload
       was corrupted in transit; the codec itself never produces one.
     chunks: split each compressed row into this many chunks, each its own
