@@ -28,7 +28,7 @@ message(STATUS "zipccl_jax: building the CUDA module for architectures ${_zipccl
 
 # The kernels as a static library (nvcc does not see nanobind's compiler flags),
 # linked into the nanobind module together with the static CUDA runtime.
-add_library(zipccl_cuda_kernels STATIC cuda/window.cu cuda/entropy.cu cuda/transport.cu)
+add_library(zipccl_cuda_kernels STATIC cuda/window.cu cuda/entropy.cu cuda/transport.cu cuda/mailbox.cu)
 set_target_properties(zipccl_cuda_kernels PROPERTIES
   CUDA_ARCHITECTURES "${_zipccl_cuda_archs}"
   CUDA_STANDARD 17

@@ -4,10 +4,13 @@
 // on machines without a GPU driver; registrations() warms the kernels up where
 // there is a GPU and is a no-op otherwise.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 
 #include "window_cuda.h"
 #include "entropy_cuda.h"
 #include "handler_common.h"
+#include "mailbox.h"
+#include "mailbox_cuda.h"
 #include "transport.h"
 #include "transport_cuda.h"
 
@@ -37,8 +40,12 @@ NB_MODULE(_zipccl_cuda, m) {
     d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCuda);
     d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCuda);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCuda);
+    d[zipccl::mailbox::kMailboxTarget] = encapsulate(ZipcclMailboxCuda);
     return d;
   });
+  m.def(
+      "mailbox_take", [](int64_t ledger) { return zipccl::mailbox::take_cuda(ledger); }, nb::arg("ledger"),
+      "The planned transport's CUDA mailbox table of `ledger` (-1: never recorded), reset (ffi/mailbox.h).");
   m.def(
       "set_tile_groups",
       [](int groups) {

@@ -411,9 +411,8 @@ def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
   reduce-scatter moves n rows per device (one per destination) over an
   all-to-all. With a codec ("zipccl", "entropy") each is a switch over the slot ladder
   (`capacities`, from unit_capacities): rung k moves rows of ladder[k] bytes, the
-  last rung the raw words. Agreement: the forward gather (stats=True) all-gathers
-  int32[2] and psums its decode-error count; the backward reduce-scatter pmaxes
-  one int32. Sent bytes per device use the model of zipccl_jax.hlo_wire_bytes:
+  last rung the raw words. Agreement: every transport all-gathers int32[6] (its used
+  size, count and plan fingerprint). Sent bytes per device use the model of zipccl_jax.hlo_wire_bytes:
   all-gather (n-1) x operand, all-to-all (n-1)/n x operand, all-reduce
   2(n-1)/n x operand. `check_against_hlo` compares the totals with the HLO.
 
@@ -427,8 +426,9 @@ def wire_model(units, codec: str, capacities: dict, n: int) -> dict:
     raw = 2 * u.shard                                        # bf16 bytes of one row
     if codec != "raw":
       gather_l, scatter_l = capacities[u.name]
-      gather = tuple((n - 1) * slot + (n - 1) * 8 + reduce4 for slot in gather_l)
-      scatter = tuple((n - 1) * slot + reduce4 for slot in scatter_l)
+      agree = (n - 1) * 24                                   # an all-gather of int32[6]
+      gather = tuple((n - 1) * slot + agree for slot in gather_l)
+      scatter = tuple((n - 1) * slot + agree for slot in scatter_l)
     else:
       gather = scatter = ((n - 1) * raw,)
     out[u.name] = {"gather": tuple(n * b for b in gather), "scatter": tuple(n * b for b in scatter)}

@@ -5,12 +5,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
 
 #include "window_cpu.h"
 #include "entropy_cpu.h"
 #include "handler_common.h"
+#include "mailbox.h"
 #include "transport.h"
 
 void register_entropy(nanobind::module_& m);  // module_entropy.cc
@@ -62,8 +64,12 @@ NB_MODULE(_zipccl_cpu, m) {
     d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCpu);
     d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCpu);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCpu);
+    d[zipccl::mailbox::kMailboxTarget] = encapsulate(ZipcclMailboxCpu);
     return d;
   });
+  m.def(
+      "mailbox_take", [](int64_t ledger) { return zipccl::mailbox::take(ledger); }, nb::arg("ledger"),
+      "The planned transport's mailbox table of `ledger` (-1: never recorded), emptied (ffi/mailbox.h).");
   m.attr("ENCODE_TARGET") = zipccl::handler::kEncodeTarget;
   m.attr("DECODE_TARGET") = zipccl::handler::kDecodeTarget;
   // The static-size contract (mirrored by zipccl_jax/_src/codec.py, tested to agree).

@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
+from zipccl_jax._src import agreement
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import transport
 from tests.reference import BF16, F16, F32, assert_bits_equal, gaussian, ordered_sum
@@ -133,7 +134,7 @@ def test_used_max_rejects_bad_operands():
 def _agree_rows(used, count=None, fps=None):
   used = np.asarray(used, np.int32)
   count = np.zeros_like(used) if count is None else np.asarray(count, np.int32)
-  fps = np.zeros((len(used), len(transport.FINGERPRINT_FIELDS)), np.int32) if fps is None else fps
+  fps = np.zeros((len(used), len(agreement.FINGERPRINT_FIELDS)), np.int32) if fps is None else fps
   return jnp.asarray(np.concatenate([used[:, None], count[:, None], fps], axis=1))
 
 
@@ -146,13 +147,13 @@ def test_agree_is_max_sum_and_the_rungs_too_small(path, monkeypatch):
                         lambda *a, cpu, default: default(*a))
   rungs = ladder_lib.ladder(128 * 40, 128 * 100)
   units = [r // 128 for r in rungs]
-  f = jax.jit(lambda e: transport.agree(e, rungs, "a test"))
+  f = jax.jit(lambda e: agreement.agree(e, rungs, "a test"))
   for agreed in sorted({0, 1, *units, *(u + 1 for u in units), *(u - 1 for u in units), 10**6}):
     got = np.asarray(f(_agree_rows([agreed, max(agreed - 5, 0), 0], [3, 4, 5])))
     assert got.tolist() == [agreed, 12, sum(1 for u in units if agreed > u)], agreed
   big = np.asarray(f(_agree_rows([1, 1], [2**31 - 1, 2**31 - 1])))
   assert big[1] == 2**31 - 1   # the count saturates
-  assert np.asarray(jax.jit(lambda e: transport.agree(e, (), "t"))(_agree_rows([7])))[2] == 0
+  assert np.asarray(jax.jit(lambda e: agreement.agree(e, (), "t"))(_agree_rows([7])))[2] == 0
 
 
 def test_agree_fails_on_different_fingerprints():
@@ -162,7 +163,7 @@ def test_agree_fails_on_different_fingerprints():
   fps = np.zeros((3, 4), np.int32)
   fps[2, 0] = 5   # codec
   fps[1, 2] = 9   # chunking
-  f = jax.jit(lambda e: transport.agree(e, rungs, "an all_gather"))
+  f = jax.jit(lambda e: agreement.agree(e, rungs, "an all_gather"))
   with pytest.raises(Exception, match=r"participants of an all_gather planned different compressed "
                                       r"transports \(they differ in: codec and format version, "
                                       r"chunking\); no bytes were moved"):
@@ -174,7 +175,7 @@ def test_agree_default_path_takes_the_branch_that_moves_nothing(monkeypatch):
   rungs = ladder_lib.ladder(128 * 40, 128 * 100)
   fps = np.zeros((2, 4), np.int32)
   fps[1, 3] = 1
-  got = np.asarray(jax.jit(lambda e: transport.agree(e, rungs, "t"))(_agree_rows([1, 2], fps=fps)))
+  got = np.asarray(jax.jit(lambda e: agreement.agree(e, rungs, "t"))(_agree_rows([1, 2], fps=fps)))
   assert got[2] == len(rungs) + 1
 
 

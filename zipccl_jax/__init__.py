@@ -5,7 +5,8 @@ after: the wire carries ~30% fewer bytes and the results are bit-identical (gath
 permutes) or exactly specified and deterministic (reductions).
 
 The collectives (`compressed_*`) are drop-ins for `jax.lax`'s inside
-`jax.shard_map`. The codec-level API (`encode`, `decode`, `encode_rows`,
+`jax.shard_map`; `zipccl_jax.jit` (a drop-in for `jax.jit`) plans their slots
+ahead instead of agreeing on each call's size at run time. The codec-level API (`encode`, `decode`, `encode_rows`,
 `decode_rows`, `analyze`) works on single tensors. `calibrate`, `decide` and
 `project` are the cost model behind `policy="auto"`. Submodules:
 `zipccl_jax.codecs` (the codec registry and contract), `zipccl_jax.costmodel` (the
@@ -31,6 +32,7 @@ from zipccl_jax._src.host import tune_host_allocator
 from zipccl_jax._src.ladder import codec_ladder
 from zipccl_jax._src.options import BUCKET_BYTES
 from zipccl_jax._src.plan import AUTO_CODEC, AUTO_MIN_ROW_BYTES
+from zipccl_jax._src.planned import jit
 from zipccl_jax._src.stats import CollectiveStats
 
 __version__ = "0.1.0"
@@ -42,6 +44,7 @@ __all__ = [
     "compressed_ppermute",
     "compressed_psum",
     "compressed_psum_scatter",
+    "jit",
     # one tensor
     "Analysis",
     "Encoded",

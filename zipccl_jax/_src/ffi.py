@@ -66,3 +66,14 @@ def native():
   codecs on host buffers (`encode_into` / `decode_into`, `entropy_encode_into` /
   `entropy_decode_into`)."""
   return _cpu_module()
+
+
+def mailbox_take(ledger: int) -> list:
+  """The planned transport's mailbox table of `ledger` (ffi/mailbox.h: -1 never
+  recorded), the elementwise max over the CPU and CUDA modules' tables, emptied."""
+  tables = [list(_cpu_module().mailbox_take(ledger))]
+  cuda = _cuda_module()
+  if cuda is not None:
+    tables.append(list(cuda.mailbox_take(ledger)))
+  n = max(len(t) for t in tables)
+  return [max((t[i] if i < len(t) else -1) for t in tables) for i in range(n)]

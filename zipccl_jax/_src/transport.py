@@ -56,17 +56,18 @@ Each mover returns (rows that arrived, (stats.Part per chunk,)).
 from __future__ import annotations
 
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from zipccl_jax._src import agreement
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src import planned
 from zipccl_jax._src import stats
 from zipccl_jax._src.codecs import base
 
@@ -147,63 +148,6 @@ def _used_max_vmap(axis_size, in_batched, st):
   if in_batched[0]:   # [B, R, 4] -> [B * R, 4]: the batch's rows are rows like any other
     st = st.reshape(-1, st.shape[-1])
   return used_max(st), False
-
-
-# Status of every received row when the participants' plans differ on a backend
-# whose agreement cannot raise (the "zipccl_agree" CPU handler fails the call
-# instead). Outside every codec's status range (codecs use small positive values).
-PLAN_MISMATCH = 0x7FFF0000
-# The fingerprint fields, in the order of ffi/transport.h kFingerprintFields.
-FINGERPRINT_FIELDS = ("codec and format version", "slot ladder", "chunking",
-                      "collective, dtype, row shape and check_decode")
-
-
-def fingerprint(plan, rows_shape, where: str, check: bool) -> tuple:
-  """The static plan of one ladder transport as len(FINGERPRINT_FIELDS) int32 values
-  (CRC-32 of each field's canonical text, top bit cleared): what every participant
-  must share for the agreement and the slot switch to mean the same thing."""
-  codec = plan.codec
-  impl = getattr(codec, "impl", None)
-  fields = ((codec.name, getattr(impl, "FORMAT_VERSION", None), getattr(codec, "codec_id", None)),
-            tuple(int(r) for r in plan.rungs),
-            tuple(plan.chunk),
-            (where, np.dtype(plan.dtype).name, tuple(int(d) for d in rows_shape), bool(check)))
-  assert len(fields) == len(FINGERPRINT_FIELDS)
-  return tuple(zlib.crc32(repr(f).encode()) & 0x7FFFFFFF for f in fields)
-
-
-def agree(every, rungs, where: str):
-  """(agreed, count, rung) int32[3] of the gathered agreement rows every[N, W]
-  (used size in units of 128 B, count, fingerprint fields): the largest used size,
-  the summed count and the first rung (slot sizes in bytes, ascending) that holds
-  the agreed size, len(rungs) = the raw rung.
-
-  A custom call ("zipccl_agree", the rung sizes and `where` attributes) on CPU
-  backends, where differing fingerprints fail the call with an error naming
-  `where` and the fields; jnp ops elsewhere, where differing fingerprints give
-  rung len(rungs) + 1: the switch's last branch, which moves nothing.
-  """
-  units = np.asarray([s // _ALIGN for s in rungs], np.int32)
-
-  def on_cpu(v):
-    return _target("zipccl_agree", (3,), jnp.int32, v, v, units=units, where=where,
-                   vmap_method="sequential")
-
-  def default(v):
-    agreed = jnp.max(v[:, 0], initial=0)
-    # the count's sum saturated at INT32_MAX, exact in int32 arithmetic: the high and
-    # low 16 bits summed apart (N < 32768 participants)
-    c = jnp.maximum(v[:, 1], 0)
-    hi, lo = jnp.sum(c >> 16), jnp.sum(c & 0xFFFF)
-    hi = hi + (lo >> 16)
-    count = jnp.where(hi >= 1 << 15, np.iinfo(np.int32).max, (hi << 16) + (lo & 0xFFFF))
-    differ = jnp.any(v[:, 2:] != v[:1, 2:])
-    rung = jnp.where(differ, len(rungs) + 1, jnp.sum(agreed > units)).astype(jnp.int32)
-    return jnp.stack([agreed, count, rung])
-
-  if units.size == 0:   # no compressed rung: jnp ops on every backend
-    return default(every)
-  return lax.platform_dependent(every, cpu=on_cpu, default=default)
 
 
 def row_prefix(payload, slot: int):
@@ -331,46 +275,6 @@ def a2a_raw(rows, axes, me=None):
   return lax.platform_dependent(rows, cpu=on_cpu, default=default)
 
 
-def _agree(used, count, fp, axes, rungs, where):
-  """(agreed, count, rung, bytes): the agreement of one transport.
-
-  One all-gather of (used, count, *fp) int32 per participant, reduced on each
-  device (`agree`): the same collective with or without stats, so a process that
-  asks for stats runs the program of one that does not.
-  """
-  row = jnp.stack([used.astype(jnp.int32), count.astype(jnp.int32)]
-                  + [jnp.int32(f) for f in fp])
-  every = compat.all_gather_invariant(row, axes)   # [N, 2 + len(fp)]
-  out = agree(every, rungs, where)
-  return out[0], out[1], out[2], 4 * (2 + len(fp))
-
-
-def _raise_decode_error(where, codec, word, bad, worst):
-  """Host side of check_decode: zero of the wire word dtype, or raises naming the
-  codec and its status text (or the plan mismatch, PLAN_MISMATCH).
-
-  A pure_callback (not a debug callback) on purpose: its error fails this call's
-  results, which the caller sees at block_until_ready, and nothing else. A failing
-  jax.debug.callback stays in JAX's runtime tokens and re-raises at every later
-  effects barrier and at interpreter exit.
-  """
-  if int(bad) and int(worst) == PLAN_MISMATCH:
-    raise RuntimeError(
-        f"zipccl_jax: the participants of {where} planned different compressed transports "
-        "(codec, format version, ladder, chunking, dtype, shape or check_decode differ); no "
-        "bytes were moved and the rows hold NaN (all-one bits). Every process must call it "
-        "with the same options and hold the same calibration and ZIPCCL_* settings.")
-  if int(bad):
-    status = (f"status {int(worst)}: {codec.decode_error_message(int(worst))}" if int(worst)
-              else "on other participants")
-    raise RuntimeError(
-        f"zipccl_jax: {int(bad)} received row(s) of {where} failed to decode with the "
-        f"{codec.name!r} codec ({status}); they hold NaN (all-one bits). The "
-        "payload was corrupted in transit, or the sending process used another codec or "
-        "format version.")
-  return np.zeros((), word)
-
-
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
             after=None, prefix=row_prefix, own=None, move_slot=None, move_raw=None):
   """Moves rows[R, m] by the slot ladder; returns (received rows[R', m], stats.Part).
@@ -406,6 +310,10 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     recv_mask = own[1].astype(jnp.uint8)
     send_mask = recv_mask if own[0] is own[1] else own[0]
     own = (send_mask, recv_mask, own[2])
+  trace = planned.active()
+  if trace is not None:
+    return _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
+                    sends, recvs)
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
     # The count leaves the own row out on every backend (a GPU encodes it anyway);
@@ -422,42 +330,25 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     # A data dependence (used >= 0 and rung >= 0, so the value is unchanged):
     # XLA:CPU drops optimization barriers before it combines all-reduces.
     used = jnp.maximum(used, jnp.minimum(after, 0).astype(used.dtype))
-  fp = fingerprint(plan, rows.shape, where, check)
-  agreed, count_total, rung, agree_bytes = _agree(used, count, fp, axes, plan.rungs, where)
+  fp = agreement.fingerprint(plan, rows.shape, where, check)
+  agreed, count_total, rung, agree_bytes = agreement.gather(used, count, fp, axes, plan.rungs, where)
 
-  def zeros_status(like):
-    # typed varying over exactly the axes the received rows vary over
-    return compat.pvary(jnp.zeros(like.shape[:1], jnp.int32), tuple(compat.varying_axes(like)))
-
-  def compressed(slot):
-    received = move_slot(payload, slot) if move_slot else move(prefix(payload, slot))
-    if own is not None:
-      return codec.decode_rows(received, m, dtype, skip=own[1], fill=own[2])
-    return codec.decode_rows(received, m, dtype)
-
-  def raw():
-    if move_raw is not None:
-      y = move_raw(rows)
-    else:
-      word = dtypes.info(dtype).word
-      y = copy_as(move(copy_as(rows, word)), dtype)
-    return y, zeros_status(y)
+  compressed = functools.partial(_move_compressed, payload, plan, own, move, prefix, move_slot)
+  raw = functools.partial(_move_raw, rows, dtype, move, move_raw)
 
   def mismatch():
     # The participants' plans differ (a backend whose agreement cannot raise): the
-    # raw branch's types, nothing moved, all-one rows with status PLAN_MISMATCH.
+    # raw branch's types, nothing moved, all-one rows with status agreement.PLAN_MISMATCH.
     like_y, like_status = jax.eval_shape(raw)
     word = dtypes.info(dtype).word
     y = compat.pvary(jnp.full(like_y.shape, np.iinfo(word).max, word), compat.struct_varying(like_y))
-    status = compat.pvary(jnp.full(like_status.shape, PLAN_MISMATCH, jnp.int32),
+    status = compat.pvary(jnp.full(like_status.shape, agreement.PLAN_MISMATCH, jnp.int32),
                           compat.struct_varying(like_status))
     return unbits(y, dtype), status
 
   y, status = compat.switch_in_range(
       rung, [functools.partial(compressed, s) for s in plan.rungs] + [raw, mismatch])
-  if recvs is not None:   # nobody sends to this device: lax gives zeros
-    y = unbits(jnp.where(recvs, bits(y), 0), dtype)
-    status = jnp.where(recvs, status, 0)
+  y, status = _mask_receivers(y, status, recvs, dtype)
   errors = None   # not counted without check_decode: a count over the participants is a collective
   if check:
     # The failed rows over all participants (check_decode is part of the plan
@@ -468,11 +359,79 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     # y ^ zero: the results depend on the check (zero comes from the host at run
     # time, so XLA cannot fold it away) and fail with its error; one pass over y.
     word = dtypes.info(dtype).word
-    zero = jax.pure_callback(functools.partial(_raise_decode_error, where, codec, word),
+    zero = jax.pure_callback(functools.partial(agreement.raise_decode_error, where, codec, word),
                              jax.ShapeDtypeStruct((), word), errors, jnp.max(status),
                              vmap_method="sequential")
     y = unbits(bits(y) ^ zero, dtype)
   return y, (rung, agreed, count_total, errors, agree_bytes)
+
+
+def _zeros_status(like):
+  """int32[R'] zeros typed varying over exactly the axes the received rows vary over."""
+  return compat.pvary(jnp.zeros(like.shape[:1], jnp.int32), tuple(compat.varying_axes(like)))
+
+
+def _move_compressed(payload, plan, own, move, prefix, move_slot, slot):
+  """A compressed rung: the rows cut to `slot` bytes, moved, decoded: (y, status)."""
+  received = move_slot(payload, slot) if move_slot else move(prefix(payload, slot))
+  if own is not None:
+    return plan.codec.decode_rows(received, plan.m, plan.dtype, skip=own[1], fill=own[2])
+  return plan.codec.decode_rows(received, plan.m, plan.dtype)
+
+
+def _move_raw(rows, dtype, move, move_raw):
+  """The raw rung: the rows' words moved: (y, zero status)."""
+  if move_raw is not None:
+    y = move_raw(rows)
+  else:
+    word = dtypes.info(dtype).word
+    y = copy_as(move(copy_as(rows, word)), dtype)
+  return y, _zeros_status(y)
+
+
+def _mask_receivers(y, status, recvs, dtype):
+  if recvs is None:
+    return y, status
+  # nobody sends to this device: lax gives zeros
+  return unbits(jnp.where(recvs, bits(y), 0), dtype), jnp.where(recvs, status, 0)
+
+
+def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
+             sends, recvs):
+  """A call site under `zipccl_jax.jit` (planned.py): the planned slot, no agreement
+  and no switch. The site records its largest used size (units of 128 B) and its
+  failed rows into the mailbox; the wrapper validates them after the step. A row
+  longer than the slot is cut: its receivers fail to decode it (status != 0, NaN
+  rows) and the wrapper re-runs the step with a grown plan. While measuring
+  (slot None) the site encodes to record the used size and moves the raw words."""
+  signature = (where, plan.codec.name, np.dtype(plan.dtype).name, tuple(int(d) for d in rows.shape),
+               tuple(plan.chunk), bool(check))
+  k, slot = planned.site(trace, signature, plan.rungs, plan.raw_row)
+  rungs = tuple(plan.rungs)
+  if slot == planned.RAW:
+    y, status = _move_raw(rows, plan.dtype, move, move_raw)
+    rung = len(rungs)
+  else:
+    if own is not None and own[0] is not None:
+      payload, st = plan.codec.encode_rows(rows, skip=own[0])
+    else:
+      payload, st = plan.codec.encode_rows(rows)
+    used = used_max(st)
+    if sends is not None:
+      used = jnp.where(sends, used, 0)
+    used = planned.record(used, trace.ledger, 2 * k)
+    if slot is None:
+      # measuring: the raw words move once the used size is recorded
+      y, status = _move_raw(rows, plan.dtype, move, move_raw)
+      rung = len(rungs)
+    else:
+      y, status = _move_compressed(payload, plan, own, move, prefix, move_slot, slot)
+      rung = rungs.index(slot)
+  y, status = _mask_receivers(y, status, recvs, plan.dtype)
+  if slot not in (None, planned.RAW):
+    planned.record(jnp.sum(status != 0).astype(jnp.int32), trace.ledger, 2 * k + 1)
+  # stats: the rung is static; used size and count live in the wrapper (site_stats)
+  return y, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0)
 
 
 def skips_own_row(codec) -> bool:

@@ -1,0 +1,43 @@
+// The planned transport's mailbox (zipccl_jax.jit): XLA FFI target "zipccl_mailbox"
+// and the host table it writes, which the wrapper reads once per step.
+//
+//   zipccl_mailbox: value s32 [], attributes ledger s64, slot s64 -> s32 [] (= value)
+//                   table[ledger][slot] = max(table[ledger][slot], value)
+//
+// A planned call site records the largest used size of its encoded rows (units of
+// 128 bytes, slot 2 site) and the number of its received rows that failed to decode
+// (slot 2 site + 1). The operation is a max, so a site that runs several times per
+// step (a scan body, remat) or on several devices of the process keeps its worst
+// value. The call has a side effect (never removed, never hoisted out of a loop);
+// the wrapper takes the table after the step's outputs are ready.
+//
+// Why a mailbox and not values threaded out of the traced function: call sites sit
+// at any depth (shard_map, custom_vjp backward passes, scan, vmap, remat), where
+// returning extra values means a transformation rule for every primitive
+// (checkify's machinery). A side-effecting custom call needs none, and moves no
+// data the step has to wait for: on the CPU a store to host memory, on CUDA an
+// atomic max into mapped host memory by one thread (no copy, no synchronisation).
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace zipccl {
+namespace mailbox {
+
+constexpr const char* kMailboxTarget = "zipccl_mailbox";
+// A ledger holds at most this many slots (2 per call site).
+constexpr int64_t kMaxSlots = 1 << 20;
+
+// Records value into table[ledger][slot] (max); false when slot is out of range.
+bool record(int64_t ledger, int64_t slot, int32_t value);
+// The ledger's table (-1: never recorded), emptied.
+std::vector<int32_t> take(int64_t ledger);
+
+}  // namespace mailbox
+}  // namespace zipccl
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclMailboxCpu);

@@ -1,0 +1,356 @@
+"""The planned transport: `zipccl_jax.jit`, static slots decided before the step and
+validated after it (docs/design.md, "Planned transport").
+
+Under `zipccl_jax.jit(fun)` every compressed ladder transport traced in `fun` is a
+*call site*, numbered in trace order (tracing is deterministic, so every process
+and every re-trace numbers the sites alike). A site moves its rows in a slot taken
+from the plan: encode -> cut the rows to the planned slot -> one lax collective ->
+decode; no agreement collective and no conditional. Each site records into the
+mailbox (ffi/mailbox.h) the largest used size of its rows and its decode failures;
+after the step the wrapper takes the table (one read of host memory per step), and
+in a multi-process job exchanges it once through the coordinator, so every process
+sees the same maxima and takes the same decision:
+
+  * every row fit its slot: the outputs are returned;
+  * some row did not (its receivers decoded a cut row: NaN rows, status != 0): the
+    outputs are discarded, the plan of those sites grows to the next rung above the
+    used size plus headroom (or raw), and the step runs again on the same inputs
+    with the new plan (compiled once per plan, cached): bit-identical to
+    codec="raw".
+
+The first call for given argument shapes measures: a program that encodes at each
+site (to record the used size) and moves the raw words, so its results are exact;
+the plan is then the rung above each site's used size plus `HEADROOM`. Plans can be
+saved and loaded (`save_plans` / `load_plans`), so a restart starts planned.
+
+One step is in flight at a time: the wrapper returns a step's outputs once it has
+validated them (a host that runs ahead would have to discard every later step that
+consumed a failed one). Donated arguments are refused: a re-run needs the inputs.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import threading
+import zlib
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from zipccl_jax._src import compat
+from zipccl_jax._src import ffi as _ffi
+from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src.codecs import base
+
+# A plan's slot is the first rung >= used x (1 + HEADROOM); a site that overflowed
+# is re-planned at used x (1 + 2 HEADROOM). Row sizes move by ~0.3% (median) to
+# ~2% (p99) from step to step on training tensors, so 4% rarely re-plans.
+HEADROOM = 0.04
+# Re-runs of one step before every site that still overflows moves raw.
+MAX_RERUNS = 3
+RAW = -1                 # a site's plan: move the raw words (no codec)
+EXCHANGE_TIMEOUT_S = 600.0
+PLANS_VERSION = 1
+
+_ALIGN = ladder_lib.ALIGN
+_ledgers = itertools.count(1)
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class _Trace:
+  """What one trace of `fun` under a plan sees: the plan, and the sites as traced."""
+  ledger: int
+  plan: tuple | None          # per site: slot bytes, RAW; None: the measuring program
+  sites: list = dataclasses.field(default_factory=list)   # (signature, rungs, raw_row)
+
+
+def active() -> _Trace | None:
+  """The trace of `zipccl_jax.jit` in progress on this thread, or None."""
+  return getattr(_local, "trace", None)
+
+
+@contextlib.contextmanager
+def _tracing(trace: _Trace):
+  prev = active()
+  trace.sites.clear()
+  _local.trace = trace
+  try:
+    yield
+  finally:
+    _local.trace = prev
+
+
+def record(value, ledger: int, slot: int):
+  """value int32[] recorded (max) into the mailbox table[ledger][slot]; returns value."""
+  _ffi.register()
+  out = base.result_type((), jnp.int32, value)
+  return jax.ffi.ffi_call("zipccl_mailbox", out, has_side_effect=True, vmap_method="sequential")(
+      value.astype(jnp.int32), ledger=np.int64(ledger), slot=np.int64(slot))
+
+
+def site(trace: _Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
+  """Registers the next call site of `trace`: (its index, its planned slot: bytes,
+  RAW, or None while measuring)."""
+  k = len(trace.sites)
+  trace.sites.append((signature, tuple(rungs), raw_row))
+  if trace.plan is None:
+    return k, None
+  slot = trace.plan[k] if k < len(trace.plan) else RAW
+  # A plan that does not fit this site (a stale saved plan, a fun that traces
+  # differently): raw, which is always exact.
+  return k, slot if slot in rungs else RAW
+
+
+def _slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
+  """The first rung >= used size x (1 + headroom), or RAW."""
+  if used_units < 0:   # never ran (a trace the program did not keep)
+    return RAW
+  target = used_units * _ALIGN * (1 + headroom)
+  return next((r for r in rungs if r >= target), RAW)
+
+
+def _fingerprint(sites: list, plan) -> int:
+  text = repr(([s[0] for s in sites], plan))
+  return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _key_text(key) -> str:
+  treedef, avals, static = key
+  return repr((str(treedef), avals, static))
+
+
+@dataclasses.dataclass
+class SiteStats:
+  """One call site of a `zipccl_jax.jit` function (`Planned.site_stats`).
+
+  Attributes:
+    site: index in trace order.
+    signature: (transport, codec, dtype, rows shape, chunk) of the site.
+    slot_bytes: the planned slot per row (None: raw).
+    used_bytes: the largest used size of a row in the last step (over all processes).
+    raw_bytes: the raw row size.
+    replans: how often the site's plan grew after a step did not fit it.
+  """
+  site: int
+  signature: tuple
+  slot_bytes: int | None
+  used_bytes: int | None
+  raw_bytes: int
+  replans: int
+
+
+class _State:
+  """Per argument signature: the sites, the plan, the compiled programs."""
+
+  def __init__(self):
+    self.sites: list | None = None
+    self.plan: tuple | None = None
+    self.used: list | None = None
+    self.replans: list | None = None
+    self.programs: dict = {}
+
+
+class Planned:
+  """`zipccl_jax.jit(fun)`: see `jit`."""
+
+  def __init__(self, fun: Callable, jit_kwargs: dict):
+    for k in ("donate_argnums", "donate_argnames"):
+      if jit_kwargs.get(k) not in (None, (), []):
+        raise ValueError(f"zipccl_jax.jit: {k} is not supported: a step whose plan was too "
+                         "small runs again on the same inputs, which donation would destroy")
+    self._fun = fun
+    self._jit_kwargs = dict(jit_kwargs)
+    self._static = tuple(np.atleast_1d(jit_kwargs.get("static_argnums", ())).tolist())
+    self._ledger = next(_ledgers)
+    self._states: dict = {}
+    self._steps = 0
+    self._loaded: dict = {}
+    self.__wrapped__ = fun
+    self.__name__ = getattr(fun, "__name__", "planned")
+    self.__doc__ = getattr(fun, "__doc__", None)
+
+  # ---- programs -------------------------------------------------------------------------------
+
+  def _key(self, args, kwargs):
+    dyn = [a for i, a in enumerate(args) if i not in self._static]
+    static = tuple(args[i] for i in self._static if i < len(args))
+    leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
+    avals = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+    return treedef, avals, static
+
+  def _program(self, state: _State, plan):
+    prog = state.programs.get(plan)
+    if prog is None:
+      trace = _Trace(self._ledger, plan)
+
+      def traced(*args, **kwargs):
+        with _tracing(trace):
+          out = self._fun(*args, **kwargs)
+        state.sites = list(trace.sites)
+        return out
+
+      traced.__name__ = self.__name__
+      prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs)
+    return prog
+
+  def _state(self, key) -> _State:
+    state = self._states.get(key)
+    if state is None:
+      state = self._states[key] = _State()
+      loaded = self._loaded.pop(_key_text(key), None)
+      if loaded is not None:
+        state.sites, state.plan = loaded
+    return state
+
+  def lower(self, *args, **kwargs):
+    """Lowers the program the next call with these arguments runs (the measuring
+    program before the first call), like `jax.jit(fun).lower`."""
+    state = self._state(self._key(args, kwargs))
+    return self._program(state, state.plan).lower(*args, **kwargs)
+
+  # ---- one step -------------------------------------------------------------------------------
+
+  def __call__(self, *args, **kwargs):
+    key = self._key(args, kwargs)
+    state = self._state(key)
+    for attempt in range(MAX_RERUNS + 2):
+      plan = state.plan
+      out = self._program(state, plan)(*args, **kwargs)
+      jax.block_until_ready(out)
+      table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
+      n = len(state.sites)
+      used = [table[2 * k] if 2 * k < len(table) else -1 for k in range(n)]
+      bad = [table[2 * k + 1] if 2 * k + 1 < len(table) else -1 for k in range(n)]
+      state.used = used
+      if state.replans is None or len(state.replans) != n:
+        state.replans = [0] * n
+      if plan is None:   # measured: raw moves, exact; plan from the sizes seen
+        state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
+        return out
+      over = [k for k in range(n) if plan[k] != RAW and used[k] >= 0 and used[k] * _ALIGN > plan[k]]
+      if not over:
+        failed = [k for k in range(n) if bad[k] > 0]
+        if failed:
+          raise RuntimeError(
+              f"zipccl_jax.jit: {len(failed)} call site(s) of {self.__name__} received rows that "
+              f"failed to decode although they fit their slots (sites {failed[:8]}): the payload "
+              "was corrupted in transit. The step's outputs are discarded.")
+        return out
+      last = attempt >= MAX_RERUNS
+      grown = list(plan)
+      for k in over:
+        grown[k] = RAW if last else _slot_for(used[k], state.sites[k][1], 2 * HEADROOM)
+        state.replans[k] += 1
+      state.plan = tuple(grown)
+    raise AssertionError("unreachable: the last re-run moves every overflowing site raw")
+
+  def _exchange(self, state: _State, plan, table: list) -> list:
+    """The mailbox tables of every process, maxed elementwise; raises on every process
+    when their sites or plans differ (they would move different collectives)."""
+    n = len(state.sites or ())
+    mine = np.full(2 + 2 * n, -1, np.int32)
+    mine[0] = _fingerprint(state.sites or [], plan)
+    mine[1] = n
+    t = np.asarray(table[:2 * n], np.int32)
+    mine[2:2 + t.size] = t
+    self._steps += 1
+    blobs = compat.exchange_across_processes(f"plan{self._ledger}/{self._steps}", mine.tobytes(),
+                                             EXCHANGE_TIMEOUT_S)
+    if blobs is None:
+      return mine[2:].tolist()
+    every = [np.frombuffer(b, np.int32) for b in blobs]
+    differ = [i for i, e in enumerate(every) if e.size != mine.size or e[0] != every[0][0]]
+    if differ:
+      raise RuntimeError(
+          f"zipccl_jax.jit: the processes traced {self.__name__} into different call sites or "
+          f"plans (processes {differ} differ from process 0): they pass different codec=, "
+          "chunks= or options, or hold different calibrations or saved plans. Every process "
+          "must run the same program.")
+    return np.max(np.stack(every), axis=0)[2:].tolist()
+
+  # ---- visibility and persistence -------------------------------------------------------------
+
+  def site_stats(self, *args, **kwargs) -> list:
+    """Per call site of the program for these arguments (the last one called, with
+    none): its slot, the last step's largest used size and its re-plans."""
+    state = self._state(self._key(args, kwargs)) if (args or kwargs) else (
+        list(self._states.values())[-1] if self._states else None)
+    if state is None or state.sites is None:
+      return []
+    out = []
+    for k, (sig, _, raw_row) in enumerate(state.sites):
+      slot = state.plan[k] if state.plan is not None else RAW
+      used = state.used[k] if state.used is not None and k < len(state.used) else -1
+      out.append(SiteStats(k, sig, None if slot == RAW else slot,
+                           None if used < 0 else used * _ALIGN, raw_row,
+                           state.replans[k] if state.replans else 0))
+    return out
+
+  def save_plans(self, path: str) -> None:
+    """Writes every plan made so far (JSON), so that a restart with `load_plans`
+    starts planned; written atomically."""
+    doc = {"version": PLANS_VERSION, "function": self.__name__, "plans": [
+        {"key": _key_text(k), "sites": [{"signature": list(map(_jsonable, sig)), "raw_row": raw,
+                                          "slot": slot}
+                                         for (sig, _, raw), slot in zip(s.sites, s.plan)]}
+        for k, s in self._states.items() if s.plan is not None and s.sites is not None]}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+  def load_plans(self, path: str) -> int:
+    """Reads plans written by `save_plans`; each is used by the first call with the
+    same argument shapes whose traced sites match it (else that call measures).
+    Returns how many plans were read. ValueError naming the file when malformed."""
+    try:
+      with open(path) as f:
+        doc = json.load(f)
+      if doc.get("version") != PLANS_VERSION:
+        raise ValueError(f"version must be {PLANS_VERSION}, got {doc.get('version')!r}")
+      for p in doc["plans"]:
+        sites = [(tuple(_tupled(s["signature"])), None, int(s["raw_row"])) for s in p["sites"]]
+        plan = tuple(RAW if s["slot"] in (None, RAW) else int(s["slot"]) for s in p["sites"])
+        self._loaded[str(p["key"])] = (sites, plan)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"zipccl_jax.jit: cannot load plans from {path!r}: {e}") from None
+    return len(doc["plans"])
+
+
+def _jsonable(v):
+  if isinstance(v, tuple):
+    return [_jsonable(x) for x in v]
+  return v
+
+
+def _tupled(v):
+  return tuple(_tupled(x) for x in v) if isinstance(v, list) else v
+
+
+def jit(fun: Callable, **jit_kwargs) -> Planned:
+  """`jax.jit` with planned compressed collectives: no per-call agreement, no switch.
+
+  Every compressed collective inside `fun` (at any depth: shard_map, grad, scan,
+  vmap, remat, buckets) moves a static slot from a plan instead of the slot
+  ladder: encode, cut to the planned slot, one XLA collective, decode. The first
+  call with given argument shapes measures (exact results, raw words on the wire)
+  and plans; later calls run the planned program and validate it after the step
+  (one host read, plus one exchange between processes); a step whose rows did not
+  fit is re-run with a grown plan, so results are always those of codec="raw".
+
+  Args:
+    fun: the step function, as for `jax.jit`.
+    **jit_kwargs: `jax.jit`'s keyword arguments, except donate_argnums /
+      donate_argnames (a re-run needs the inputs).
+
+  Returns:
+    A callable like `jax.jit(fun)`, with `.lower`, `.site_stats()`,
+    `.save_plans(path)` and `.load_plans(path)`.
+  """
+  return Planned(fun, jit_kwargs)
