@@ -55,9 +55,10 @@ Table* table(int64_t ledger, std::string* err) {
   return &t;
 }
 
-__global__ void record_kernel(int32_t* slot, const int32_t* value, int32_t* out) {
-  atomicMax_system(slot, *value);
-  *out = *value;
+__global__ void record_kernel(int32_t* slot, const int32_t* value, int64_t count) {
+  int32_t worst = value[0];
+  for (int64_t i = 1; i < count; ++i) worst = value[i] > worst ? value[i] : worst;
+  atomicMax_system(slot, worst);
 }
 
 }  // namespace
@@ -79,20 +80,25 @@ std::vector<int32_t> take_cuda(int64_t ledger) {
 
 namespace {
 
-ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> value, ffi::Result<ffi::Buffer<ffi::S32>> out,
-                           int64_t ledger, int64_t slot) {
+ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> value,
+                           ffi::Result<ffi::AnyBuffer> out, int64_t ledger, int64_t slot) {
   namespace zm = zipccl::mailbox;
-  if (value.element_count() != 1 || out->element_count() != 1)
-    return ffi::Error::InvalidArgument(std::string(zm::kMailboxTarget) + ": value and out must be one s32 each");
+  const std::string t = zm::kMailboxTarget;
+  if (out->size_bytes() != x.size_bytes())
+    return ffi::Error::InvalidArgument(t + ": out must have x's size " + std::to_string(x.size_bytes()) +
+                                       ", got " + std::to_string(out->size_bytes()) + " bytes");
+  if (value.element_count() == 0) return ffi::Error::InvalidArgument(t + ": value must not be empty");
   if (slot < 0 || slot >= zm::kCudaSlots)
-    return ffi::Error::InvalidArgument(std::string(zm::kMailboxTarget) + ": slot must be in [0, " +
-                                       std::to_string(zm::kCudaSlots) + ") on CUDA, got " + std::to_string(slot));
+    return ffi::Error::InvalidArgument(t + ": slot must be in [0, " + std::to_string(zm::kCudaSlots) +
+                                       ") on CUDA, got " + std::to_string(slot));
   std::string err;
-  zm::Table* t = zm::table(ledger, &err);
-  if (!t) return ffi::Error::Internal(std::string(zm::kMailboxTarget) + ": " + err);
-  zm::record_kernel<<<1, 1, 0, stream>>>(t->device + slot, value.typed_data(), out->typed_data());
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return ffi::Error::Internal(std::string(zm::kMailboxTarget) + ": " + cudaGetErrorString(e));
+  zm::Table* tab = zm::table(ledger, &err);
+  if (!tab) return ffi::Error::Internal(t + ": " + err);
+  zm::record_kernel<<<1, 1, 0, stream>>>(tab->device + slot, value.typed_data(), (int64_t)value.element_count());
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && out->untyped_data() != x.untyped_data() && x.size_bytes())
+    e = cudaMemcpyAsync(out->untyped_data(), x.untyped_data(), x.size_bytes(), cudaMemcpyDeviceToDevice, stream);
+  if (e != cudaSuccess) return ffi::Error::Internal(t + ": " + cudaGetErrorString(e));
   return ffi::Error::Success();
 }
 
@@ -101,8 +107,9 @@ ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> value, ffi
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCuda, MailboxCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
-                                  .Arg<ffi::Buffer<ffi::S32>>()              // value []
-                                  .Ret<ffi::Buffer<ffi::S32>>()              // value []
+                                  .Arg<ffi::AnyBuffer>()                     // x [...]
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // value [...]
+                                  .Ret<ffi::AnyBuffer>()                     // x's bytes
                                   .Attr<int64_t>("ledger")
                                   .Attr<int64_t>("slot"),
                               {ffi::Traits::kCmdBufferCompatible});

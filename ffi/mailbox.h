@@ -1,8 +1,9 @@
 // The planned transport's mailbox (zipccl_jax.jit): XLA FFI target "zipccl_mailbox"
 // and the host table it writes, which the wrapper reads once per step.
 //
-//   zipccl_mailbox: value s32 [], attributes ledger s64, slot s64 -> s32 [] (= value)
-//                   table[ledger][slot] = max(table[ledger][slot], value)
+//   zipccl_mailbox: x [...] of any type, value s32 [...], attributes ledger s64,
+//                   slot s64 -> x's bytes (aliased to x: no copy);
+//                   table[ledger][slot] = max(table[ledger][slot], max(value))
 //
 // A planned call site records the largest used size of its encoded rows (units of
 // 128 bytes, slot 2 site) and the number of its received rows that failed to decode

@@ -2,6 +2,7 @@
 #include "mailbox.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -43,17 +44,20 @@ std::vector<int32_t> take(int64_t ledger) {
 
 namespace {
 
-ffi::Error MailboxCpuImpl(ffi::Buffer<ffi::S32> value, ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t ledger,
-                          int64_t slot) {
-  if (value.element_count() != 1 || out->element_count() != 1)
-    return ffi::Error::InvalidArgument(std::string(zipccl::mailbox::kMailboxTarget) +
-                                       ": value and out must be one s32 each");
-  const int32_t v = *value.typed_data();
-  if (!zipccl::mailbox::record(ledger, slot, v))
-    return ffi::Error::InvalidArgument(std::string(zipccl::mailbox::kMailboxTarget) + ": slot must be in [0, " +
-                                       std::to_string(zipccl::mailbox::kMaxSlots) + "), got " +
-                                       std::to_string(slot));
-  *out->typed_data() = v;
+ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> value, ffi::Result<ffi::AnyBuffer> out,
+                          int64_t ledger, int64_t slot) {
+  const std::string t = zipccl::mailbox::kMailboxTarget;
+  if (out->size_bytes() != x.size_bytes())
+    return ffi::Error::InvalidArgument(t + ": out must have x's size " + std::to_string(x.size_bytes()) +
+                                       ", got " + std::to_string(out->size_bytes()) + " bytes");
+  if (value.element_count() == 0) return ffi::Error::InvalidArgument(t + ": value must not be empty");
+  const int32_t* v = value.typed_data();
+  const int32_t worst = *std::max_element(v, v + value.element_count());
+  if (!zipccl::mailbox::record(ledger, slot, worst))
+    return ffi::Error::InvalidArgument(t + ": slot must be in [0, " + std::to_string(zipccl::mailbox::kMaxSlots) +
+                                       "), got " + std::to_string(slot));
+  if (out->untyped_data() != x.untyped_data() && x.size_bytes())
+    std::memcpy(out->untyped_data(), x.untyped_data(), x.size_bytes());
   return ffi::Error::Success();
 }
 
@@ -61,7 +65,8 @@ ffi::Error MailboxCpuImpl(ffi::Buffer<ffi::S32> value, ffi::Result<ffi::Buffer<f
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCpu, MailboxCpuImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // value []
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // value []
+                                  .Arg<ffi::AnyBuffer>()         // x [...]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // value [...]
+                                  .Ret<ffi::AnyBuffer>()         // x's bytes
                                   .Attr<int64_t>("ledger")
                                   .Attr<int64_t>("slot"));

@@ -10,7 +10,9 @@ disagreement on every process, or (stats) identical programs and exact results.
 
 CASE: codec (zipccl vs entropy), chunks (1 vs 2), calibration (a calibration in
 force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
-the same program, exact results).
+the same program, exact results); with the prefix "planned_" the step runs under
+zipccl_jax.jit for three steps ("planned_same": every process alike, the report
+adds the plan's slots).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import launch  # noqa: E402
 def _call(jax, zc, case: str, first: bool):
   """The per-process options of CASE: process 0 (first) vs the others."""
   kw = dict(policy="always")
+  case = case.removeprefix("planned_")
   if case == "codec":
     kw["codec"] = "zipccl" if first else "entropy"
   elif case == "chunks":
@@ -67,13 +70,17 @@ def main(argv) -> int:
     mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
     x = np.random.default_rng(5).standard_normal((n * 8, 4096)).astype(ml_dtypes.bfloat16)
     xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
-    f = jax.jit(jax.shard_map(_call(jax, zc, argv[2], pid == 0), mesh=mesh, in_specs=P("x"),
-                              out_specs=[P("x"), P()]))
+    planned = argv[2].startswith("planned_")
+    f = (zc.jit if planned else jax.jit)(jax.shard_map(
+        _call(jax, zc, argv[2], pid == 0), mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
     raw = jax.jit(jax.shard_map(lambda v: [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
                                            zc.compressed_psum(v, "x", codec="raw")],
                                 mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
-    got = jax.block_until_ready(f(xg))
+    for _ in range(3 if planned else 1):   # measure, then planned steps
+      got = jax.block_until_ready(f(xg))
     want = raw(xg)
+    if planned:
+      out["slots"] = [s.slot_bytes for s in f.site_stats()]
     out["exact"] = all(
         np.asarray(a.addressable_data(0)).view(np.uint16).tobytes()
         == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
@@ -84,6 +91,13 @@ def main(argv) -> int:
   out["seconds"] = time.monotonic() - start
   Path(argv[1], f"worker{pid}.json").write_text(json.dumps(out))
   sys.stdout.flush()
+  # Process 0 hosts the coordinator: it leaves once every report is written, so that
+  # the others can finish their own (failing) exchange with it.
+  n = int(os.environ.get(launch.ENV_NUM_PROCESSES, "1"))
+  deadline = time.monotonic() + 30
+  while pid == 0 and time.monotonic() < deadline and not all(
+      Path(argv[1], f"worker{i}.json").exists() for i in range(n)):
+    time.sleep(0.05)
   os._exit(0)   # no distributed shutdown barrier after a failed collective
 
 

@@ -94,6 +94,9 @@ DIVERGE_ERRORS = {
     "chunks": r"planned different compressed transports \(they differ in: .*chunking",
     "check_decode": r"planned different compressed transports \(they differ in: .*check_decode",
     "calibration": r"the processes disagree on what decides the compressed collectives",
+    # zipccl_jax.jit: the sites' signatures differ, found after the measuring step
+    "planned_codec": r"zipccl_jax.jit: the processes traced .* into different call sites or plans",
+    "planned_chunks": r"zipccl_jax.jit: the processes traced .* into different call sites or plans",
 }
 
 
@@ -114,3 +117,13 @@ def test_stats_on_one_process_only_is_the_same_program(tmp_path):
   run everywhere, so the job completes with results equal to codec="raw"."""
   for pid, r in enumerate(_diverge(tmp_path, 2, "stats")):
     assert r["error"] is None and r["exact"] is True, (pid, r)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_planned_steps_agree_across_processes(tmp_path, nproc):
+  """zipccl_jax.jit over processes: every process derives the same plan from the
+  exchanged sizes, and the planned steps equal codec="raw"."""
+  results = _diverge(tmp_path, nproc, "planned_same")
+  for pid, r in enumerate(results):
+    assert r["error"] is None and r["exact"] is True, (pid, r)
+    assert r["slots"] == results[0]["slots"] and all(results[0]["slots"]), (pid, r)

@@ -86,12 +86,14 @@ def _tracing(trace: _Trace):
     _local.trace = prev
 
 
-def record(value, ledger: int, slot: int):
-  """value int32[] recorded (max) into the mailbox table[ledger][slot]; returns value."""
+def record(x, value, ledger: int, slot: int):
+  """x passed through (aliased, no copy) after max(value) (int32) is recorded into
+  the mailbox table[ledger][slot] (ffi/mailbox.h): x's consumers wait for the record."""
   _ffi.register()
-  out = base.result_type((), jnp.int32, value)
-  return jax.ffi.ffi_call("zipccl_mailbox", out, has_side_effect=True, vmap_method="sequential")(
-      value.astype(jnp.int32), ledger=np.int64(ledger), slot=np.int64(slot))
+  out = base.result_type(x.shape, x.dtype, x)
+  return jax.ffi.ffi_call("zipccl_mailbox", out, input_output_aliases={0: 0},
+                          vmap_method="expand_dims")(
+      x, value.astype(jnp.int32), ledger=np.int64(ledger), slot=np.int64(slot))
 
 
 def site(trace: _Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
@@ -160,6 +162,8 @@ class Planned:
   """`zipccl_jax.jit(fun)`: see `jit`."""
 
   def __init__(self, fun: Callable, jit_kwargs: dict):
+    if jit_kwargs.get("static_argnames"):
+      raise ValueError("zipccl_jax.jit: static_argnames is not supported; use static_argnums")
     for k in ("donate_argnums", "donate_argnames"):
       if jit_kwargs.get(k) not in (None, (), []):
         raise ValueError(f"zipccl_jax.jit: {k} is not supported: a step whose plan was too "
@@ -199,6 +203,35 @@ class Planned:
       prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs)
     return prog
 
+  def _compiled(self, state: _State, plan, args, kwargs):
+    """The compiled program of `plan` for these arguments. Before its first run, the
+    processes compare what they traced (sites and plan): processes whose programs
+    differ would issue collectives of different sizes, which gloo aborts on and NCCL
+    may hang in, so they must fail here, on every process, before any runs."""
+    key = ("compiled", plan)
+    compiled = state.programs.get(key)
+    if compiled is None:
+      compiled = self._program(state, plan).lower(*args, **kwargs).compile()
+      n = len(state.sites)
+      mine = np.asarray([_fingerprint(state.sites, plan), n], np.int32)
+      self._steps += 1
+      blobs = compat.exchange_across_processes(f"plan{self._ledger}/{self._steps}",
+                                               mine.tobytes(), EXCHANGE_TIMEOUT_S)
+      if blobs is not None:
+        self._check_same(np.frombuffer(b, np.int32) for b in blobs)
+      state.programs[key] = compiled
+    return compiled
+
+  def _check_same(self, every) -> None:
+    every = list(every)
+    differ = [i for i, e in enumerate(every) if e.size != every[0].size or e[0] != every[0][0]]
+    if differ:
+      raise RuntimeError(
+          f"zipccl_jax.jit: the processes traced {self.__name__} into different call sites or "
+          f"plans (processes {differ} differ from process 0): they pass different codec=, "
+          "chunks= or options, or hold different calibrations or saved plans. Every process "
+          "must run the same program.")
+
   def _state(self, key) -> _State:
     state = self._states.get(key)
     if state is None:
@@ -221,7 +254,8 @@ class Planned:
     state = self._state(key)
     for attempt in range(MAX_RERUNS + 2):
       plan = state.plan
-      out = self._program(state, plan)(*args, **kwargs)
+      dyn = [a for i, a in enumerate(args) if i not in self._static]
+      out = self._compiled(state, plan, args, kwargs)(*dyn, **kwargs)
       jax.block_until_ready(out)
       table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
       n = len(state.sites)
@@ -265,13 +299,7 @@ class Planned:
     if blobs is None:
       return mine[2:].tolist()
     every = [np.frombuffer(b, np.int32) for b in blobs]
-    differ = [i for i, e in enumerate(every) if e.size != mine.size or e[0] != every[0][0]]
-    if differ:
-      raise RuntimeError(
-          f"zipccl_jax.jit: the processes traced {self.__name__} into different call sites or "
-          f"plans (processes {differ} differ from process 0): they pass different codec=, "
-          "chunks= or options, or hold different calibrations or saved plans. Every process "
-          "must run the same program.")
+    self._check_same(every)
     return np.max(np.stack(every), axis=0)[2:].tolist()
 
   # ---- visibility and persistence -------------------------------------------------------------

@@ -419,17 +419,18 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
     used = used_max(st)
     if sends is not None:
       used = jnp.where(sends, used, 0)
-    used = planned.record(used, trace.ledger, 2 * k)
     if slot is None:
       # measuring: the raw words move once the used size is recorded
+      rows = planned.record(rows, used, trace.ledger, 2 * k)
       y, status = _move_raw(rows, plan.dtype, move, move_raw)
       rung = len(rungs)
     else:
+      payload = planned.record(payload, used, trace.ledger, 2 * k)
       y, status = _move_compressed(payload, plan, own, move, prefix, move_slot, slot)
       rung = rungs.index(slot)
   y, status = _mask_receivers(y, status, recvs, plan.dtype)
   if slot not in (None, planned.RAW):
-    planned.record(jnp.sum(status != 0).astype(jnp.int32), trace.ledger, 2 * k + 1)
+    y = planned.record(y, jnp.sum(status != 0).astype(jnp.int32), trace.ledger, 2 * k + 1)
   # stats: the rung is static; used size and count live in the wrapper (site_stats)
   return y, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0)
 

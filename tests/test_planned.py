@@ -1,0 +1,206 @@
+"""zipccl_jax.jit: the planned transport (static slots, validated after the step).
+
+Every test compares raw words with codec="raw" (the oracle), and checks what the
+compiled program holds: no conditional, no agreement, one collective per call site.
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import zipccl_jax as zc
+from tests.reference import assert_bits_equal
+from zipccl_jax._src import ffi as zffi
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+N = 8
+RING = [(i, (i + 1) % N) for i in range(N)]
+
+
+def _five(mesh, **kw):
+  """A step with all five collectives on x (bf16 [N*64, 1024]) and their outputs."""
+  kw = dict(policy="always", **kw)
+
+  def body(v):
+    return (zc.compressed_all_gather(v, "x", tiled=True, **kw),
+            zc.compressed_all_to_all(v, "x", 1, 1, tiled=True, **kw),
+            zc.compressed_ppermute(v, "x", RING, **kw),
+            zc.compressed_psum_scatter(v, "x", scatter_dimension=1, tiled=True, **kw),
+            zc.compressed_psum(v, "x", **kw))
+
+  return lambda x: jax.shard_map(body, mesh=mesh, in_specs=P("x"),
+                                 out_specs=(P("x"), P("x"), P("x"), P("x"), P()))(x)
+
+
+def _gauss(seed, shape=(N * 64, 1024)):
+  return (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(BF16)
+
+
+def _random_bits(seed, shape=(N * 64, 1024)):
+  w = np.random.default_rng(seed).integers(0, 1 << 16, size=shape, dtype=np.uint16)
+  w[(w & 0x7F80) == 0x7F80] = 0   # no NaN/inf: sums stay comparable word for word
+  return w.view(BF16)
+
+
+def _assert_all_equal(got, want, what):
+  for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+    assert_bits_equal(np.asarray(a), np.asarray(b), f"{what} output {i}")
+
+
+def _compiled(f, *args) -> str:
+  return f.lower(*args).compile().as_text()
+
+
+def test_planned_steps_equal_raw_with_no_conditional_and_no_agreement(mesh8):
+  f = zc.jit(_five(mesh8))
+  raw = jax.jit(_five(mesh8, codec="raw"))
+  x = _gauss(0)
+  for step in range(3):   # measure, then planned twice
+    _assert_all_equal(f(x), raw(x), f"step {step}")
+  sites = f.site_stats()
+  # all_gather, all_to_all, ppermute, psum_scatter, psum's two transports
+  assert len(sites) == 6
+  assert all(s.slot_bytes is not None and s.used_bytes <= s.slot_bytes < s.raw_bytes for s in sites)
+  assert all(s.replans == 0 for s in sites)
+  text = _compiled(f, x)
+  assert "conditional(" not in text
+  # one collective per transport: the data's, no agreement (the ladder adds one per transport)
+  ops = zc.hlo_wire_bytes(text).ops
+  ladder_ops = zc.hlo_wire_bytes(_compiled(jax.jit(_five(mesh8)), x)).ops
+  n_planned = len(ops)
+  assert not [o for o in ops if o.operand_bytes == 24], "an agreement all-gather is left"
+  assert n_planned < len(ladder_ops)
+  # the sites' slots are what moves: an all-gather of the planned slot
+  gather = sites[0]
+  assert any(o.opcode == "all-gather" and o.operand_bytes == gather.slot_bytes for o in ops)
+
+
+def test_a_step_that_does_not_fit_is_replanned_and_rerun_exactly(mesh8):
+  """Mid-run loss of compressibility: the rows outgrow their slots, the step's outputs
+  are discarded and it runs again with grown plans; results equal codec="raw"."""
+  f = zc.jit(_five(mesh8))
+  raw = jax.jit(_five(mesh8, codec="raw"))
+  x = _gauss(1)
+  f(x)
+  f(x)
+  before = [s.slot_bytes for s in f.site_stats()]
+  y = _gauss(2)
+  y[N * 32:] = _random_bits(3)[N * 32:]   # half of the devices' data stops compressing
+  _assert_all_equal(f(y), raw(y), "after losing compressibility")
+  after = f.site_stats()
+  assert any(s.replans for s in after)
+  assert all(a.slot_bytes is None or b is None or a.slot_bytes >= b for a, b in zip(after, before))
+  _assert_all_equal(f(y), raw(y), "next step")   # the grown plan holds
+  assert [s.replans for s in f.site_stats()] == [s.replans for s in after]
+  _assert_all_equal(f(x), raw(x), "compressible again")
+
+
+def test_grad_scan_remat_vmap_and_buckets_inside(mesh8):
+  def make(codec):
+    kw = dict(codec=codec, policy="always")
+
+    def loss(w, v):
+      def body(c, wl):
+        g = zc.compressed_all_gather(wl, "x", tiled=True, **kw)
+        return c + jnp.sum(jnp.sin(g.astype(jnp.float32))[:v.shape[0]] * v.astype(jnp.float32)), None
+      c0 = jax.lax.pcast(jnp.float32(0), ("x",), to="varying")
+      return jax.lax.scan(jax.checkpoint(body), c0, w.reshape(2, -1, w.shape[-1]))[0]
+
+    def inner(w, v):
+      g = jax.grad(loss)(w, v)
+      p = zc.compressed_psum({"a": g, "b": g[:3] * 2}, "x", **kw)   # one bucket
+      vm = jax.vmap(lambda r: zc.compressed_ppermute(r, "x", RING, **kw))(v.reshape(2, -1, v.shape[-1]))
+      return g, p, vm
+
+    return lambda w, v: jax.shard_map(inner, mesh=mesh8, in_specs=(P("x"), P("x")),
+                                      out_specs=(P("x"), P(), P(None, "x")))(w, v)
+
+  w, v = _gauss(4, (N * 64, 512)), _gauss(5, (N * 64, 512))
+  f, raw = zc.jit(make("zipccl")), jax.jit(make("raw"))
+  for step in range(2):
+    _assert_all_equal(f(w, v), raw(w, v), f"step {step}")
+  assert "conditional(" not in _compiled(f, w, v)
+  assert sum(s.slot_bytes is not None for s in f.site_stats()) >= 4
+
+
+def test_plans_save_and_load(mesh8, tmp_path):
+  x = _gauss(6)
+  f = zc.jit(_five(mesh8))
+  f(x)
+  path = tmp_path / "plans.json"
+  f.save_plans(str(path))
+  g = zc.jit(_five(mesh8))
+  assert g.load_plans(str(path)) == 1
+  # the first call runs the loaded plan: the program it lowers has no raw-only sites
+  text = g.lower(x).as_text()
+  assert text.count("zipccl_zipccl_decode") + text.count("zipccl_entropy_decode") >= 6
+  _assert_all_equal(g(x), jax.jit(_five(mesh8, codec="raw"))(x), "loaded plan")
+  assert [s.slot_bytes for s in g.site_stats()] == [s.slot_bytes for s in f.site_stats()]
+  path.write_text("{not json")
+  with pytest.raises(ValueError, match=r"cannot load plans from .*plans.json"):
+    g.load_plans(str(path))
+
+
+def test_donation_is_refused():
+  with pytest.raises(ValueError, match=r"zipccl_jax.jit: donate_argnums is not supported"):
+    zc.jit(lambda x: x, donate_argnums=0)
+
+
+def test_corruption_that_fits_its_slot_raises(mesh8, monkeypatch):
+  """A decode failure that no overflow explains is a corrupted wire: the step raises
+  (never a wrong answer)."""
+  f = zc.jit(_five(mesh8))
+  x = _gauss(7)
+  f(x)
+  real = zffi.mailbox_take
+
+  def corrupt(ledger):
+    t = real(ledger)
+    return [v if i % 2 == 0 else 1 for i, v in enumerate(t)]   # every site reports a bad row
+
+  monkeypatch.setattr(zffi, "mailbox_take", corrupt)
+  with pytest.raises(RuntimeError, match=r"failed to decode although they fit their slots"):
+    f(x)
+
+
+def _case_bodies(text: str) -> list:
+  """The regions of every stablehlo.case op of an MLIR text (by brace depth)."""
+  out = []
+  for m in re.finditer(r'"stablehlo\.case"\(', text):
+    i = text.index("({", m.end())
+    depth, j = 0, i
+    while True:
+      depth += {"{": 1, "}": -1}.get(text[j], 0)
+      j += 1
+      if depth == 0:
+        break
+    out.append(text[i:j])
+  return out
+
+
+def test_cuda_export_has_no_conditional(mesh8):
+  """The planned program lowered for CUDA (on this CPU machine): no case/if, the
+  collectives and custom calls only."""
+  f = zc.jit(_five(mesh8))
+  x = _gauss(8)
+  f(x)
+  state = next(iter(f._states.values()))   # pylint: disable=protected-access
+  prog = f._program(state, state.plan)      # pylint: disable=protected-access
+  targets = ["zipccl_zipccl_encode", "zipccl_zipccl_decode", "zipccl_entropy_encode",
+             "zipccl_entropy_decode", "zipccl_mailbox", "zipccl_used_max", "zipccl_row_prefix",
+             "zipccl_bitcast_copy", "zipccl_row_split", "zipccl_row_join"]
+  exp = jax.export.export(prog, platforms=["cuda"], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call(t) for t in targets])(x)
+  text = exp.mlir_module()
+  # lax.platform_dependent lowers to cases over the platform index (constant branches,
+  # folded by XLA); none holds a collective, as every ladder's switch does
+  assert not re.findall(r"stablehlo\.if\b", text)
+  for body in _case_bodies(text):
+    assert not re.findall(r"stablehlo\.(all_gather|all_to_all|collective_permute|all_reduce)", body)
+  assert "zipccl_mailbox" in text and "zipccl_agree" not in text
+  assert text.count("stablehlo.all_gather") + text.count("stablehlo.collective_permute") + \
+      text.count("stablehlo.all_to_all") == len(f.site_stats())   # one collective per call site
