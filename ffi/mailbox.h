@@ -6,16 +6,19 @@
 //                   table[ledger][slot] = max(table[ledger][slot], max(value))
 //
 // A planned call site records the largest used size of its encoded rows (units of
-// 128 bytes, slot 2 site) and the number of its received rows that failed to decode
-// (slot 2 site + 1). The operation is a max, so a site that runs several times per
-// step (a scan body, remat) or on several devices of the process keeps its worst
-// value. The call has a side effect (never removed, never hoisted out of a loop);
-// the wrapper takes the table after the step's outputs are ready.
+// 128 bytes, slot 2 site) and the decoder statuses of its received rows (slot
+// 2 site + 1: > 0 when a row failed to decode). The operation is a max, so a site
+// that runs several times per step (a scan body, remat, a vmap batch) or on several
+// devices of the process keeps its worst value. The call passes an operand of the
+// transport through (the payload to cut, the rows to move, the decoded rows), so it
+// runs before the step's outputs are ready and is never removed, without being a
+// side-effecting op (which JAX's remat and partial evaluation refuse); the wrapper
+// takes the table after the step.
 //
 // Why a mailbox and not values threaded out of the traced function: call sites sit
 // at any depth (shard_map, custom_vjp backward passes, scan, vmap, remat), where
 // returning extra values means a transformation rule for every primitive
-// (checkify's machinery). A side-effecting custom call needs none, and moves no
+// (checkify's machinery). A pass-through custom call needs none, and moves no
 // data the step has to wait for: on the CPU a store to host memory, on CUDA an
 // atomic max into mapped host memory by one thread (no copy, no synchronisation).
 #pragma once

@@ -21,6 +21,7 @@ from zipccl_jax._src.codecs.api import Encoded, decode, decode_rows, encode, enc
 from zipccl_jax._src.collectives.api import (
     compressed_all_gather,
     compressed_all_to_all,
+    compressed_pcast,
     compressed_ppermute,
     compressed_psum,
     compressed_psum_scatter,
@@ -44,6 +45,7 @@ __all__ = [
     "compressed_ppermute",
     "compressed_psum",
     "compressed_psum_scatter",
+    "compressed_pcast",
     "jit",
     # one tensor
     "Analysis",

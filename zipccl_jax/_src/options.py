@@ -99,8 +99,8 @@ def check_axes(fn, axis_name) -> tuple:
 def axis_size(fn, axes, axis_name) -> int:
   try:
     return compat.axis_size(axes)
-  except NameError as e:
-    raise ValueError(
+  except NameError as e:   # lax's exception type
+    raise NameError(
         f"{fn}: axis_name {axis_name!r} is not a bound mesh axis; call it inside "
         f"jax.shard_map over a mesh that has that axis ({e})") from None
 

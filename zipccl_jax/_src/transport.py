@@ -430,7 +430,8 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
       rung = rungs.index(slot)
   y, status = _mask_receivers(y, status, recvs, plan.dtype)
   if slot not in (None, planned.RAW):
-    y = planned.record(y, jnp.sum(status != 0).astype(jnp.int32), trace.ledger, 2 * k + 1)
+    # the decoder statuses themselves (positive on failure): max > 0 marks a failed row
+    y = planned.record(y, status, trace.ledger, 2 * k + 1)
   # stats: the rung is static; used size and count live in the wrapper (site_stats)
   return y, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0)
 

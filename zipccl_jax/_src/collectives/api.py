@@ -9,6 +9,9 @@ leaf or bucket (autodiff.py over impl.py). Semantics: docs/design.md.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
+import jax
 from jax import lax
 
 from zipccl_jax._src import compat
@@ -222,7 +225,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "auto", policy: str = "
   limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def one(leaf):
-    plain = buckets.takes_lax(fn, leaf)
+    plain = buckets.takes_lax(fn, leaf) or buckets.invariant_over(fn, leaf, axes)
     if plain or opts.codec is None:
       leaf = leaf if plain else options.check_x(fn, leaf)
       return lax.psum(leaf, axes), (buckets.lax_stats("psum", leaf) if stats else None)
@@ -231,6 +234,8 @@ def compressed_psum(x, axis_name, *, codec: str | None = "auto", policy: str = "
     return autodiff.psum(compat.pvary(leaf, axes), cfg)
 
   def item(leaf):
+    if buckets.invariant_over(fn, leaf, axes):
+      return None
     return buckets.flat_item(fn, leaf, opts, axes)
 
   def run(rows):
@@ -337,3 +342,65 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "auto", polic
     return autodiff.bpp(rows, impl.Cfg(axes, n_peers, opts, stats, fn, perm=perm))
 
   return buckets.map_leaves(one, x, stats, (item, run, limit))
+
+
+def compressed_pcast(x, axis_name, *, to: str = "varying", codec: str | None = "auto",
+                     policy: str = "auto", check_decode: bool | None = None,
+                     chunks: int | str | None = None, bucket_bytes: int | None = None):
+  """`jax.lax.pcast(x, axis_name, to="varying")` whose transpose is `compressed_psum`.
+
+  The data-parallel pattern: parameters replicated over "dp" are cast to varying
+  before the gradient, so that `jax.grad` sums their gradients over "dp" with the
+  compressed psum (bucketed, exact, identical to codec="raw") instead of the
+  uncompressed psum JAX inserts for lax.pcast:
+
+      grads = jax.grad(loss)(zc.compressed_pcast(params, "dp"), batch)   # summed over "dp"
+
+  The forward moves nothing (a type cast, like lax.pcast). Forward-mode tangents
+  are cast the same way.
+
+  Args:
+    x: array or pytree, typed invariant over axis_name, inside `jax.shard_map`.
+    axis_name: mesh axis name or tuple of names.
+    to: "varying"; any other target goes to lax.pcast unchanged.
+    codec, policy, check_decode, chunks, bucket_bytes: of the gradient's
+      compressed_psum (see compressed_psum).
+
+  Raises:
+    NameError outside a mesh with that axis; TypeError / ValueError naming the argument.
+  """
+  fn = "compressed_pcast"
+  if to != "varying":
+    return lax.pcast(x, axis_name, to=to)
+  options.setup(fn, axis_name, codec, policy, False, False, check_decode, chunks)
+  options.check_bucket_bytes(fn, bucket_bytes)
+  kw = (("codec", codec), ("policy", policy), ("check_decode", check_decode),
+        ("chunks", chunks), ("bucket_bytes", bucket_bytes))
+  axes = tuple(axis_name) if isinstance(axis_name, list) else axis_name
+  return _pcast(x, _PcastCfg(axes, kw))[0]
+
+
+class _PcastCfg(NamedTuple):
+  """compressed_pcast's static configuration (autodiff.with_vjp's cfg)."""
+  axis_name: Any
+  kw: tuple          # the gradient's compressed_psum options, as (name, value) pairs
+  stats: bool = False
+
+
+def _pcast_fwd(x, cfg: _PcastCfg):
+  return jax.tree_util.tree_map(lambda v: lax.pcast(v, cfg.axis_name, to="varying"), x), None
+
+
+def _pcast_bwd(cfg: _PcastCfg, ct):
+  # float0 cotangents (integer leaves) have nothing to sum
+  leaves, treedef = jax.tree_util.tree_flatten(ct)
+  real = [i for i, c in enumerate(leaves) if getattr(c, "dtype", None) != jax.dtypes.float0]
+  summed = compressed_psum([leaves[i] for i in real], cfg.axis_name, **dict(cfg.kw))
+  for i, v in zip(real, summed):
+    leaves[i] = v
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+# differentiable in both modes: forward, the cast of the tangent; reverse, the
+# compressed psum of the cotangent
+_pcast = autodiff.with_vjp(_pcast_fwd, _pcast_bwd)

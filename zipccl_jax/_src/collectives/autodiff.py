@@ -3,7 +3,7 @@
 The transpose of each collective is another compressed collective with the same
 options (no stats): all_gather <-> psum_scatter, all_to_all with its axes swapped,
 ppermute with the inverted permutation, psum as JAX's shard_map rule
-(docs/design.md, "Autodiff"). `_with_vjp` makes an implementation differentiable
+(docs/design.md, "Autodiff"). `with_vjp` makes an implementation differentiable
 in both modes; the bucketed twins (`bag`, `brs`, ...) pack a tuple of rows into one
 transport inside the custom VJP, so that their gradients are bucketed collectives
 too.
@@ -30,7 +30,7 @@ def _float0_zeros(a):
   return np.zeros(np.shape(a), jax.dtypes.float0)
 
 
-def _with_vjp(fwd, bwd):
+def with_vjp(fwd, bwd):
   """fwd(x, cfg) -> (y, stats) made differentiable in both modes.
 
   Reverse mode (jax.grad, jax.vjp): a custom_vjp whose backward pass `bwd` is the
@@ -104,11 +104,11 @@ def _pp_bwd(cfg: impl.Cfg, ct):
   return pp(compat.pvary(ct, cfg.axes), cfg._replace(perm=inv, stats=False))[0]
 
 
-ag = _with_vjp(impl.ag_impl, _ag_bwd)
-rs = _with_vjp(impl.rs_impl, _rs_bwd)
-psum = _with_vjp(impl.psum_impl, _psum_bwd)
-a2a = _with_vjp(impl.a2a_impl, _a2a_bwd)
-pp = _with_vjp(impl.pp_impl, _pp_bwd)
+ag = with_vjp(impl.ag_impl, _ag_bwd)
+rs = with_vjp(impl.rs_impl, _rs_bwd)
+psum = with_vjp(impl.psum_impl, _psum_bwd)
+a2a = with_vjp(impl.a2a_impl, _a2a_bwd)
+pp = with_vjp(impl.pp_impl, _pp_bwd)
 
 
 # Bucketed twins: x is a tuple of rows (of one dtype) packed along their last axis
@@ -171,8 +171,8 @@ def _bpp_bwd(cfg: impl.Cfg, cts):
   return bpp(_pvary_all(cts, cfg), cfg._replace(perm=inv, stats=False))[0]
 
 
-bag = _with_vjp(_bucketed(impl.ag_impl), _bag_bwd)
-brs = _with_vjp(_bucketed(impl.rs_impl), _brs_bwd)
-bpsum = _with_vjp(_bucketed(impl.psum_impl), _bpsum_bwd)
-ba2a = _with_vjp(_bucketed(impl.a2a_impl), _ba2a_bwd)
-bpp = _with_vjp(_bucketed(impl.pp_impl), _bpp_bwd)
+bag = with_vjp(_bucketed(impl.ag_impl), _bag_bwd)
+brs = with_vjp(_bucketed(impl.rs_impl), _brs_bwd)
+bpsum = with_vjp(_bucketed(impl.psum_impl), _bpsum_bwd)
+ba2a = with_vjp(_bucketed(impl.a2a_impl), _ba2a_bwd)
+bpp = with_vjp(_bucketed(impl.pp_impl), _bpp_bwd)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,3 +120,31 @@ def takes_lax(fn, leaf) -> bool:
       raise TypeError(f"{fn}: x must be an array (or a pytree of arrays), got "
                       f"{type(leaf).__name__} ({e})") from None
   return not dtypes.is_supported(dtype)
+
+
+_warned_invariant = False
+
+
+def invariant_over(fn, leaf, axes) -> bool:
+  """True when `leaf` is typed invariant over every one of `axes` (shard_map with
+  vma checking): its sum is leaf x N with no communication, which lax.psum computes,
+  so the reduction takes lax.psum. Warns once: inside jax.grad this is the trap of
+  replicated parameters (JAX has already summed their gradient, uncompressed)."""
+  global _warned_invariant
+  if not compat.check_vma_enabled() or isinstance(leaf, (bool, int, float, complex)):
+    return False
+  try:
+    varying = compat.varying_axes(leaf)
+  except (TypeError, AttributeError):
+    return False
+  if any(a in varying for a in axes):
+    return False
+  if not _warned_invariant:
+    _warned_invariant = True
+    warnings.warn(
+        f"{fn}: x is already invariant over {axes}: it is summed like lax.psum (x * "
+        "axis size, no communication). If x is a gradient of parameters replicated over "
+        "that axis, JAX has already summed it with an uncompressed psum; take the gradient "
+        "w.r.t. zipccl_jax.compressed_pcast(params, axis) instead, whose transpose is the "
+        "compressed psum (docs/sharp-bits.md).", stacklevel=4)
+  return True
