@@ -202,5 +202,7 @@ def test_cuda_export_has_no_conditional(mesh8):
   for body in _case_bodies(text):
     assert not re.findall(r"stablehlo\.(all_gather|all_to_all|collective_permute|all_reduce)", body)
   assert "zipccl_mailbox" in text and "zipccl_agree" not in text
-  assert text.count("stablehlo.all_gather") + text.count("stablehlo.collective_permute") + \
-      text.count("stablehlo.all_to_all") == len(f.site_stats())   # one collective per call site
+  # the CPU program's collectives, one transport per call site (traced on a CPU mesh,
+  # the all-to-all sites keep their CPU form: N - 1 permutes)
+  n_ops = sum(text.count(f"stablehlo.{op}") for op in ("all_gather", "collective_permute", "all_to_all"))
+  assert n_ops == len(zc.hlo_wire_bytes(_compiled(f, x)).ops)

@@ -84,7 +84,7 @@ def agree(every, rungs, where: str):
 
   if units.size == 0:   # no compressed rung: jnp ops on every backend
     return default(every)
-  return lax.platform_dependent(every, cpu=on_cpu, default=default)
+  return compat.platform_dependent(every, cpu=on_cpu, default=default)
 
 
 def gather(used, count, fp, axes, rungs, where):

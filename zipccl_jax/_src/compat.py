@@ -193,6 +193,26 @@ def mesh_platform() -> str:
   return "gpu" if plat in ("cuda", "rocm", "gpu") else plat
 
 
+def platform_dependent(*args, cpu, default):
+  """lax.platform_dependent(*args, cpu=cpu, default=default), resolved while tracing
+  when the mesh being traced names its devices' platform (shard_map over a concrete
+  Mesh): only that branch is traced. lax.platform_dependent traces every branch and
+  costs ~2 ms of tracing per call, a large share of a compressed call's trace time;
+  the transport calls it several times per call. Elsewhere (an abstract mesh, no
+  mesh) the lowering platform decides, as lax does. A program traced on a CPU mesh
+  and exported for CUDA keeps the CPU branches: their custom calls have CUDA
+  handlers under the same names (ffi/transport.h).
+  """
+  try:
+    dev = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    plat = getattr(dev, "platform", None)
+  except (AttributeError, ValueError):  # pragma: no cover - older / future JAX
+    plat = None
+  if plat is None:
+    return lax.platform_dependent(*args, cpu=cpu, default=default)
+  return cpu(*args) if str(plat).lower() == "cpu" else default(*args)
+
+
 def mesh_axis_names() -> tuple:
   """The axis names of the mesh being traced, in mesh order (empty when unknown)."""
   try:

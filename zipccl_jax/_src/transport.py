@@ -121,7 +121,7 @@ def copy_as(x, dtype, shape=None):
   def on_cpu(v):
     return _target("zipccl_bitcast_copy", shape, dtype, v, v, vmap_method="broadcast_all")
 
-  return lax.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
+  return compat.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
 
 
 @jax.custom_batching.custom_vmap
@@ -139,7 +139,7 @@ def used_max(st):
   def on_cpu(v):   # "sequential": where JAX batches the call itself (see below)
     return _target("zipccl_used_max", (), jnp.int32, v, v, vmap_method="sequential")
 
-  return lax.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
+  return compat.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
 
 
 @used_max.def_vmap
@@ -166,7 +166,7 @@ def row_prefix(payload, slot: int):
     return _target("zipccl_row_prefix", p.shape[:-1] + (slot,), jnp.uint8, p, p,
                    vmap_method="broadcast_all")
 
-  return lax.platform_dependent(payload, cpu=on_cpu, default=lambda p: p[..., :slot])
+  return compat.platform_dependent(payload, cpu=on_cpu, default=lambda p: p[..., :slot])
 
 
 def a2a_by_permutes() -> bool:
@@ -242,7 +242,7 @@ def a2a_slot(payload, slot: int, axes, me=None):
 
   if n_peers < 2:
     return default(payload)
-  return lax.platform_dependent(payload, cpu=lambda p: _permute_rows(p, slot, axes, me),
+  return compat.platform_dependent(payload, cpu=lambda p: _permute_rows(p, slot, axes, me),
                                 default=default)
 
 
@@ -272,7 +272,7 @@ def a2a_raw(rows, axes, me=None):
     b = copy_as(r, jnp.uint8, (n_peers, nbytes))
     return copy_as(_permute_rows(b, nbytes, axes, me), r.dtype, (n_peers, m))
 
-  return lax.platform_dependent(rows, cpu=on_cpu, default=default)
+  return compat.platform_dependent(rows, cpu=on_cpu, default=default)
 
 
 def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None, where="",
