@@ -40,7 +40,18 @@ import zipccl_jax
 # policy="auto": from its calibration, if any, else its static rules); its bits
 # must equal raw's whichever path it takes.
 VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "raw": ("raw", "always"),
-            "lax": (None, "always"), "auto": ("auto", "auto")}
+            "lax": (None, "always"), "auto": ("auto", "auto"),
+            # the same collectives under zipccl_jax.jit: slots planned ahead (`jit_for`)
+            "planned": ("auto", "auto"), "planned-entropy": ("entropy", "always")}
+
+
+def jit_for(label: str, step, donate=0):
+  """The step jitted for variant `label`: zipccl_jax.jit for the planned variants
+  (no donation: a step whose plan was too small runs again on its inputs), else
+  jax.jit with `donate` donated."""
+  if label.startswith("planned"):
+    return zipccl_jax.jit(step)
+  return jax.jit(step, donate_argnums=donate)
 
 
 def parse_codecs(text: str) -> list:
@@ -55,9 +66,9 @@ def parse_codecs(text: str) -> list:
 def add_common_args(ap, *, devices: int) -> None:
   """The options every training example shares."""
   ap.add_argument("--codecs", default="zipccl,raw,lax", type=parse_codecs,
-                  help="variants to train in lockstep, from zipccl, entropy, raw, lax (codec=None) "
-                       "and auto (the library's defaults: codec='auto', policy='auto'); "
-                       "default zipccl,raw,lax")
+                  help="variants to train in lockstep, from zipccl, entropy, raw, lax (codec=None), "
+                       "auto (the library's defaults: codec='auto', policy='auto') and planned / "
+                       "planned-entropy (auto / entropy under zipccl_jax.jit); default zipccl,raw,lax")
   ap.add_argument("--warmup-steps", type=int, default=3, metavar="K",
                   help="leading steps left out of the step-time medians (default 3)")
   ap.add_argument("--devices", type=int, default=devices,
@@ -268,8 +279,20 @@ class Variant:
 
 
 def compile_variant(label: str, jitted, state, batch) -> Variant:
-  """AOT-compiles `jitted(state, batch)` and reads its collectives' bytes from the HLO."""
+  """AOT-compiles `jitted(state, batch)` and reads its collectives' bytes from the HLO.
+
+  A zipccl_jax.jit step is planned here: its first call measures and plans (the
+  outputs are dropped: the state is not donated), and the step run is the wrapper
+  itself, which validates every step. compile_s is then the first call's time
+  (measuring program compile + run) plus the planned program's compile."""
   t0 = time.perf_counter()
+  if hasattr(jitted, "site_stats"):
+    jax.block_until_ready(jitted(state, batch))
+    text = jitted.compiled(state, batch).as_text()
+    compile_s = time.perf_counter() - t0
+    hlo = zipccl_jax.hlo_wire_bytes(text)
+    return Variant(label, jitted, state, compile_s, hlo.common_sent, hlo.fallback_sent,
+                   codec_bytes(text))
   compiled = jitted.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
   text = compiled.as_text()
@@ -335,7 +358,8 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         step_ms=[1e3 * float(x) for x in slowest[j]])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
-  exact = [k for k in ("zipccl", "entropy", "auto") if k in labels] if "raw" in labels else []
+  exact = [k for k in ("zipccl", "entropy", "auto", "planned", "planned-entropy") if k in labels] \
+      if "raw" in labels else []
   for name in exact:
     z, r = labels.index(name), labels.index("raw")
     loss_eq = bool((words[:, z] == words[:, r]).all())

@@ -67,7 +67,7 @@ def init_params(fsdp, cfg) -> dict:
   return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
 
 
-def make_step(fsdp, harness, cfg, mesh, codec, policy="always"):
+def make_step(fsdp, harness, cfg, mesh, codec, policy="always", label=""):
   """The jitted data-parallel step (state, batch) -> (state, mean loss, psum stats)."""
   import jax
   import jax.numpy as jnp
@@ -96,7 +96,7 @@ def make_step(fsdp, harness, cfg, mesh, codec, policy="always"):
             {"gradients": stats})
 
   step = jax.shard_map(step, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P(), P()))
-  return jax.jit(step, donate_argnums=0)
+  return harness.jit_for(label, step)
 
 
 def main(argv=None) -> int:
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
   variants = []
   for label in args.codecs:
     state = harness.put((params, opt_state), mesh, P())
-    step = make_step(fsdp, harness, cfg, mesh, *harness.VARIANTS[label])
+    step = make_step(fsdp, harness, cfg, mesh, *harness.VARIANTS[label], label=label)
     variants.append(harness.compile_variant(label, step, state, batches[0]))
   harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
   harness.train_lockstep(variants, batches, log_every=args.log_every)

@@ -785,7 +785,7 @@ def main_distributed(argv=None) -> int:
 
     state = (harness.put(buffers, mesh, P(AXIS)), harness.put(opt_state, mesh, opt_specs),
              harness.put({u.name: np.zeros(3 * n, np.float32) for u in units}, mesh, P(AXIS)))
-    variants.append(harness.compile_variant(label, jax.jit(step, donate_argnums=0), state,
+    variants.append(harness.compile_variant(label, harness.jit_for(label, step), state,
                                             batches[0]))
   harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
   harness.train_lockstep(variants, batches, log_every=hargs.log_every)

@@ -192,7 +192,7 @@ def make_optimizer(cfg: Config):
   return optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
 
 
-def make_step(harness, cfg: Config, mesh, codec, policy, state):
+def make_step(harness, cfg: Config, mesh, codec, policy, state, label=""):
   """The jitted expert-parallel step (state, batch) -> (state, mean loss, stats)."""
   import jax
   import jax.numpy as jnp
@@ -221,7 +221,7 @@ def make_step(harness, cfg: Config, mesh, codec, policy, state):
 
   specs = state_specs(state)
   step = jax.shard_map(step, mesh=mesh, in_specs=(specs, P(AXIS)), out_specs=(specs, P(), P()))
-  return jax.jit(step, donate_argnums=0)
+  return harness.jit_for(label, step)
 
 
 def main(argv=None) -> int:
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
   variants = []
   for label in args.codecs:
     state = harness.put(host_state, mesh, state_specs(host_state))
-    step = make_step(harness, cfg, mesh, *harness.VARIANTS[label], state)
+    step = make_step(harness, cfg, mesh, *harness.VARIANTS[label], state, label=label)
     variants.append(harness.compile_variant(label, step, state, batches[0]))
   harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
   harness.train_lockstep(variants, batches, log_every=args.log_every)

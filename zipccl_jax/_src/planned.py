@@ -248,6 +248,12 @@ class Planned:
     state = self._state(self._key(args, kwargs))
     return self._program(state, state.plan).lower(*args, **kwargs)
 
+  def compiled(self, *args, **kwargs):
+    """The compiled program the next call with these arguments runs (its `as_text()`
+    is the HLO, e.g. for `hlo_wire_bytes`)."""
+    state = self._state(self._key(args, kwargs))
+    return self._compiled(state, state.plan, args, kwargs)
+
   # ---- one step -------------------------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
