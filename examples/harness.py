@@ -42,7 +42,7 @@ import zipccl_jax
 VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "raw": ("raw", "always"),
             "lax": (None, "always"), "auto": ("auto", "auto"),
             # the same collectives under zipccl_jax.jit: slots planned ahead (`jit_for`)
-            "planned": ("auto", "auto"), "planned-entropy": ("entropy", "always")}
+            "planned": ("zipccl", "always"), "planned-entropy": ("entropy", "always")}
 
 
 def jit_for(label: str, step, donate=0):
@@ -68,7 +68,7 @@ def add_common_args(ap, *, devices: int) -> None:
   ap.add_argument("--codecs", default="zipccl,raw,lax", type=parse_codecs,
                   help="variants to train in lockstep, from zipccl, entropy, raw, lax (codec=None), "
                        "auto (the library's defaults: codec='auto', policy='auto') and planned / "
-                       "planned-entropy (auto / entropy under zipccl_jax.jit); default zipccl,raw,lax")
+                       "planned-entropy (zipccl / entropy under zipccl_jax.jit); default zipccl,raw,lax")
   ap.add_argument("--warmup-steps", type=int, default=3, metavar="K",
                   help="leading steps left out of the step-time medians (default 3)")
   ap.add_argument("--devices", type=int, default=devices,

@@ -13,10 +13,11 @@ sees the same maxima and takes the same decision:
 
   * every row fit its slot: the outputs are returned;
   * some row did not (its receivers decoded a cut row: NaN rows, status != 0): the
-    outputs are discarded, the plan of those sites grows to the next rung above the
-    used size plus headroom (or raw), and the step runs again on the same inputs
-    with the new plan (compiled once per plan, cached): bit-identical to
-    codec="raw".
+    outputs are discarded and the step runs again on the same inputs as the
+    measuring program (raw words: bit-identical to codec="raw", and every site's
+    true used size); the plan of the sites that outgrew their slots grows to the
+    rung above the used size plus twice the headroom, for the next steps (each plan
+    compiled once, cached).
 
 The first call for given argument shapes measures: a program that encodes at each
 site (to record the used size) and moves the raw words, so its results are exact;
@@ -52,8 +53,6 @@ from zipccl_jax._src.codecs import base
 # ~2% (p99) from step to step on training tensors: 2% above the rung the used size
 # needs re-plans rarely, and a re-plan adds 4%.
 HEADROOM = 0.02
-# Re-runs of one step before every site that still overflows moves raw.
-MAX_RERUNS = 3
 RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
 PLANS_VERSION = 1
@@ -111,11 +110,13 @@ def site(trace: _Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[i
 
 
 def _slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
-  """The first rung >= used size x (1 + headroom), or RAW."""
+  """The first rung >= used size x (1 + headroom); near the top of the ladder (a row
+  that barely compresses) the first rung >= the used size; else RAW."""
   if used_units < 0:   # never ran (a trace the program did not keep)
     return RAW
-  target = used_units * _ALIGN * (1 + headroom)
-  return next((r for r in rungs if r >= target), RAW)
+  used = used_units * _ALIGN
+  return next((r for r in rungs if r >= used * (1 + headroom)),
+              next((r for r in rungs if r >= used), RAW))
 
 
 def _fingerprint(sites: list, plan) -> int:
@@ -204,24 +205,25 @@ class Planned:
       prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs)
     return prog
 
-  def _compiled(self, state: _State, plan, args, kwargs):
-    """The compiled program of `plan` for these arguments. Before its first run, the
-    processes compare what they traced (sites and plan): processes whose programs
-    differ would issue collectives of different sizes, which gloo aborts on and NCCL
-    may hang in, so they must fail here, on every process, before any runs."""
-    key = ("compiled", plan)
-    compiled = state.programs.get(key)
-    if compiled is None:
-      compiled = self._program(state, plan).lower(*args, **kwargs).compile()
-      n = len(state.sites)
-      mine = np.asarray([_fingerprint(state.sites, plan), n], np.int32)
+  def _checked(self, state: _State, plan, args, kwargs):
+    """The jitted program of `plan`. Before its first run, the processes compare what
+    they traced (sites and plan): processes whose programs differ would issue
+    collectives of different sizes, which gloo aborts on and NCCL may hang in, so
+    they must fail here, on every process, before any runs. (The trace is jax.jit's
+    own, cached: the call that follows does not trace again, and steady-state calls
+    take jax.jit's dispatch path.)"""
+    prog = self._program(state, plan)
+    key = ("checked", plan)
+    if key not in state.programs:
+      prog.lower(*args, **kwargs)   # traces: state.sites
+      mine = np.asarray([_fingerprint(state.sites, plan), len(state.sites)], np.int32)
       self._steps += 1
       blobs = compat.exchange_across_processes(f"plan{self._ledger}/{self._steps}",
                                                mine.tobytes(), EXCHANGE_TIMEOUT_S)
       if blobs is not None:
         self._check_same(np.frombuffer(b, np.int32) for b in blobs)
-      state.programs[key] = compiled
-    return compiled
+      state.programs[key] = True
+    return prog
 
   def _check_same(self, every) -> None:
     every = list(every)
@@ -252,44 +254,54 @@ class Planned:
     """The compiled program the next call with these arguments runs (its `as_text()`
     is the HLO, e.g. for `hlo_wire_bytes`)."""
     state = self._state(self._key(args, kwargs))
-    return self._compiled(state, state.plan, args, kwargs)
+    return self._checked(state, state.plan, args, kwargs).lower(*args, **kwargs).compile()
 
   # ---- one step -------------------------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
-    key = self._key(args, kwargs)
-    state = self._state(key)
-    for attempt in range(MAX_RERUNS + 2):
-      plan = state.plan
-      dyn = [a for i, a in enumerate(args) if i not in self._static]
-      out = self._compiled(state, plan, args, kwargs)(*dyn, **kwargs)
-      jax.block_until_ready(out)
-      table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
-      n = len(state.sites)
-      used = [table[2 * k] if 2 * k < len(table) else -1 for k in range(n)]
-      bad = [table[2 * k + 1] if 2 * k + 1 < len(table) else -1 for k in range(n)]
-      state.used = used
-      if state.replans is None or len(state.replans) != n:
-        state.replans = [0] * n
-      if plan is None:   # measured: raw moves, exact; plan from the sizes seen
-        state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
-        return out
-      over = [k for k in range(n) if plan[k] != RAW and used[k] >= 0 and used[k] * _ALIGN > plan[k]]
-      if not over:
-        failed = [k for k in range(n) if bad[k] > 0]
-        if failed:
-          raise RuntimeError(
-              f"zipccl_jax.jit: {len(failed)} call site(s) of {self.__name__} received rows that "
-              f"failed to decode although they fit their slots (sites {failed[:8]}): the payload "
-              "was corrupted in transit. The step's outputs are discarded.")
-        return out
-      last = attempt >= MAX_RERUNS
-      grown = list(plan)
-      for k in over:
-        grown[k] = RAW if last else _slot_for(used[k], state.sites[k][1], 2 * HEADROOM)
+    state = self._state(self._key(args, kwargs))
+    plan = state.plan
+    out, used, bad = self._run(state, plan, args, kwargs)
+    n = len(state.sites)
+    if state.replans is None or len(state.replans) != n:
+      state.replans = [0] * n
+    if plan is None:   # measured: raw moves, exact; plan from the sizes seen
+      state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
+      return out
+    over = [k for k in range(n) if plan[k] != RAW and used[k] >= 0 and used[k] * _ALIGN > plan[k]]
+    if not over:
+      failed = [k for k in range(n) if bad[k] > 0]
+      if failed:
+        raise RuntimeError(
+            f"zipccl_jax.jit: {len(failed)} call site(s) of {self.__name__} received rows that "
+            f"failed to decode although they fit their slots (sites {failed[:8]}): the payload "
+            "was corrupted in transit. The step's outputs are discarded.")
+      return out
+    # Some rows outgrew their slots: the outputs are discarded. Sites after the first
+    # overflow saw cut (NaN) rows, so their sizes in this step say nothing; the step
+    # runs again as the measuring program (raw words: exact, and every site's true
+    # used size), whose outputs are returned, and each site whose true size exceeds
+    # its slot is re-planned with twice the headroom.
+    out, used, _ = self._run(state, None, args, kwargs)
+    grown = list(plan)
+    for k in range(n):
+      if plan[k] != RAW and used[k] * _ALIGN > plan[k]:
+        grown[k] = _slot_for(used[k], state.sites[k][1], 2 * HEADROOM)
         state.replans[k] += 1
-      state.plan = tuple(grown)
-    raise AssertionError("unreachable: the last re-run moves every overflowing site raw")
+    state.plan = tuple(grown)
+    return out
+
+  def _run(self, state: _State, plan, args, kwargs):
+    """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
+    site, maxed over the devices and processes."""
+    out = self._checked(state, plan, args, kwargs)(*args, **kwargs)
+    jax.block_until_ready(out)
+    table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
+    n = len(state.sites)
+    used = [table[2 * k] if 2 * k < len(table) else -1 for k in range(n)]
+    bad = [table[2 * k + 1] if 2 * k + 1 < len(table) else -1 for k in range(n)]
+    state.used = used
+    return out, used, bad
 
   def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process, maxed elementwise; raises on every process
