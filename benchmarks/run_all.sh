@@ -13,4 +13,5 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python 
 "$PY" benchmarks/codec.py "$@"
 "$PY" benchmarks/entropy_ratio.py
 "$PY" benchmarks/ladder.py
+"$PY" benchmarks/planned.py
 "$PY" benchmarks/pretrained.py
