@@ -14,7 +14,6 @@ import zlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from zipccl_jax._src import compat
 from zipccl_jax._src import ffi as _ffi
