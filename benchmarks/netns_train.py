@@ -41,8 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-import launch  # noqa: E402
+LAUNCH = ROOT / "examples" / "launch.py"   # run as a command: its CLI is the interface
 
 EXAMPLES = {"dp": "train_dp.py", "moe": "train_moe.py", "fsdp": "train_fsdp.py"}
 # Step counts of the default run: enough steps after the 3 warm-up ones for a
@@ -155,16 +154,20 @@ def run_one(args, tmp: Path, ex: str, nproc: int, rate: str, codecs, steps, tag=
   cmd += args.extra.get(ex, [])
   print(f"== {ex}, {nproc} processes, {rate}: {' '.join(cmd[1:])}", flush=True)
   t0 = time.monotonic()
-  try:
-    launch.launch(cmd, nproc, netns=None if rate == "host" else rate, pin=args.pin,
-                  deadline_s=args.deadline, logdir=tmp / f"{ex}_{nproc}{tag}",
-                  echo=args.verbose, cwd=str(ROOT))
+  launcher = [sys.executable, str(LAUNCH), "-n", str(nproc), "--deadline", str(args.deadline),
+              "--logdir", str(tmp / f"{ex}_{nproc}{tag}")]
+  launcher += (["--netns", rate] if rate != "host" else []) + (["--pin"] if args.pin else [])
+  launcher += [] if args.verbose else ["--quiet"]
+  proc = subprocess.run(launcher + cmd[1:], cwd=str(ROOT), stdout=None if args.verbose else
+                        subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  if proc.returncode == 0 and out.exists():
     res = json.loads(out.read_text())
     res.update(procs=nproc, wall_s=time.monotonic() - t0, error=None)
-  except launch.LaunchError as e:
+  else:
+    err = proc.stderr[-2000:]
     res = dict(example=f"train_{ex}", procs=nproc, wall_s=time.monotonic() - t0,
-               error=str(e)[-2000:], ok=False, variants={})
-    print(f"   FAILED: {str(e)[-1500:]}", flush=True)
+               error=err, ok=False, variants={})
+    print(f"   FAILED: {err[-1500:]}", flush=True)
   if res["variants"]:
     print("   " + ", ".join(f"{k} {v['median_ms']:.1f} ms" for k, v in
                               res["variants"].items())
@@ -436,7 +439,8 @@ def main(argv=None) -> int:
     return 2
   args.codec_speed = None
   if args.breakdown:
-    args.codec_speed = measure_codec_speed(launch._cores()[0] if args.pin else None, args.malloc)
+    args.codec_speed = measure_codec_speed(min(os.sched_getaffinity(0)) if args.pin else None,
+                                           args.malloc)
     print(f"codec speed, one core: encode {args.codec_speed['encode_Bps'] / 1e9:.2f} GB/s, "
           f"decode {args.codec_speed['decode_Bps'] / 1e9:.2f} GB/s", flush=True)
   rows = run_grid(args)

@@ -6,8 +6,7 @@ all-reduce is compressed (codec="zipccl"), moves the same algorithm's raw words
 (codec="raw") or is jax.lax's own psum (codec=None, "lax"), and that compression
 changes no bit of the training.
 
-- Model and data: the byte-level transformer of train_fsdp.py (imported from
-  it: Flax linen, pre-norm causal attention + GELU MLP blocks, bfloat16 compute,
+- Model and data: the byte-level transformer of transformer.py (Flax linen, pre-norm causal attention + GELU MLP blocks, bfloat16 compute,
   float32 parameters) on the bytes of the Python standard library's sources.
 - Parallelism: one mesh axis "dp" over every device (simulated CPU devices in
   one process, or every process's devices under examples/launch.py). Parameters
@@ -47,27 +46,27 @@ DEFAULTS = dict(steps=40, seq_len=128, d_model=192, layers=4, heads=4, batch_per
                 warmup=10)
 
 
-def make_config(fsdp, **overrides):
-  """A train_fsdp.Config with only the model/optimizer fields this example uses."""
-  names = {f.name for f in dataclasses.fields(fsdp.Config)}
-  return fsdp.Config(**{k: v for k, v in overrides.items() if k in names})
+def make_config(model, **overrides):
+  """A transformer.Config with only the model/optimizer fields this example uses."""
+  names = {f.name for f in dataclasses.fields(model.Config)}
+  return model.Config(**{k: v for k, v in overrides.items() if k in names})
 
 
-def init_params(fsdp, cfg) -> dict:
-  """Host float32 parameters {unit: params} in train_fsdp's layout (same seeds)."""
+def init_params(model, cfg) -> dict:
+  """Host float32 parameters {unit: params} in train_fsdp.py's layout (same seeds)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   keys = jax.random.split(jax.random.key(cfg.seed), cfg.layers + 1)
-  params = {"embed": fsdp.Embeddings(cfg).init(
+  params = {"embed": model.Embeddings(cfg).init(
       keys[0], jnp.zeros((1, cfg.seq_len), jnp.int32))["params"]}
-  x = jnp.zeros((1, cfg.seq_len, cfg.d_model), fsdp.COMPUTE)
+  x = jnp.zeros((1, cfg.seq_len, cfg.d_model), model.COMPUTE)
   for i in range(cfg.layers):
-    params[f"block{i}"] = fsdp.Block(cfg).init(keys[i + 1], x)["params"]
+    params[f"block{i}"] = model.Block(cfg).init(keys[i + 1], x)["params"]
   return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
 
 
-def make_step(fsdp, harness, cfg, mesh, codec, policy="always", label=""):
+def make_step(model, harness, cfg, mesh, codec, policy="always", label=""):
   """The jitted data-parallel step (state, batch) -> (state, mean loss, psum stats)."""
   import jax
   import jax.numpy as jnp
@@ -77,13 +76,13 @@ def make_step(fsdp, harness, cfg, mesh, codec, policy="always", label=""):
   from jax.sharding import PartitionSpec as P
 
   import zipccl_jax
-  opt = fsdp.make_optimizer(cfg)
+  opt = model.make_optimizer(cfg)
 
   def step(state, batch):
     params, opt_state = state
 
     def loss_fn(p):
-      logits, _ = fsdp.apply_model(cfg, p, batch[:, :-1])
+      logits, _ = model.apply_model(cfg, p, batch[:, :-1])
       return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(harness.varying(params, AXIS))
@@ -117,17 +116,17 @@ def main(argv=None) -> int:
   import jax
   import numpy as np
   from jax.sharding import PartitionSpec as P
-  import train_fsdp as fsdp
+  import transformer as model
 
-  cfg = make_config(fsdp, **sizes)
+  cfg = make_config(model, **sizes)
   mesh = jax.sharding.Mesh(np.array(jax.devices()), (AXIS,),
                            axis_types=(jax.sharding.AxisType.Auto,))
   n = mesh.size
-  params = init_params(fsdp, cfg)
+  params = init_params(model, cfg)
   n_params = sum(a.size for a in jax.tree.leaves(params))
-  opt_state = jax.tree.map(np.asarray, fsdp.make_optimizer(cfg).init(params))
-  data = fsdp.load_corpus()
-  batches = [harness.put(b, mesh, P(AXIS)) for b in fsdp.make_batches(data, cfg, n)]
+  opt_state = jax.tree.map(np.asarray, model.make_optimizer(cfg).init(params))
+  data = model.load_corpus()
+  batches = [harness.put(b, mesh, P(AXIS)) for b in model.make_batches(data, cfg, n)]
   harness.say(f"data parallel: {cfg.layers} blocks, width {cfg.d_model}, {n_params / 1e6:.2f} M "
               f"parameters ({2 * n_params / 2**20:.2f} MiB of bfloat16 gradients per psum), "
               f"{n} devices in {jax.process_count()} process(es), {cfg.batch_per_device} x "
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
   variants = []
   for label in args.codecs:
     state = harness.put((params, opt_state), mesh, P())
-    step = make_step(fsdp, harness, cfg, mesh, *harness.VARIANTS[label], label=label)
+    step = make_step(model, harness, cfg, mesh, *harness.VARIANTS[label], label=label)
     variants.append(harness.compile_variant(label, step, state, batches[0]))
   harness.say("compiled: " + ", ".join(f"{v.label} {v.compile_s:.1f} s" for v in variants))
   harness.train_lockstep(variants, batches, log_every=args.log_every)

@@ -249,7 +249,7 @@ def main(argv=None) -> int:
   import jax
   import numpy as np
   from jax.sharding import PartitionSpec as P
-  import train_fsdp as fsdp   # the corpus and its batches
+  import transformer   # the corpus and its batches
 
   mesh = jax.sharding.Mesh(np.array(jax.devices()), (AXIS,),
                            axis_types=(jax.sharding.AxisType.Auto,))
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
   opt_state = jax.tree.map(np.asarray, make_optimizer(cfg).init(params))
   host_state = (params, opt_state)
   batches = [harness.put(b, mesh, P(AXIS))
-             for b in fsdp.make_batches(fsdp.load_corpus(), cfg, n)]
+             for b in transformer.make_batches(transformer.load_corpus(), cfg, n)]
   c = capacity(cfg, n)
   harness.say(
       f"mixture of experts: {cfg.layers} blocks, width {cfg.d_model}, "

@@ -184,6 +184,32 @@ def test_jvp_outside_jit_and_jacfwd(mesh8):
   assert float(jnp.sum(jac)) == 2 * N
 
 
+def test_second_order_forward_mode_through_every_collective(mesh8):
+  """jacfwd of jacfwd and a jvp of a jvp go through every compressed collective, as
+  through lax's: of f(v) = sin(C(v)) * C(v), the second derivatives are bit-equal to
+  the same function with codec="raw" (the same rank-order sums) and, for the
+  collectives that move data without summing it, to lax. (jit outside the
+  jacfwds; docs/sharp-bits.md has the one case that differs.)"""
+  x = jnp.asarray(gaussian((N, N), F32, seed=11))
+  t = jnp.asarray(gaussian((N, N), F32, seed=12))
+  fns = {"zipccl": zc_calls(**ALWAYS), "raw": zc_calls(codec="raw", **ALWAYS), "lax": LAX}
+
+  def second(kind, name):
+    c = fns[kind][name]
+    f = jax.shard_map(lambda v: jnp.sin(c(v)) * c(v), mesh=mesh8, in_specs=P("x"),
+                      out_specs=P() if name == "psum" else P("x"))
+    hess = jax.jit(jax.jacfwd(jax.jacfwd(f)))(x)
+    jvp2 = jax.jit(lambda u: jax.jvp(lambda w: jax.jvp(f, (w,), (t,))[1], (u,), (t,))[1])(x)
+    return hess, jvp2
+
+  for name in LAX:
+    got = second("zipccl", name)
+    for ref in ("raw",) + (() if name in ("psum", "psum_scatter") else ("lax",)):
+      want = second(ref, name)
+      assert_bits_equal(got[0], want[0], f"{name}: jacfwd(jacfwd) vs {ref}")
+      assert_bits_equal(got[1], want[1], f"{name}: jvp of jvp vs {ref}")
+
+
 def test_reverse_mode_still_compressed_and_hvp(mesh8):
   """grad keeps the compressed transposed collective (bit-equal to codec="raw", and an
   all-to-all of uint8 rows in the HLO: on CPU N - 1 collective permutes); jvp of grad

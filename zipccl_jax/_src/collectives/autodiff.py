@@ -57,7 +57,10 @@ def with_vjp(fwd, bwd):
     mode = compat.tangent_mode(jax.tree_util.tree_leaves(t)[0])
     if mode == "reverse":
       return jax.jvp(lambda u: vjp_fn(u, cfg), (x,), (t,))
-    y, st = vjp_fn(x, cfg)
+    # Forward mode: the primal and the tangent go through `f` itself, so that an
+    # outer forward transformation (jacfwd of jacfwd, a jvp of a jvp) applies this
+    # rule again rather than meeting the custom_vjp, which it cannot.
+    y, st = f(x, cfg)
     lin = cfg._replace(stats=False)
     if mode == "either":
       # The rule is traced into a JVP jaxpr (of a jit, checkpoint or scan) that JAX
@@ -65,7 +68,7 @@ def with_vjp(fwd, bwd):
       # runs `fwd` forward and transposes to `bwd`.
       ty = compat.linear_call(lambda _, u: fwd(u, lin)[0], lambda _, ct: bwd(lin, ct), (), t)
     else:
-      ty, _ = vjp_fn(t, lin)
+      ty, _ = f(t, lin)
     return (y, st), (ty, jax.tree_util.tree_map(_float0_zeros, st))
 
   return f
