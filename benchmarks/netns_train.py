@@ -194,7 +194,7 @@ def _ratio(res, a, b, key="median_ms"):
 
 def report(rows, args, stem: str) -> str:
   date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-  lines = [f"# Training step time over a {args.rate} link, zipccl vs raw vs lax", "",
+  lines = [f"# Training step time over a {args.rate} link: compressed vs raw vs lax", "",
            f"{date}; {_cpu_name()}, {os.cpu_count()} cores, {platform.system()}; "
            f"jax.distributed on CPU (gloo), one device per process, all processes inside one "
            f"network namespace whose loopback is shaped by tc tbf rate {args.rate} (the rate "
@@ -204,24 +204,26 @@ def report(rows, args, stem: str) -> str:
            f"step time = median over the steps after {args.warmup} warm-up steps of the slowest "
            "process's time for that step (p25-p75 in brackets). 'sent' = bytes one device's "
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step, no "
-           "fallback); 'taken / raw' = the operand bytes the calls with stats moved on the path "
+           "fallback; a planned variant, zipccl_jax.jit: its planned slots); 'taken / raw' = the operand bytes the calls with stats moved on the path "
            "they took over those of their own raw path (CollectiveStats.wire_bytes / raw_bytes, "
            "means over steps; train_fsdp: the "
            "weight gathers only, its gradient reduce-scatters run inside the gathers' VJP "
            "and have no stats); 'fallbacks' = steps where such a call fell back. Bit-identical = zipccl and raw losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
-  extra = [c for c in ("entropy", "auto") if any(c in r["variants"] for r in rows)]
+  order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "raw", "lax")
+  labels = [c for c in order if any(c in r["variants"] for r in rows)]
+  others = [c for c in labels if c != "raw"]
   for nproc in args.procs:
     lines += [f"## {nproc} processes", "",
-              "| example | zipccl ms | raw ms | lax ms | " + "".join(f"{c} ms | " for c in extra)
-              + "zipccl / raw | lax / raw | " + "".join(f"{c} / raw | " for c in extra)
-              + "sent MiB/dev zipccl | raw | bytes zipccl / raw | taken / raw | "
-              "zipccl fallbacks | bit-identical |",
-              "|---|" + "---:|" * (10 + 2 * len(extra)) + "---|"]
+              "| example | " + "".join(f"{c} ms | " for c in labels)
+              + "".join(f"{c} / raw | " for c in others)
+              + "".join(f"sent MiB/dev {c} | " for c in labels)
+              + "taken / raw (zipccl) | zipccl fallbacks | bit-identical |",
+              "|---|" + "---:|" * (3 * len(labels) - 1 + 2) + "---|"]
     for r in (r for r in rows if r["procs"] == nproc):
       name = r.get("example", "?")
       if r.get("error"):
-        lines.append(f"| {name} | failed: see the JSON |" + " |" * (10 + 2 * len(extra)))
+        lines.append(f"| {name} | failed: see the JSON |" + " |" * (3 * len(labels) + 1))
         continue
       v = r["variants"]
 
@@ -236,12 +238,10 @@ def report(rows, args, stem: str) -> str:
 
       fb = v.get("zipccl", {}).get("fallback_steps", "-")
       lines.append(
-          f"| {name} | {ms('zipccl')} | {ms('raw')} | {ms('lax')} | "
-          + "".join(f"{ms(c)} | " for c in extra)
-          + f"**{_ratio(r, 'zipccl', 'raw')}** | {_ratio(r, 'lax', 'raw')} | "
-          + "".join(f"{_ratio(r, c, 'raw')} | " for c in extra) + f"{mib('zipccl')} | "
-          f"{mib('raw')} | {_ratio(r, 'zipccl', 'raw', 'sent_bytes')} | "
-          f"{_taken(v.get('zipccl', {}))} | {fb}/{r['steps']} | "
+          f"| {name} | " + "".join(f"{ms(c)} | " for c in labels)
+          + "".join(f"**{_ratio(r, c, 'raw')}** | " for c in others)
+          + "".join(f"{mib(c)} | " for c in labels)
+          + f"{_taken(v.get('zipccl', {}))} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
   if any(r.get("unshaped") for r in rows):

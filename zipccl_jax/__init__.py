@@ -10,10 +10,13 @@ ahead instead of agreeing on each call's size at run time. The codec-level API (
 `decode_rows`, `analyze`) works on single tensors. `calibrate`, `decide` and
 `project` are the cost model behind `policy="auto"`. Submodules:
 `zipccl_jax.codecs` (the codec registry and contract), `zipccl_jax.costmodel` (the
-cost model's details), `zipccl_jax.io` (tensor files), `zipccl_jax.progress`.
+cost model's details), `zipccl_jax.parallel` (compressed gradients for steps written
+for `jax.jit` / `nnx.jit`: Flax linen and NNX), `zipccl_jax.io` (tensor files),
+`zipccl_jax.progress`.
 """
 from zipccl_jax import codecs
 from zipccl_jax import costmodel
+from zipccl_jax import parallel
 from zipccl_jax._src.analysis import Analysis, analyze
 from zipccl_jax._src.calibrate import calibrate
 from zipccl_jax._src.calibration import Calibration, set_calibration
