@@ -99,6 +99,33 @@ def test_a_step_that_does_not_fit_is_replanned_and_rerun_exactly(mesh8):
   _assert_all_equal(f(x), raw(x), "compressible again")
 
 
+def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
+  """Sizes that fall (data growing more compressible) shrink the plan after a window
+  of SHRINK_WINDOW fitting steps, with no re-run; results equal codec="raw" before,
+  at and after the change."""
+  from zipccl_jax._src import planned
+  monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
+  kw = dict(policy="always")
+  body = lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw)
+  f = zc.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  raw = jax.jit(jax.shard_map(lambda v: zc.compressed_all_gather(v, "x", tiled=True,
+                                                                codec="raw", **kw),
+                              mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  wide = _gauss(1) * np.asarray(1e3, BF16)   # the same rows, spread over more exponents
+  wide[:, ::2] = _gauss(4)[:, ::2] * np.asarray(1e-3, BF16)
+  narrow = _gauss(1)
+  _assert_all_equal(f(wide), raw(wide), "measured")
+  first = f.site_stats()[0]
+  for i in range(3):
+    _assert_all_equal(f(narrow), raw(narrow), f"narrow step {i}")
+  shrunk = f.site_stats()[0]
+  assert shrunk.shrinks == 1 and shrunk.replans == 0
+  assert shrunk.slot_bytes < first.slot_bytes, (first, shrunk)
+  _assert_all_equal(f(narrow), raw(narrow), "on the shrunk plan")
+  _assert_all_equal(f(wide), raw(wide), "outgrowing it again: re-planned and re-run")
+  assert f.site_stats()[0].replans == 1
+
+
 def test_grad_scan_remat_vmap_and_buckets_inside(mesh8):
   def make(codec):
     kw = dict(codec=codec, policy="always")

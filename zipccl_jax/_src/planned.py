@@ -53,6 +53,13 @@ from zipccl_jax._src.codecs import base
 # ~2% (p99) from step to step on training tensors: 2% above the rung the used size
 # needs re-plans rarely, and a re-plan adds 4%.
 HEADROOM = 0.02
+# Sizes drift during training (gradients early on grow less compressible, later
+# more): a plan only grows on overflow, so after SHRINK_WINDOW steps without one
+# each site's slot is re-planned from the largest size of that window when that
+# saves at least SHRINK_MIN of its raw row (no re-run; a new plan compiles once,
+# and every plan stays cached).
+SHRINK_WINDOW = 25
+SHRINK_MIN = 0.01
 RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
 PLANS_VERSION = 1
@@ -140,6 +147,7 @@ class SiteStats:
     used_bytes: the largest used size of a row in the last step (over all processes).
     raw_bytes: the raw row size.
     replans: how often the site's plan grew after a step did not fit it.
+    shrinks: how often it shrank after a window of steps that needed less.
   """
   site: int
   signature: tuple
@@ -147,6 +155,7 @@ class SiteStats:
   used_bytes: int | None
   raw_bytes: int
   replans: int
+  shrinks: int = 0
 
 
 class _State:
@@ -157,6 +166,9 @@ class _State:
     self.plan: tuple | None = None
     self.used: list | None = None
     self.replans: list | None = None
+    self.shrinks: list | None = None
+    self.window: list | None = None   # per site: the largest used size since the plan changed
+    self.window_steps = 0
     self.programs: dict = {}
 
 
@@ -264,7 +276,7 @@ class Planned:
     out, used, bad = self._run(state, plan, args, kwargs)
     n = len(state.sites)
     if state.replans is None or len(state.replans) != n:
-      state.replans = [0] * n
+      state.replans, state.shrinks = [0] * n, [0] * n
     if plan is None:   # measured: raw moves, exact; plan from the sizes seen
       state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
       return out
@@ -276,6 +288,7 @@ class Planned:
             f"zipccl_jax.jit: {len(failed)} call site(s) of {self.__name__} received rows that "
             f"failed to decode although they fit their slots (sites {failed[:8]}): the payload "
             "was corrupted in transit. The step's outputs are discarded.")
+      self._maybe_shrink(state, used)
       return out
     # Some rows outgrew their slots: the outputs are discarded. Sites after the first
     # overflow saw cut (NaN) rows, so their sizes in this step say nothing; the step
@@ -289,7 +302,29 @@ class Planned:
         grown[k] = _slot_for(used[k], state.sites[k][1], 2 * HEADROOM)
         state.replans[k] += 1
     state.plan = tuple(grown)
+    state.window, state.window_steps = None, 0
     return out
+
+  def _maybe_shrink(self, state: _State, used: list) -> None:
+    """After SHRINK_WINDOW fitting steps under one plan: each site whose window's
+    largest size needs a slot smaller by SHRINK_MIN x raw row takes that slot."""
+    n = len(state.sites)
+    state.window = used[:n] if state.window is None else [max(a, b) for a, b in
+                                                          zip(state.window, used)]
+    state.window_steps += 1
+    if state.window_steps < SHRINK_WINDOW:
+      return
+    plan, new = state.plan, list(state.plan)
+    for k, (_, rungs, raw_row) in enumerate(state.sites):
+      if plan[k] == RAW or state.window[k] < 0:
+        continue
+      # a site that once outgrew its plan keeps the re-plan's doubled headroom
+      slot = _slot_for(state.window[k], rungs, HEADROOM * (2 if state.replans[k] else 1))
+      if slot != RAW and plan[k] - slot >= SHRINK_MIN * raw_row:
+        new[k] = slot
+        state.shrinks[k] += 1
+    state.plan = tuple(new)
+    state.window, state.window_steps = None, 0
 
   def _run(self, state: _State, plan, args, kwargs):
     """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
@@ -336,7 +371,8 @@ class Planned:
       used = state.used[k] if state.used is not None and k < len(state.used) else -1
       out.append(SiteStats(k, sig, None if slot == RAW else slot,
                            None if used < 0 else used * _ALIGN, raw_row,
-                           state.replans[k] if state.replans else 0))
+                           state.replans[k] if state.replans else 0,
+                           state.shrinks[k] if state.shrinks else 0))
     return out
 
   def save_plans(self, path: str) -> None:
