@@ -147,8 +147,11 @@ def test_main_table(files, capsys):
   out = capsys.readouterr().out
   assert rc == 0
   rows = _lines_by_name(out)
+  # --codec auto (the default): per dtype the collectives' codec, named in the last column
   for name in ("w", "g32", "g16", "layer.weight", "layer.bias", "emb"):
-    assert rows[name].split()[-1] == "ok", rows[name]
+    assert rows[name].split()[-2] == "ok", rows[name]
+    want = "zipccl" if "float32" in rows[name] else "entropy"
+    assert rows[name].split()[-1] == want, rows[name]
   assert "skipped" in rows["ids"] and "skipped" in rows["step"]
   assert "bfloat16" in rows["layer.weight"] and "128x64" in rows["layer.weight"]
   assert "bfloat16*" in rows["w"]  # |V2 interpreted as bf16
@@ -162,10 +165,11 @@ def test_main_table(files, capsys):
 
 def test_main_json(files, capsys):
   npy, npz, st = files
-  assert cli.main(["analyze", str(st), "--json"]) == 0
+  assert cli.main(["analyze", str(st), "--json", "--codec", "zipccl"]) == 0
   doc = json.loads(capsys.readouterr().out)
   (f,) = doc["files"]
   t = {r["name"]: r for r in f["tensors"]}
+  assert t["layer.weight"]["codec"] == "zipccl"
   assert t["layer.weight"]["dtype"] == "bfloat16" and t["layer.weight"]["roundtrip_ok"]
   assert t["layer.bias"]["escape_count"] == 0  # zeros: zero-mode window, no escapes
   assert t["ids"]["skipped"]
@@ -220,7 +224,7 @@ def test_main_unknown_codec(files, capsys):
   npy, _, _ = files
   assert cli.main(["analyze", str(npy), "--codec", "nope"]) == 2
   err = capsys.readouterr().err
-  assert "--codec must be one of zipccl, entropy" in err and "'nope'" in err
+  assert "--codec must be auto or one of zipccl, entropy" in err and "'nope'" in err
 
 
 def test_main_max_elements(tmp_path, capsys):
@@ -362,7 +366,7 @@ def test_subprocess(files):
                      capture_output=True, text=True, env=env, timeout=120)
   assert r.returncode == 0, r.stderr
   rows = _lines_by_name(r.stdout)
-  assert rows["layer.weight"].split()[-1] == "ok"
+  assert rows["layer.weight"].split()[-2:] == ["ok", "entropy"]
   assert "TOTAL (all files)" in r.stdout
   bad = subprocess.run([sys.executable, "-m", "zipccl_jax", "analyze", str(st) + ".nope"],
                        capture_output=True, text=True, env=env, timeout=120)

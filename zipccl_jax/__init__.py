@@ -29,7 +29,8 @@ from zipccl_jax._src.collectives.api import (
     compressed_psum,
     compressed_psum_scatter,
 )
-from zipccl_jax._src.costmodel import decide, project
+from zipccl_jax._src.costmodel import project
+from zipccl_jax._src.plan import decide
 from zipccl_jax._src.ffi import has_cuda_support
 from zipccl_jax._src.hlo import HloWireBytes, hlo_wire_bytes
 from zipccl_jax._src.host import tune_host_allocator

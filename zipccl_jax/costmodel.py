@@ -2,9 +2,11 @@
 
 `calibrate` measures the codecs and the link on the user's mesh and stores the
 result (a file under ~/.cache/zipccl_jax, or $ZIPCCL_CALIBRATION, and the
-process-wide `set_calibration`); `decide` is the static per-call decision;
-`project` models other clusters; `check_agreement` verifies that every process of
-a job decides alike. The same names `calibrate`, `decide`, `project`,
+process-wide `set_calibration`); `decide` is the model's static per-call decision
+(with no calibration: `default_calibration()`'s); `project` models other clusters;
+`check_agreement` verifies that every process of a job decides alike.
+`zipccl_jax.decide` answers what the collectives do: this model with a
+calibration in force, their static size rule without one. `calibrate`, `project`,
 `set_calibration` and `Calibration` are also in `zipccl_jax`.
 """
 from zipccl_jax._src.calibrate import available_codecs, calibrate, sample_ratio, synthetic, used_nbytes

@@ -1,8 +1,9 @@
 """Command line: `python -m zipccl_jax analyze FILE [FILE...]`.
 
 Prints, for every tensor of .npy, .npz and .safetensors files (bfloat16 included),
-what a codec (`--codec`, any registered one; default the window codec "zipccl")
-does to it: the order-0 entropy bound on the ratio, the codec's ratio in used
+what a codec does to it (`--codec`: any registered one, or "auto", the default:
+per tensor the codec the collectives pick for its dtype, as `zipccl_jax.decide`
+uncalibrated): the order-0 entropy bound on the ratio, the codec's ratio in used
 bytes, the wire ratio a compressed collective of the tensor reaches (the slot of
 the codec's ladder it moves), the escape rate (window codec), and whether the
 bit-exact round trip holds. The first thing to run on a checkpoint.
@@ -25,6 +26,7 @@ import numpy as np
 
 from zipccl_jax._src import analysis
 from zipccl_jax._src import io as tio
+from zipccl_jax._src import plan
 from zipccl_jax._src.codecs import registry
 from zipccl_jax._src.progress import progress_bar
 
@@ -57,18 +59,26 @@ class Row:
   error: str | None = None
   note: str | None = None
   estimated: bool = False   # sampled (--max-elements): sizes estimated for the whole tensor
+  codec: str | None = None  # the codec analyzed (with --codec auto: per dtype)
 
 
-def analyze_tensor(path: str, t: tio.Tensor, max_elements: int, codec: str = "zipccl") -> Row:
+def analyze_tensor(path: str, t: tio.Tensor, max_elements: int, codec: str = "auto") -> Row:
   """Runs zipccl_jax.analyze(x, codec) on one tensor (subsampled past max_elements).
 
-  A tensor of a dtype the codec does not take is listed as skipped.
+  codec "auto": the collectives' default codec for the tensor's dtype. A tensor of a
+  dtype the codec does not take is listed as skipped.
   """
   row = Row(file=path, name=t.name, dtype=t.dtype, shape=list(t.shape), elements=t.size,
             note=t.note)
   if t.array is None:
     row.skipped = t.skip
     return row
+  if codec == "auto":
+    codec = plan.default_codec(t.array.dtype)
+    if codec is None:
+      row.skipped = "no codec takes this dtype"
+      return row
+  row.codec = codec
   c = registry.get(codec, "--codec")
   if not c.supports(t.array.dtype):
     row.skipped = (f"codec {codec!r} takes "
@@ -152,7 +162,7 @@ def total_row(rows: Sequence[Row], label: str) -> Row:
 # ---- output ---------------------------------------------------------------------------
 
 _COLUMNS = ("tensor", "dtype", "shape", "elements", "entropy", "zipccl", "wire", "escapes",
-            "roundtrip")  # column 5 is named after the codec
+            "roundtrip", "codec")  # column 5 is named after the codec; "codec" with auto only
 _RIGHT = {3, 4, 5, 6, 7}  # right-aligned column indexes
 
 
@@ -169,25 +179,28 @@ def _cells(r: Row, is_total: bool = False) -> list[str]:
     elems += f" (sampled {r.analyzed_elements:,})"
   dtype = r.dtype + ("*" if r.note else "")
   if r.skipped and not is_total:
-    return [r.name, dtype, shape, elems, f"skipped: {r.skipped}", "", "", "", ""]
+    return [r.name, dtype, shape, elems, f"skipped: {r.skipped}", "", "", "", "", ""]
   if r.error:
-    return [r.name, dtype, shape, elems, f"error: {r.error}", "", "", "", ""]
+    return [r.name, dtype, shape, elems, f"error: {r.error}", "", "", "", "", ""]
   esc = "-" if r.escape_rate is None else f"{100 * r.escape_rate:.2f}%"
   rt = "-" if r.roundtrip_ok is None else ("ok" if r.roundtrip_ok else "FAIL")
   return [r.name, dtype, shape, elems, _fmt_ratio(r.entropy_ratio), _fmt_ratio(r.ratio),
-          _fmt_ratio(r.wire_ratio), esc, rt]
+          _fmt_ratio(r.wire_ratio), esc, rt, r.codec or ""]
 
 
 def _ratio_column(codec: str) -> str:
   # "zipccl" as it always was; "entropy codec" would otherwise read like the bound column
+  if codec == "auto":
+    return "ratio"
   return codec if codec == "zipccl" else f"{codec} codec"
 
 
 def format_table(rows: Sequence[Row], total: Row | None, codec: str = "zipccl") -> str:
   """A plain-text table of rows plus a total line (the ratio column named after `codec`)."""
-  columns = _COLUMNS[:5] + (_ratio_column(codec),) + _COLUMNS[6:]
-  body = [_cells(r) for r in rows]
-  tot = _cells(total, is_total=True) if total is not None else None
+  keep = len(_COLUMNS) if codec == "auto" else len(_COLUMNS) - 1   # the codec column
+  columns = (_COLUMNS[:5] + (_ratio_column(codec),) + _COLUMNS[6:])[:keep]
+  body = [_cells(r)[:keep] for r in rows]
+  tot = _cells(total, is_total=True)[:keep] if total is not None else None
   allrows = body + ([tot] if tot else [])
   # Long messages (skipped/error) span the metric columns: do not size columns by them.
   def spans(c):
@@ -216,7 +229,8 @@ def format_table(rows: Sequence[Row], total: Row | None, codec: str = "zipccl") 
 
 _LEGEND = (
     "entropy: order-0 entropy bound on the ratio (fp32: exponent entropy + raw bits); "
-    "{codec}: raw / used bytes of the encoded row; wire: raw / the bytes a compressed "
+    "{codec}: raw / used bytes of the encoded row (with --codec auto, the codec of the "
+    "last column: the collectives' default for the dtype); wire: raw / the bytes a compressed "
     "collective of the tensor moves (the slot of the codec's ladder at or above the used "
     "size, or raw); escapes: exponents outside the block windows (window codec; - for "
     "other codecs); *: dtype interpreted (see --void2); dtypes the codec does not take are "
@@ -242,9 +256,11 @@ def _parser() -> argparse.ArgumentParser:
                  help="analyze at most N elements of each tensor, sampled as evenly spaced "
                  "contiguous runs over the whole tensor; ratios are then estimates for the "
                  "whole tensor; 0 = all (default)")
-  a.add_argument("--codec", default="zipccl", metavar="NAME",
-                 help="the codec to measure: a registered codec name, e.g. zipccl (the "
-                 "window codec, default) or entropy (bfloat16 and float16 only)")
+  a.add_argument("--codec", default="auto", metavar="NAME",
+                 help="the codec to measure: auto (default: per tensor the codec the "
+                 "collectives pick for its dtype, entropy for bfloat16/float16, zipccl for "
+                 "float32) or a registered codec name, e.g. zipccl (the window codec) or "
+                 "entropy")
   a.add_argument("--json", action="store_true", help="print JSON instead of tables")
   a.add_argument("--void2", choices=("bfloat16", "float16", "skip"), default="bfloat16",
                  help="how to read 2-byte void arrays of .npy/.npz files, which is how "
@@ -302,9 +318,10 @@ def run_analyze(args, out=None, err=None) -> int:
   if args.max_elements < 0:
     print("error: --max-elements must be >= 0", file=err)
     return 2
-  codec = getattr(args, "codec", "zipccl")
-  if codec not in registry.names():
-    print(f"error: --codec must be one of {', '.join(registry.names())}, got {codec!r}", file=err)
+  codec = getattr(args, "codec", "auto")
+  if codec != "auto" and codec not in registry.names():
+    print(f"error: --codec must be auto or one of {', '.join(registry.names())}, got {codec!r}",
+          file=err)
     return 2
 
   total = sum(_count(f) for f in args.files)

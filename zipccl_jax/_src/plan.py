@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zipccl_jax._src import calibration
+from zipccl_jax._src.calibration import active_calibration as _active_calibration
 from zipccl_jax._src import costmodel
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src.codecs import registry
@@ -63,6 +64,13 @@ class Plan(NamedTuple):
 def _candidates(dtype) -> tuple:
   """Registered codecs that take `dtype`, in registration order."""
   return tuple(c for c in registry.names() if registry.get(c).supports(dtype))
+
+
+def default_codec(dtype) -> str | None:
+  """The codec the collectives pick for `dtype` with codec="auto" and no calibration
+  (None: no registered codec takes it)."""
+  names = _candidates(np.dtype(dtype))
+  return _fallback_codec(names) if names else None
 
 
 def _fallback_codec(names: tuple) -> str | None:
@@ -154,3 +162,39 @@ def auto_codec(*, dtype, m: int, collective: str | None = None,
   """The codec `codec="auto"` resolves to for one call (what `plan` names)."""
   return plan("auto_codec", dtype, m, Opts("auto", "always"), collective=collective,
               n_peers=n_peers).name
+
+
+def decide(collective: str, dtype, row_elements: int, n_peers: int, calibration=None,
+           codecs=None, *, chunks: int = 1, margin: float = costmodel.DEFAULT_MARGIN,
+           overlap: float | None = None) -> tuple[bool, str | None]:
+  """Whether a collective with policy="auto" (and codec="auto", or one of `codecs`)
+  compresses one call, and with which codec: what the collectives decide.
+
+  With a calibration (the argument, or the one in force: `set_calibration`,
+  `calibrate(activate=True)`) it is the cost model's answer
+  (`zipccl_jax.costmodel` has the model; see its `decide` arguments). Without
+  one, the collectives' static rule: the default codec for the dtype
+  (`AUTO_CODEC` when it takes the dtype, else the first registered codec that
+  does; the first of `codecs` that does, when given), when a row of
+  `row_elements` holds at least `AUTO_MIN_ROW_BYTES` raw bytes and the codec's
+  smallest encoding of it is smaller than raw.
+
+  Args and Raises: as `zipccl_jax.costmodel.decide`.
+  Returns: (True, codec) or (False, None).
+  """
+  fn = "decide"
+  if calibration is not None or _active_calibration() is not None:
+    return costmodel.decide(collective, dtype, row_elements, n_peers, calibration, codecs,
+                            chunks=chunks, margin=margin, overlap=overlap)
+  dt, m, n = costmodel._call_args(fn, collective, dtype, row_elements, n_peers)  # pylint: disable=protected-access
+  dtype = np.dtype(dt)
+  supported = _candidates(dtype)
+  names = supported if codecs is None else tuple(
+      c for c in costmodel._codec_names(fn, codecs) if c in supported)  # pylint: disable=protected-access
+  if n == 1 or m == 0 or not names:
+    return False, None
+  name = _fallback_codec(names) if codecs is None else names[0]
+  raw_row = m * dtype.itemsize
+  if _auto_compress(None, name, None, raw_row, registry.get(name).min_nbytes(dtype, m)):
+    return True, name
+  return False, None
