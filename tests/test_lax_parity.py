@@ -355,3 +355,39 @@ def test_vmap_over_each_collective_and_its_grad(mesh8):
   for name in names:
     assert_bits_equal(got[name, "vmap"], got[name, "each"], f"vmap {name}")
     assert_bits_equal(got[name, "grad"], got[name, "grad each"], f"vmap grad {name}")
+
+
+# ---- JAX's reduced / unreduced types -----------------------------------------------------------
+
+def test_reduced_and_unreduced_types_take_lax():
+  """Values typed unreduced (a sum pending over the axis) or reduced go to lax's own
+  collective: psum / psum_scatter of an unreduced value equal lax's bit for bit,
+  all_gather(to="reduced") is lax's, and the collectives lax refuses an unreduced
+  value for raise lax's error (ValueError)."""
+  from jax.sharding import AxisType, NamedSharding
+  mesh = jax.make_mesh((N,), ("x",), axis_types=(AxisType.Explicit,))
+  x = jax.device_put(jnp.asarray(gaussian((N * 4, 256), BF16, seed=13)), NamedSharding(mesh, P("x")))
+  unreduced = lambda v: lax.pcast(v, "x", to="unreduced")
+
+  def both(zc_f, lax_f, out_specs):
+    run = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=out_specs))(x)
+    return run(zc_f), run(lax_f)
+
+  got, want = both(lambda v: zc.compressed_psum(unreduced(v), "x", **ALWAYS),
+                   lambda v: lax.psum(unreduced(v), "x"), P())
+  assert_bits_equal(got, want, "psum of unreduced")
+  got, want = both(
+      lambda v: zc.compressed_psum_scatter(unreduced(v), "x", scatter_dimension=1, tiled=True,
+                                           **ALWAYS),
+      lambda v: lax.psum_scatter(unreduced(v), "x", scatter_dimension=1, tiled=True), P("x"))
+  assert_bits_equal(got, want, "psum_scatter of unreduced")
+  got, want = both(lambda v: zc.compressed_all_gather(v, "x", tiled=True, to="reduced", **ALWAYS),
+                   lambda v: lax.all_gather(v, "x", tiled=True, to="reduced"), P(reduced={"x"}))
+  assert_bits_equal(got, want, "all_gather to reduced")
+  assert "x" in str(jax.typeof(got))
+  ring = [(i, (i + 1) % N) for i in range(N)]
+  for f in (lambda v: zc.compressed_ppermute(unreduced(v), "x", ring, **ALWAYS),
+            lambda v: zc.compressed_all_gather(unreduced(v), "x", tiled=True, **ALWAYS),
+            lambda v: zc.compressed_all_to_all(unreduced(v), "x", 1, 0, tiled=True, **ALWAYS)):
+    with pytest.raises(ValueError, match="unreduced"):
+      jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))(x)

@@ -91,3 +91,20 @@ def test_psum_of_an_invariant_value_is_lax_psum_and_warns_once(mesh8, monkeypatc
   ops = lambda g: sorted((o.opcode, o.operand_bytes) for o in zc.hlo_wire_bytes(
       g.lower(w, x).compile().as_text()).ops)
   assert ops(f) == ops(_smap(mesh8, lambda p, _: jax.lax.psum({"a": p, "b": p[:2]}, "x")))
+
+
+def test_compressed_pcast_of_other_types_is_lax_pcast():
+  """to="reduced", and a reduced value cast to varying, are lax.pcast's own casts."""
+  from jax.sharding import AxisType, NamedSharding
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+  x = jax.device_put(jnp.ones((8, 16), jnp.float32), NamedSharding(mesh, P()))
+
+  def body(v):
+    r = zc.compressed_pcast(v, "x", to="reduced")
+    return zc.compressed_pcast(r, "x", to="varying")
+
+  y = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P("x")))(x)
+  want = jax.jit(jax.shard_map(
+      lambda v: jax.lax.pcast(jax.lax.pcast(v, "x", to="reduced"), "x", to="varying"),
+      mesh=mesh, in_specs=P(), out_specs=P("x")))(x)
+  np.testing.assert_array_equal(np.asarray(y).view(np.uint32), np.asarray(want).view(np.uint32))

@@ -130,6 +130,18 @@ def varying_axes(x) -> frozenset:
   return frozenset(getattr(aval, "vma", ()) or ())  # pragma: no cover - older spelling
 
 
+def reduced_axes(x) -> frozenset:
+  """The mesh axes over which x is typed reduced or unreduced (JAX's types for
+  sums pending or done across an axis); empty where JAX has no such types."""
+  try:
+    mat = getattr(jax.typeof(x), "mat", None)
+  except TypeError:
+    return frozenset()
+  if mat is None:
+    return frozenset()
+  return frozenset(getattr(mat, "reduced", ()) or ()) | frozenset(getattr(mat, "unreduced", ()) or ())
+
+
 def struct_varying(s) -> tuple:
   """The manual axes over which a jax.eval_shape result is typed varying."""
   mat = getattr(s, "manual_axis_type", None)

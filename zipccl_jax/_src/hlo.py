@@ -87,6 +87,17 @@ class HloWireBytes:
   *_sent: the same sums of `HloCollective.sent_bytes`, a model of the bytes that
     leave one device, which makes different collectives comparable (an
     all-reduce of B operand bytes sends ~2B(G-1)/G, an all-gather B(G-1)).
+
+  Which field to read:
+  * against lax (or any other program): the `*_sent` fields only. A compressed
+    psum moves byte rows over an all-to-all and an all-gather, lax's psum is one
+    all-reduce: their operand bytes are not comparable, the bytes they send are.
+  * a ladder program (`jax.jit`): `common_sent` is the best case (every call on its
+    smallest rung), `fallback_sent` the worst (raw). What a call takes depends on
+    its data: `taken(rungs)` with the rungs its `CollectiveStats.rung` report, or
+    per tensor `zipccl_jax.analyze(x).wire_nbytes` (the slot its collective moves).
+  * a planned program (`zipccl_jax.jit(f).compiled(...)`): no conditionals, so
+    common == fallback == what every step moves (the planned slots).
   """
   common: int
   fallback: int

@@ -85,7 +85,8 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     axis_name: mesh axis name or tuple of names.
     axis: where the gathered axis goes (as lax).
     tiled: concatenate along `axis` instead of stacking (as lax).
-    to: "varying" (default, as lax) or "invarying" (replicated result type).
+    to: "varying" (default, as lax), "invarying" (replicated result type) or
+      "reduced" (JAX's reduced type: lax.all_gather's own collective, uncompressed).
 {options}
 
   Returns:
@@ -95,18 +96,22 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     TypeError / ValueError naming the argument: bad dtype, axis, options.
   """
   fn = "compressed_all_gather"
-  if to not in ("varying", "invarying"):
-    raise ValueError(f"{fn}: to must be 'varying' or 'invarying', got {to!r}")
+  if to not in ("varying", "invarying", "reduced"):
+    raise ValueError(f"{fn}: to must be 'varying', 'invarying' or 'reduced', got {to!r}")
   opts, axes, n_peers = options.setup(fn, axis_name, codec, policy, stats, tiled, check_decode, chunks)
   limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def plain(leaf, a):
-    y = (compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled) if to == "invarying"
-         else lax.all_gather(leaf, axes, axis=a, tiled=tiled))
+    if to == "reduced":   # JAX's reduced type: lax's own collective
+      y = lax.all_gather(leaf, axes, axis=a, tiled=tiled, to="reduced")
+    elif to == "invarying":
+      y = compat.all_gather_invariant(leaf, axes, axis=a, tiled=tiled)
+    else:
+      y = lax.all_gather(leaf, axes, axis=a, tiled=tiled)
     return y, (buckets.lax_stats("all_gather", leaf) if stats else None)
 
   def one(leaf):
-    if buckets.takes_lax(fn, leaf):
+    if buckets.takes_lax(fn, leaf, axes) or to == "reduced":
       return plain(leaf, axis)
     leaf = options.check_x(fn, leaf)
     if tiled and leaf.ndim == 0:
@@ -118,7 +123,7 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     return autodiff.ag(compat.pvary(leaf, axes), cfg)
 
   def item(leaf):
-    if buckets.takes_lax(fn, leaf) or opts.codec is None:
+    if buckets.takes_lax(fn, leaf, axes) or opts.codec is None or to == "reduced":
       return None
     leaf = options.check_x(fn, leaf)
     if leaf.size == 0 or (tiled and leaf.ndim == 0):
@@ -170,7 +175,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
     return y, (buckets.lax_stats("psum_scatter", leaf) if stats else None)
 
   def one(leaf):
-    if buckets.takes_lax(fn, leaf):
+    if buckets.takes_lax(fn, leaf, axes):
       return plain(leaf, scatter_dimension)
     leaf, d = options.check_split_x(fn, leaf, "scatter_dimension", scatter_dimension, n_peers,
                                     tiled, axis_name)
@@ -180,7 +185,7 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
     return autodiff.rs(compat.pvary(leaf, axes), cfg)
 
   def item(leaf):
-    if buckets.takes_lax(fn, leaf) or opts.codec is None:
+    if buckets.takes_lax(fn, leaf, axes) or opts.codec is None:
       return None
     leaf, d = options.check_split_x(fn, leaf, "scatter_dimension", scatter_dimension, n_peers,
                                     tiled, axis_name)
@@ -225,7 +230,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "auto", policy: str = "
   limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def one(leaf):
-    plain = buckets.takes_lax(fn, leaf) or buckets.invariant_over(fn, leaf, axes)
+    plain = buckets.takes_lax(fn, leaf, axes) or buckets.invariant_over(fn, leaf, axes)
     if plain or opts.codec is None:
       leaf = leaf if plain else options.check_x(fn, leaf)
       return lax.psum(leaf, axes), (buckets.lax_stats("psum", leaf) if stats else None)
@@ -275,7 +280,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
     return y, (buckets.lax_stats("all_to_all", leaf) if stats else None)
 
   def one(leaf):
-    if buckets.takes_lax(fn, leaf):
+    if buckets.takes_lax(fn, leaf, axes):
       return plain(leaf, split_axis, concat_axis)
     leaf, s, c = options.check_split_x(fn, leaf, "split_axis", split_axis, n_peers, tiled,
                                        axis_name, also=(("concat_axis", concat_axis),))
@@ -285,7 +290,7 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
     return autodiff.a2a(compat.pvary(leaf, axes), cfg)
 
   def item(leaf):
-    if buckets.takes_lax(fn, leaf) or opts.codec is None:
+    if buckets.takes_lax(fn, leaf, axes) or opts.codec is None:
       return None
     leaf, s, c = options.check_split_x(fn, leaf, "split_axis", split_axis, n_peers, tiled,
                                        axis_name, also=(("concat_axis", concat_axis),))
@@ -327,7 +332,7 @@ def compressed_ppermute(x, axis_name, perm, *, codec: str | None = "auto", polic
   limit = options.check_bucket_bytes(fn, bucket_bytes)
 
   def one(leaf):
-    plain = buckets.takes_lax(fn, leaf)
+    plain = buckets.takes_lax(fn, leaf, axes)
     if plain or opts.codec is None:
       leaf = leaf if plain else options.check_x(fn, leaf)
       return lax.ppermute(leaf, axes, perm), (buckets.lax_stats("ppermute", leaf) if stats else None)
@@ -362,7 +367,8 @@ def compressed_pcast(x, axis_name, *, to: str = "varying", codec: str | None = "
   Args:
     x: array or pytree, typed invariant over axis_name, inside `jax.shard_map`.
     axis_name: mesh axis name or tuple of names.
-    to: "varying"; any other target goes to lax.pcast unchanged.
+    to: "varying"; any other target, and x typed reduced over the axis, go to
+      lax.pcast unchanged.
     codec, policy, check_decode, chunks, bucket_bytes: of the gradient's
       compressed_psum (see compressed_psum).
 
@@ -370,7 +376,9 @@ def compressed_pcast(x, axis_name, *, to: str = "varying", codec: str | None = "
     NameError outside a mesh with that axis; TypeError / ValueError naming the argument.
   """
   fn = "compressed_pcast"
-  if to != "varying":
+  named = frozenset(axis_name) if isinstance(axis_name, (tuple, list)) else {axis_name}
+  if to != "varying" or any(compat.reduced_axes(leaf) & named for leaf in jax.tree.leaves(x)):
+    # other casts, and JAX's reduced values (whose cast to varying is its own): lax's
     return lax.pcast(x, axis_name, to=to)
   options.setup(fn, axis_name, codec, policy, False, False, check_decode, chunks)
   options.check_bucket_bytes(fn, bucket_bytes)

@@ -36,7 +36,7 @@ class Item(NamedTuple):
 def flat_item(fn, leaf, opts, axes):
   """The _Item of a leaf whose rows are its flattened elements (psum, ppermute), or
   None for a leaf that is not bucketed (plain lax, codec None, empty)."""
-  if takes_lax(fn, leaf) or opts.codec is None:
+  if takes_lax(fn, leaf, axes) or opts.codec is None:
     return None
   leaf = options.check_x(fn, leaf)
   if leaf.size == 0:
@@ -100,17 +100,23 @@ def lax_stats(name, x):
   return stats_lib.make_stats(name, None, [stats_lib.plain_part(x.size * x.dtype.itemsize)])
 
 
-def takes_lax(fn, leaf) -> bool:
+def takes_lax(fn, leaf, axes=None) -> bool:
   """True when `leaf` goes through the plain `jax.lax` collective, uncompressed.
 
   Whatever the options (codec=None included), every leaf no codec takes:
   Python scalars (`compressed_psum(1, axis)` is the axis size, as in lax; a
-  constant moves nothing), and arrays of any dtype other than bf16/fp16/fp32
+  constant moves nothing), arrays of any dtype other than bf16/fp16/fp32
   (integers, bool, fp8, float64, complex: a step counter inside a pytree of
-  gradients, say). Those get lax's result, gradient and errors exactly, so the
-  compressed_* functions are drop-in replacements for every input lax takes.
+  gradients, say), and arrays typed reduced or unreduced over `axes` (JAX's
+  reduced/unreduced types: lax.psum of an unreduced value is its own
+  collective, and lax raises for the others). Those get lax's result, gradient
+  and errors exactly, so the compressed_* functions are drop-in replacements for
+  every input lax takes.
   """
   if isinstance(leaf, (bool, int, float, complex)):
+    return True
+  if axes is not None and compat.reduced_axes(leaf) & frozenset(
+      axes if isinstance(axes, tuple) else (axes,)):
     return True
   dtype = getattr(leaf, "dtype", None)
   if dtype is None:
