@@ -66,7 +66,7 @@ def specs_of(tree) -> Any:
 
 
 def value_and_grad(loss_fn: Callable, mesh: Mesh, axis: str, *, param_specs=None,
-                   has_aux: bool = False, **options) -> Callable:
+                   has_aux: bool = False, compute_dtype=None, **options) -> Callable:
   """`jax.value_and_grad(loss_fn)` with the gradient collectives compressed.
 
   Args:
@@ -78,6 +78,10 @@ def value_and_grad(loss_fn: Callable, mesh: Mesh, axis: str, *, param_specs=None
       `specs_of(params)` for params already placed with NamedShardings.
     has_aux: as jax.value_and_grad (aux leaves are averaged over the axis when
       floating point, else summed).
+    compute_dtype: e.g. jnp.bfloat16: floating parameters are cast to it before
+      they are gathered (FSDP) or cast to varying (DP), so the collectives move it
+      (~1.4x for bfloat16 against ~1.15x for float32) and loss_fn sees it; the
+      gradients are cast back to the parameters' dtype. None: as they are.
     **options: of the compressed collectives (codec, policy, check_decode,
       chunks, bucket_bytes).
 
@@ -102,6 +106,9 @@ def value_and_grad(loss_fn: Callable, mesh: Mesh, axis: str, *, param_specs=None
     n = mesh.shape[axis]
 
     def local(flat_params, batch, *args):
+      if compute_dtype is not None:
+        flat_params = [p.astype(compute_dtype) if jax.numpy.issubdtype(p.dtype, jax.numpy.floating)
+                       else p for p in flat_params]
       replicated = compressed_pcast([p for p, d in zip(flat_params, dims) if d is None], axis,
                                     **options)
       it = iter(replicated)
@@ -139,12 +146,13 @@ def _mean(x, *, axis: str, n: int):
 
 
 def nnx_value_and_grad(loss_fn: Callable, mesh: Mesh, axis: str, *, wrt=None,
-                       param_specs=None, has_aux: bool = False, **options) -> Callable:
+                       param_specs=None, has_aux: bool = False, compute_dtype=None,
+                       **options) -> Callable:
   """`nnx.value_and_grad(loss_fn)` for Flax NNX models, gradients compressed.
 
   Args:
     loss_fn: `loss_fn(model, batch, *args) -> loss` (or `(loss, aux)`).
-    mesh, axis, has_aux, **options: as `value_and_grad`.
+    mesh, axis, has_aux, compute_dtype, **options: as `value_and_grad`.
     wrt: the NNX filter of the differentiated state (default `nnx.Param`).
     param_specs: PartitionSpecs of that state (an nnx.State of specs); default
       `nnx.get_partition_spec` of it (the params' `sharding` metadata).
@@ -171,6 +179,6 @@ def nnx_value_and_grad(loss_fn: Callable, mesh: Mesh, axis: str, *, wrt=None,
       return loss_fn(nnx.merge(graphdef, p, r), b, *a)
 
     return value_and_grad(pure, mesh, axis, param_specs=specs, has_aux=has_aux,
-                          **options)(params, batch, rest, *args)
+                          compute_dtype=compute_dtype, **options)(params, batch, rest, *args)
 
   return f
