@@ -231,6 +231,7 @@ def test_bad_arguments_are_named(mesh8):
     g(jnp.ones(8), jnp.ones(8))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True], ids=["dp", "fsdp"])
 def test_nnx_gpt_example_is_bit_identical(fsdp, capsys):
   """examples/flax_gpt.py (the NNX GPT of docs/flax.md) trains bit-identical to raw."""
