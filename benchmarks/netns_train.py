@@ -147,7 +147,7 @@ def run_one(args, tmp: Path, ex: str, nproc: int, rate: str, codecs, steps, tag=
     cmd += ["--calibrate"]
   if codecs:
     cmd += ["--codecs", ",".join(c for c in codecs.split(",")
-                                 if c != "auto" or ex != "fsdp")]
+                                 if "auto" not in c or ex != "fsdp")]
   if steps is None and not tag:
     steps = None if args.quick else DEFAULT_STEPS[ex]
   cmd += ["--steps", str(steps)] if steps else []
@@ -210,7 +210,7 @@ def report(rows, args, stem: str) -> str:
            "weight gathers only, its gradient reduce-scatters run inside the gathers' VJP "
            "and have no stats); 'fallbacks' = steps where such a call fell back. Bit-identical = zipccl and raw losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
-  order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "raw", "lax")
+  order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "planned-auto", "raw", "lax")
   labels = [c for c in order if any(c in r["variants"] for r in rows)]
   others = [c for c in labels if c != "raw"]
   for nproc in args.procs:

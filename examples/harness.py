@@ -42,7 +42,8 @@ import zipccl_jax
 VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "raw": ("raw", "always"),
             "lax": (None, "always"), "auto": ("auto", "auto"),
             # the same collectives under zipccl_jax.jit: slots planned ahead (`jit_for`)
-            "planned": ("zipccl", "always"), "planned-entropy": ("entropy", "always")}
+            "planned": ("zipccl", "always"), "planned-entropy": ("entropy", "always"),
+            "planned-auto": ("auto", "auto")}
 
 
 def jit_for(label: str, step, donate=0):
@@ -68,7 +69,8 @@ def add_common_args(ap, *, devices: int) -> None:
   ap.add_argument("--codecs", default="zipccl,raw,lax", type=parse_codecs,
                   help="variants to train in lockstep, from zipccl, entropy, raw, lax (codec=None), "
                        "auto (the library's defaults: codec='auto', policy='auto') and planned / "
-                       "planned-entropy (zipccl / entropy under zipccl_jax.jit); default zipccl,raw,lax")
+                       "planned-entropy / planned-auto (zipccl / entropy / the defaults under "
+                       "zipccl_jax.jit); default zipccl,raw,lax")
   ap.add_argument("--warmup-steps", type=int, default=3, metavar="K",
                   help="leading steps left out of the step-time medians (default 3)")
   ap.add_argument("--devices", type=int, default=devices,
@@ -358,7 +360,7 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         step_ms=[1e3 * float(x) for x in slowest[j]])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
-  exact = [k for k in ("zipccl", "entropy", "auto", "planned", "planned-entropy") if k in labels] \
+  exact = [k for k in VARIANTS if k not in ("raw", "lax") and k in labels] \
       if "raw" in labels else []
   for name in exact:
     z, r = labels.index(name), labels.index("raw")

@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import zlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from zipccl_jax._src import compat
-from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src.codecs import base
 
 _ALIGN = ladder_lib.ALIGN
 
-
-def _target(name: str, shape, dtype, like, *args, vmap_method=None, **attrs):
-  _ffi.register()
-  out = base.result_type(tuple(shape), dtype, like)
-  return jax.ffi.ffi_call(name, out, vmap_method=vmap_method)(*args, **attrs)
 
 
 # Status of every received row when the participants' plans differ on a backend
@@ -66,7 +59,7 @@ def agree(every, rungs, where: str):
   units = np.asarray([s // _ALIGN for s in rungs], np.int32)
 
   def on_cpu(v):
-    return _target("zipccl_agree", (3,), jnp.int32, v, v, units=units, where=where,
+    return base.call_target("zipccl_agree", (3,), jnp.int32, v, v, units=units, where=where,
                    vmap_method="sequential")
 
   def default(v):

@@ -85,13 +85,6 @@ def unbits(u, dtype):
   return lax.bitcast_convert_type(u, dtype)
 
 
-def _target(name: str, shape, dtype, like, *args, vmap_method=None, **attrs):
-  """One result dtype[shape] of the transport FFI target `name` called on args
-  (attrs: its attributes), typed varying like `like` (`base.result_type`)."""
-  _ffi.register()
-  out = base.result_type(tuple(shape), dtype, like)
-  return jax.ffi.ffi_call(name, out, vmap_method=vmap_method)(*args, **attrs)
-
 
 def _bitcast(x, dtype, shape):
   """x's bytes as dtype[shape] by XLA ops (bitcast_convert_type and reshapes)."""
@@ -119,7 +112,7 @@ def copy_as(x, dtype, shape=None):
                      f"bytes of {x.dtype}{list(x.shape)}")
 
   def on_cpu(v):
-    return _target("zipccl_bitcast_copy", shape, dtype, v, v, vmap_method="broadcast_all")
+    return base.call_target("zipccl_bitcast_copy", shape, dtype, v, v, vmap_method="broadcast_all")
 
   return compat.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
 
@@ -137,7 +130,7 @@ def used_max(st):
   collectives and selecting (and the custom call has no batched form).
   """
   def on_cpu(v):   # "sequential": where JAX batches the call itself (see below)
-    return _target("zipccl_used_max", (), jnp.int32, v, v, vmap_method="sequential")
+    return base.call_target("zipccl_used_max", (), jnp.int32, v, v, vmap_method="sequential")
 
   return compat.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
 
@@ -163,7 +156,7 @@ def row_prefix(payload, slot: int):
     return payload
 
   def on_cpu(p):
-    return _target("zipccl_row_prefix", p.shape[:-1] + (slot,), jnp.uint8, p, p,
+    return base.call_target("zipccl_row_prefix", p.shape[:-1] + (slot,), jnp.uint8, p, p,
                    vmap_method="broadcast_all")
 
   return compat.platform_dependent(payload, cpu=on_cpu, default=lambda p: p[..., :slot])
@@ -214,7 +207,7 @@ def _permute_rows(p, slot: int, axes, me):
   canon, index = _permute_index(axes)
   moved = [lax.ppermute(q, canon, [(index[j], index[(j + k) % n_peers]) for j in range(n_peers)])
            for k, q in enumerate(pieces, 1)]
-  return _target("zipccl_row_join", (n_peers, slot), jnp.uint8, p, p, my, *moved,
+  return base.call_target("zipccl_row_join", (n_peers, slot), jnp.uint8, p, p, my, *moved,
                  vmap_method="sequential")
 
 

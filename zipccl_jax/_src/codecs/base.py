@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from zipccl_jax._src import ffi as _ffi
+
 ALIGN = 128      # used sizes and sections are multiples of 128 bytes (docs/format.md)
 
 
@@ -108,3 +110,11 @@ def fill_operand(fill, lead: tuple, n: int, dtype, where: str):
   if f and rows % f:
     raise ValueError(f"{where}: fill's {f} rows must divide the payload's {rows} rows")
   return fill.reshape(f, n)
+
+
+def call_target(name: str, shape, dtype, like, *args, vmap_method=None, **attrs):
+  """One result dtype[shape] of the FFI target `name` called on args (attrs: its
+  attributes), typed varying like `like` (`result_type`)."""
+  _ffi.register()
+  return jax.ffi.ffi_call(name, result_type(tuple(shape), dtype, like),
+                          vmap_method=vmap_method)(*args, **attrs)
