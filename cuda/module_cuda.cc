@@ -40,6 +40,7 @@ NB_MODULE(_zipccl_cuda, m) {
     d[zipccl::transport::kUsedMaxTarget] = encapsulate(ZipcclUsedMaxCuda);
     d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCuda);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCuda);
+    d[zipccl::transport::kRowUnpackTarget] = encapsulate(ZipcclRowUnpackCuda);
     d[zipccl::mailbox::kMailboxTarget] = encapsulate(ZipcclMailboxCuda);
     return d;
   });

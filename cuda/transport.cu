@@ -4,7 +4,8 @@
 // compiles on the GPU too. row_prefix: one strided device-to-device copy on XLA's
 // stream; row_split / row_join: one small copy kernel per peer row, which reads
 // `me` on the device (no host synchronisation); used_max / agree: one-thread
-// kernels; bitcast_copy: one device-to-device copy.
+// kernels; bitcast_copy: one device-to-device copy; row_unpack: one strided copy per
+// leaf.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -159,7 +160,37 @@ ffi::Error BitcastCopyCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Resul
   return ffi::Error::Success();
 }
 
+// One strided device-to-device copy per leaf on XLA's stream.
+ffi::Error RowUnpackCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingRets pieces) {
+  namespace zt = zipccl::transport;
+  const size_t es = ffi::ByteWidth(x.element_type());
+  uint64_t rows, total;
+  if (ffi::Error e = zt::unpack_shapes(x.dimensions(), es, pieces, &rows, &total); e.failure()) return e;
+  const uint8_t* in = static_cast<const uint8_t*>(x.untyped_data());
+  uint64_t off = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    ffi::AnyBuffer y = **pieces.get<ffi::AnyBuffer>(k);
+    const uint64_t w = (uint64_t)y.dimensions()[y.dimensions().size() - 1];
+    if (w && rows) {
+      // dst pitch w, src pitch total, width w elements, rows rows.
+      const cudaError_t err = cudaMemcpy2DAsync(y.untyped_data(), w * es, in + off * es, total * es, w * es, rows,
+                                                cudaMemcpyDeviceToDevice, stream);
+      if (err != cudaSuccess)
+        return ffi::Error::Internal(std::string(zt::kRowUnpackTarget) + ": " + cudaGetErrorString(err));
+    }
+    off += w;
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowUnpackCuda, RowUnpackCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Arg<ffi::AnyBuffer>()                     // x [..., T]
+                                  .RemainingRets(),                          // y_k [..., w_k]
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCuda, UsedMaxCudaImpl,
                               ffi::Ffi::Bind()

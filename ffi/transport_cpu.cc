@@ -124,7 +124,32 @@ ffi::Error BitcastCopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+// A bucket cut back into its leaves (zipccl_row_unpack): why a custom call, see
+// ffi/transport.h.
+ffi::Error RowUnpackCpuImpl(ffi::AnyBuffer x, ffi::RemainingRets pieces) {
+  const size_t es = ffi::ByteWidth(x.element_type());
+  uint64_t rows, total;
+  if (ffi::Error e = zipccl::transport::unpack_shapes(x.dimensions(), es, pieces, &rows, &total); e.failure())
+    return e;
+  const uint8_t* in = static_cast<const uint8_t*>(x.untyped_data());
+  uint64_t off = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    ffi::AnyBuffer y = **pieces.get<ffi::AnyBuffer>(k);
+    const uint64_t w = (uint64_t)y.dimensions()[y.dimensions().size() - 1];
+    uint8_t* out = static_cast<uint8_t*>(y.untyped_data());
+    if (w)
+      for (uint64_t r = 0; r < rows; ++r) std::memcpy(out + r * w * es, in + (r * total + off) * es, w * es);
+    off += w;
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowUnpackCpu, RowUnpackCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()   // x [..., T]
+                                  .RemainingRets());       // y_k [..., w_k]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCpu, UsedMaxCpuImpl,
                               ffi::Ffi::Bind()
