@@ -10,8 +10,8 @@ times (medians reported; a shared 2-core machine is noisy):
    all-gather's VJP, a reduce-scatter; 2 transports a block): lax (codec=None), the ladder (jax.jit, policy="always") and
    planned (zipccl_jax.jit): the planned program's compile, and the first call
    (measuring program: compile + run + plan) against lax's first call (compile + run).
-2. Compile time of a data-parallel psum of `leaves` bf16 leaves with bucket_bytes=0
-   (every leaf its own transport).
+2. Compile time of a data-parallel psum of `leaves` bf16 leaves, bucketed (the
+   default) and with bucket_bytes=0 (every leaf its own transport).
 3. Wire bytes of the planned slots against the rung the ladder takes, on gradient-like
    and weight-like bf16 data (all_gather and psum_scatter).
 4. Step time of the 8-layer FSDP step (shared memory: the codec's cost, no link).
@@ -100,8 +100,8 @@ def fsdp_args(mesh, layers: int, seed: int = 0):
   return ws, x
 
 
-def dp_psum(mesh, leaves: int, codec):
-  kw = dict(codec=codec, policy="always", bucket_bytes=0)
+def dp_psum(mesh, leaves: int, codec, bucket_bytes=0):
+  kw = dict(codec=codec, policy="always", bucket_bytes=bucket_bytes)
 
   def body(g):
     return zc.compressed_psum(g, "x", **kw) if codec is not None else jax.lax.psum(g, "x")
@@ -197,8 +197,10 @@ def main(argv=None) -> int:
   doc = {"machine": info, "compile": {}, "wire": [], "step_s": {}}
   cases = [(f"fsdp {L} layers", lambda L=L: (lambda c: fsdp_step(mesh, L, c), fsdp_args(mesh, L)))
            for L in map(int, args.layers.split(","))]
-  cases.append((f"dp psum {args.leaves} leaves, bucket_bytes=0",
-                lambda: (lambda c: dp_psum(mesh, args.leaves, c), (dp_args(mesh, args.leaves),))))
+  for bb, label in ((None, "buckets (default)"), (0, "bucket_bytes=0")):
+    cases.append((f"dp psum {args.leaves} leaves, {label}",
+                  lambda bb=bb: (lambda c: dp_psum(mesh, args.leaves, c, bb),
+                                 (dp_args(mesh, args.leaves),))))
   for name, build in cases:
     make, fargs = build()
     runs = []

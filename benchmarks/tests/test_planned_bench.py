@@ -14,6 +14,7 @@ def test_planned_suite_smoke(tmp_path):
   res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=str(ROOT))
   assert res.returncode == 0, res.stderr[-3000:]
   doc = json.loads((tmp_path / "planned.json").read_text())
-  assert set(doc["compile"]) == {"fsdp 1 layers", "dp psum 3 leaves, bucket_bytes=0"}
+  assert set(doc["compile"]) == {"fsdp 1 layers", "dp psum 3 leaves, buckets (default)",
+                                 "dp psum 3 leaves, bucket_bytes=0"}
   assert all(w["planned"] >= w["ladder"] * 0.99 for w in doc["wire"])   # slot >= the rung
   assert "| planned |" in (tmp_path / "planned.md").read_text() or "planned" in res.stdout
