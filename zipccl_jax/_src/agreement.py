@@ -21,7 +21,6 @@ from zipccl_jax._src.codecs import base
 _ALIGN = ladder_lib.ALIGN
 
 
-
 # Status of every received row when the participants' plans differ on a backend
 # whose agreement cannot raise (the "zipccl_agree" CPU handler fails the call
 # instead). Outside every codec's status range (codecs use small positive values).

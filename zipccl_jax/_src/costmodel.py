@@ -201,7 +201,7 @@ def model_time(collective: str, dtype, row_elements: int, n_peers: int,
       (`CodecFit.extra_s_per_byte`; `calibrate` turns it off to measure it).
   """
   fn = "model_time"
-  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
+  dt, m, n = check_call_args(fn, collective, dtype, row_elements, n_peers)
   chunks = _check_int(fn, "chunks", chunks, 1)
   cal = resolve_calibration(calibration)
   raw_row = m * _ITEMSIZE[dt]
@@ -311,12 +311,12 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int,
     ValueError / TypeError naming the bad argument.
   """
   fn = "decide"
-  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
+  dt, m, n = check_call_args(fn, collective, dtype, row_elements, n_peers)
   _check_int(fn, "chunks", chunks, 1)
   if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
     raise ValueError(f"{fn}: margin must be a number in [0, 1), got {margin!r}")
   cal = resolve_calibration(calibration)
-  names = sorted(cal.codecs) if codecs is None else _codec_names(fn, codecs)
+  names = sorted(cal.codecs) if codecs is None else check_codec_names(fn, codecs)
   if n == 1 or m == 0:
     return False, None
   best, best_t = _fastest(collective, dt, m, n, cal, names, chunks, overlap)
@@ -359,9 +359,9 @@ def fastest_codec(collective: str, dtype, row_elements: int, n_peers: int,
     (or the call moves nothing: one peer, or no elements).
   """
   fn = "fastest_codec"
-  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
+  dt, m, n = check_call_args(fn, collective, dtype, row_elements, n_peers)
   cal = resolve_calibration(calibration)
-  names = sorted(cal.codecs) if codecs is None else _codec_names(fn, codecs)
+  names = sorted(cal.codecs) if codecs is None else check_codec_names(fn, codecs)
   if n == 1 or m == 0:
     return None
   return _fastest(collective, dt, m, n, cal, names)[0]
@@ -387,10 +387,10 @@ def choose(collective: str, dtype, row_elements: int, n_peers: int, calibration:
   `decide(codecs=(codec,))` and `best_chunks` asked one after another.
   """
   fn = "choose"
-  dt, m, n = _call_args(fn, collective, dtype, row_elements, n_peers)
+  dt, m, n = check_call_args(fn, collective, dtype, row_elements, n_peers)
   if n == 1 or m == 0:
     return Choice(None, False, chunks or 1)
-  codec, t_codec = _fastest(collective, dt, m, n, calibration, _codec_names(fn, codecs))
+  codec, t_codec = _fastest(collective, dt, m, n, calibration, check_codec_names(fn, codecs))
   if codec is None:
     return Choice(None, False, chunks or 1)
   compress = t_codec < (1.0 - margin) * model_time(collective, dt, m, n, calibration, None)
@@ -399,7 +399,7 @@ def choose(collective: str, dtype, row_elements: int, n_peers: int, calibration:
   return Choice(codec, compress, chunks)
 
 
-def _call_args(fn, collective, dtype, row_elements, n_peers) -> tuple:
+def check_call_args(fn, collective, dtype, row_elements, n_peers) -> tuple:
   """One modelled call's arguments, checked: (dtype name, row elements, peers)."""
   if collective not in COLLECTIVES:
     raise ValueError(f"{fn}: collective must be one of {COLLECTIVES}, got {collective!r}")
@@ -407,7 +407,7 @@ def _call_args(fn, collective, dtype, row_elements, n_peers) -> tuple:
           _check_int(fn, "n_peers", n_peers, 1))
 
 
-def _codec_names(fn, codecs) -> list:
+def check_codec_names(fn, codecs) -> list:
   """`codecs=`: a codec name or an iterable of names (checked to be str)."""
   names = [codecs] if isinstance(codecs, str) else list(codecs)
   for c in names:

@@ -186,11 +186,11 @@ def decide(collective: str, dtype, row_elements: int, n_peers: int, calibration=
   if calibration is not None or _active_calibration() is not None:
     return costmodel.decide(collective, dtype, row_elements, n_peers, calibration, codecs,
                             chunks=chunks, margin=margin, overlap=overlap)
-  dt, m, n = costmodel._call_args(fn, collective, dtype, row_elements, n_peers)  # pylint: disable=protected-access
+  dt, m, n = costmodel.check_call_args(fn, collective, dtype, row_elements, n_peers)
   dtype = np.dtype(dt)
   supported = _candidates(dtype)
   names = supported if codecs is None else tuple(
-      c for c in costmodel._codec_names(fn, codecs) if c in supported)  # pylint: disable=protected-access
+      c for c in costmodel.check_codec_names(fn, codecs) if c in supported)
   if n == 1 or m == 0 or not names:
     return False, None
   name = _fallback_codec(names) if codecs is None else names[0]
