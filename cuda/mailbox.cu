@@ -80,22 +80,32 @@ std::vector<int32_t> take_cuda(int64_t ledger) {
 
 namespace {
 
-ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> value,
+ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingArgs values,
                            ffi::Result<ffi::AnyBuffer> out, int64_t ledger, int64_t slot) {
   namespace zm = zipccl::mailbox;
   const std::string t = zm::kMailboxTarget;
   if (out->size_bytes() != x.size_bytes())
     return ffi::Error::InvalidArgument(t + ": out must have x's size " + std::to_string(x.size_bytes()) +
                                        ", got " + std::to_string(out->size_bytes()) + " bytes");
-  if (value.element_count() == 0) return ffi::Error::InvalidArgument(t + ": value must not be empty");
-  if (slot < 0 || slot >= zm::kCudaSlots)
-    return ffi::Error::InvalidArgument(t + ": slot must be in [0, " + std::to_string(zm::kCudaSlots) +
-                                       ") on CUDA, got " + std::to_string(slot));
+  if (values.size() == 0) return ffi::Error::InvalidArgument(t + ": expected at least one value after x");
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto v = values.get<ffi::Buffer<ffi::S32>>(i);
+    if (v.has_error() || v->element_count() == 0)
+      return ffi::Error::InvalidArgument(t + ": value " + std::to_string(i) + " must be a non-empty s32 array");
+  }
+  if (slot < 0 || slot + (int64_t)values.size() > zm::kCudaSlots)
+    return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
+                                       std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +
+                                       std::to_string(zm::kCudaSlots) + ") on CUDA");
   std::string err;
   zm::Table* tab = zm::table(ledger, &err);
   if (!tab) return ffi::Error::Internal(t + ": " + err);
-  zm::record_kernel<<<1, 1, 0, stream>>>(tab->device + slot, value.typed_data(), (int64_t)value.element_count());
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  for (size_t i = 0; i < values.size() && e == cudaSuccess; ++i) {
+    auto v = values.get<ffi::Buffer<ffi::S32>>(i);
+    zm::record_kernel<<<1, 1, 0, stream>>>(tab->device + slot + i, v->typed_data(), (int64_t)v->element_count());
+    e = cudaGetLastError();
+  }
   if (e == cudaSuccess && out->untyped_data() != x.untyped_data() && x.size_bytes())
     e = cudaMemcpyAsync(out->untyped_data(), x.untyped_data(), x.size_bytes(), cudaMemcpyDeviceToDevice, stream);
   if (e != cudaSuccess) return ffi::Error::Internal(t + ": " + cudaGetErrorString(e));
@@ -108,7 +118,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCuda, MailboxCudaImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::AnyBuffer>()                     // x [...]
-                                  .Arg<ffi::Buffer<ffi::S32>>()              // value [...]
+                                  .RemainingArgs()                           // K values s32 [...]
                                   .Ret<ffi::AnyBuffer>()                     // x's bytes
                                   .Attr<int64_t>("ledger")
                                   .Attr<int64_t>("slot"),

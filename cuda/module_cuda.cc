@@ -41,6 +41,7 @@ NB_MODULE(_zipccl_cuda, m) {
     d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCuda);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCuda);
     d[zipccl::transport::kRowUnpackTarget] = encapsulate(ZipcclRowUnpackCuda);
+    d[zipccl::transport::kRowSumTarget] = encapsulate(ZipcclRowSumCuda);
     d[zipccl::mailbox::kMailboxTarget] = encapsulate(ZipcclMailboxCuda);
     return d;
   });

@@ -1,13 +1,15 @@
 // The planned transport's mailbox (zipccl_jax.jit): XLA FFI target "zipccl_mailbox"
 // and the host table it writes, which the wrapper reads once per step.
 //
-//   zipccl_mailbox: x [...] of any type, value s32 [...], attributes ledger s64,
-//                   slot s64 -> x's bytes (aliased to x: no copy);
-//                   table[ledger][slot] = max(table[ledger][slot], max(value))
+//   zipccl_mailbox: x [...] of any type, K >= 1 values s32 [...], attributes
+//                   ledger s64, slot s64 -> x's bytes (aliased to x: no copy);
+//                   table[ledger][slot + i] = max(table[ledger][slot + i], max(value i))
+//                   for i = 0 .. K - 1
 //
-// A planned call site records the largest used size of its encoded rows (units of
-// 128 bytes, slot 2 site) and the decoder statuses of its received rows (slot
-// 2 site + 1: > 0 when a row failed to decode). The operation is a max, so a site
+// A planned call site records, in one call after its decode, the largest used size
+// of its encoded rows (units of 128 bytes, slot 2 site) and the decoder statuses of
+// its received rows (slot 2 site + 1: > 0 when a row failed to decode); a measuring
+// site records the used size alone, before it moves the raw words. The operation is a max, so a site
 // that runs several times per step (a scan body, remat, a vmap batch) or on several
 // devices of the process keeps its worst value. The call passes an operand of the
 // transport through (the payload to cut, the rows to move, the decoded rows), so it

@@ -44,18 +44,28 @@ std::vector<int32_t> take(int64_t ledger) {
 
 namespace {
 
-ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> value, ffi::Result<ffi::AnyBuffer> out,
+ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs values, ffi::Result<ffi::AnyBuffer> out,
                           int64_t ledger, int64_t slot) {
   const std::string t = zipccl::mailbox::kMailboxTarget;
   if (out->size_bytes() != x.size_bytes())
     return ffi::Error::InvalidArgument(t + ": out must have x's size " + std::to_string(x.size_bytes()) +
                                        ", got " + std::to_string(out->size_bytes()) + " bytes");
-  if (value.element_count() == 0) return ffi::Error::InvalidArgument(t + ": value must not be empty");
-  const int32_t* v = value.typed_data();
-  const int32_t worst = *std::max_element(v, v + value.element_count());
-  if (!zipccl::mailbox::record(ledger, slot, worst))
-    return ffi::Error::InvalidArgument(t + ": slot must be in [0, " + std::to_string(zipccl::mailbox::kMaxSlots) +
-                                       "), got " + std::to_string(slot));
+  if (values.size() == 0) return ffi::Error::InvalidArgument(t + ": expected at least one value after x");
+  // every operand first: nothing is recorded unless the whole call is valid
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto v = values.get<ffi::Buffer<ffi::S32>>(i);
+    if (v.has_error() || v->element_count() == 0)
+      return ffi::Error::InvalidArgument(t + ": value " + std::to_string(i) + " must be a non-empty s32 array");
+  }
+  if (slot < 0 || slot + (int64_t)values.size() > zipccl::mailbox::kMaxSlots)
+    return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
+                                       std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +
+                                       std::to_string(zipccl::mailbox::kMaxSlots) + ")");
+  for (size_t i = 0; i < values.size(); ++i) {
+    auto v = values.get<ffi::Buffer<ffi::S32>>(i);
+    const int32_t* p = v->typed_data();
+    zipccl::mailbox::record(ledger, slot + (int64_t)i, *std::max_element(p, p + v->element_count()));
+  }
   if (out->untyped_data() != x.untyped_data() && x.size_bytes())
     std::memcpy(out->untyped_data(), x.untyped_data(), x.size_bytes());
   return ffi::Error::Success();
@@ -66,7 +76,7 @@ ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> value, ffi::Re
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCpu, MailboxCpuImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()         // x [...]
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // value [...]
+                                  .RemainingArgs()               // K values s32 [...]
                                   .Ret<ffi::AnyBuffer>()         // x's bytes
                                   .Attr<int64_t>("ledger")
                                   .Attr<int64_t>("slot"));

@@ -65,6 +65,7 @@ NB_MODULE(_zipccl_cpu, m) {
     d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCpu);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCpu);
     d[zipccl::transport::kRowUnpackTarget] = encapsulate(ZipcclRowUnpackCpu);
+    d[zipccl::transport::kRowSumTarget] = encapsulate(ZipcclRowSumCpu);
     d[zipccl::mailbox::kMailboxTarget] = encapsulate(ZipcclMailboxCpu);
     return d;
   });

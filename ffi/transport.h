@@ -33,6 +33,19 @@
 //                      element size, the same leading dimensions, sum w_k <= T:
 //                      y_k[r, :] = x[r, o_k : o_k + w_k], o_k = w_0 + .. + w_(k-1)
 //                      (a bucket's rows cut back into its leaves' rows)
+//   zipccl_row_sum:    x [..., N, M] bf16 / f16 / f32, N >= 1 -> y f32 [..., M]:
+//                      y[b, j] = (..((v(x[b,0,j]) + v(x[b,1,j])) + v(x[b,2,j])) ..)
+//                      + v(x[b,N-1,j]): float32 adds in row order (round to
+//                      nearest even; NaN operands as x86's SSE add: the partial
+//                      sum's NaN, else v's, quieted; inf - inf = 0xffc00000),
+//                      v = the exact widening to float32; the
+//                      widened values that enter an add and every partial sum
+//                      have subnormals flushed to zero of the same sign, as
+//                      XLA:CPU's float math does (N = 1: y = v(x[b,0,j]), no add,
+//                      nothing flushed; f16 subnormals widen to normal floats); an f16
+//                      NaN widens quieted (bit 22 set), as x86's F16C does
+//                      (the ordered sum of a reduction: rounding to the input
+//                      dtype is the caller's XLA convert)
 //
 // zipccl_jax/_src/transport.py calls them on CPU backends and slices / uses
 // lax.all_to_all on others. row_split and row_join make an all-to-all of slot-sized
@@ -45,6 +58,9 @@
 // leaves: as XLA slices each leaf is a kernel of its own for XLA:CPU to compile
 // (~6 ms each: a 200-leaf bucket's unpacking compiled in 1.2 s), as one custom call
 // none.
+// row_sum is the reductions' ordered sum: as XLA ops, N slices, N converts and
+// N - 1 adds per call for XLA to trace, optimise and fuse (a 200-leaf psum spent
+// ~1.5 s of its compile time there), as one custom call nothing.
 // used_max, agree and bitcast_copy are the ladder's small fixed steps (the used
 // size before the agreement, the rung after it, the raw rung's views): as XLA ops,
 // each is an LLVM kernel for XLA:CPU to compile (5-9 ms each, distinct kernels),
@@ -54,6 +70,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
 
 #include "handler_common.h"
 #include "xla/ffi/api/ffi.h"
@@ -68,6 +85,7 @@ constexpr const char* kUsedMaxTarget = "zipccl_used_max";
 constexpr const char* kAgreeTarget = "zipccl_agree";
 constexpr const char* kBitcastCopyTarget = "zipccl_bitcast_copy";
 constexpr const char* kRowUnpackTarget = "zipccl_row_unpack";
+constexpr const char* kRowSumTarget = "zipccl_row_sum";
 // agree: at most this many rungs (the ladder has <= 32 + 4; the CUDA kernel
 // takes them by value).
 constexpr uint64_t kMaxRungs = 256;
@@ -289,6 +307,61 @@ inline xla::ffi::Error unpack_shapes(xla::ffi::Span<const int64_t> x, size_t ele
   return xla::ffi::Error::Success();
 }
 
+// row_sum: x [..., N, M] of bf16 / f16 / f32 with N >= 1, y f32 [..., M] with x's
+// leading dimensions; sets batch (the product of the leading dimensions), N and M.
+inline xla::ffi::Error row_sum_shapes(xla::ffi::DataType xt, xla::ffi::Span<const int64_t> x,
+                                      xla::ffi::Span<const int64_t> y, uint64_t* batch, uint64_t* n,
+                                      uint64_t* m) {
+  using xla::ffi::DataType;
+  if (xt != DataType::BF16 && xt != DataType::F16 && xt != DataType::F32)
+    return handler::invalid(kRowSumTarget, "x must be bfloat16, float16 or float32");
+  if (x.size() < 2) return handler::invalid(kRowSumTarget, "x must be [..., N, M], got rank " + handler::str(x.size()));
+  *n = (uint64_t)x[x.size() - 2];
+  *m = (uint64_t)x[x.size() - 1];
+  if (*n < 1) return handler::invalid(kRowSumTarget, "x must have N >= 1 rows to sum");
+  bool same = y.size() + 1 == x.size() && (uint64_t)y[y.size() - 1] == *m;
+  *batch = 1;
+  for (size_t i = 0; i + 2 < x.size(); ++i) {
+    same = same && y[i] == x[i];
+    *batch *= (uint64_t)x[i];
+  }
+  if (!same) return handler::invalid(kRowSumTarget, "y must be float32 [..., M]: x's shape without its N axis");
+  return xla::ffi::Error::Success();
+}
+
+// row_sum's widening to float32 and flush (bit layouts: bf16 s|e8|m7, f16 s|e5|m10,
+// f32 s|e8|m23), for the CPU and CUDA handlers alike.
+#if defined(__CUDACC__)
+#define ZIPCCL_HD __host__ __device__
+#else
+#define ZIPCCL_HD
+#endif
+ZIPCCL_HD inline uint32_t flush_subnormal(uint32_t f) { return (f & 0x7f800000u) ? f : (f & 0x80000000u); }
+// One add of the ordered sum, as x86's SSE add computes it whatever operand order a
+// compiler picks: a NaN operand propagates quieted, the partial sum's first; a NaN
+// from other operands (inf - inf) is the default NaN 0xffc00000; a subnormal sum
+// flushes. sum: the float32 sum of acc and v (round to nearest even).
+ZIPCCL_HD inline uint32_t ordered_add(uint32_t acc, uint32_t v, uint32_t sum) {
+  // selects, no branches: the CPU loop vectorizes
+  const bool acc_nan = (acc & 0x7fffffffu) > 0x7f800000u, v_nan = (v & 0x7fffffffu) > 0x7f800000u;
+  const bool sum_nan = (sum & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t r = sum_nan ? 0xffc00000u : flush_subnormal(sum);
+  const uint32_t nan = (acc_nan ? acc : v) | 0x00400000u;
+  return (acc_nan | v_nan) ? nan : r;
+}
+ZIPCCL_HD inline uint32_t widen_bf16(uint16_t h) { return (uint32_t)h << 16; }
+ZIPCCL_HD inline uint32_t widen_f16(uint16_t h) {
+  // selects, no branches (vectorizes); a subnormal is mant x 2^-24, exact in float32
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  const float sub_f = (float)mant * 5.9604644775390625e-08f;   // 2^-24
+  uint32_t sub;
+  memcpy(&sub, &sub_f, 4);
+  const uint32_t inf_nan = sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u);
+  const uint32_t normal = sign | ((e + 112u) << 23) | (mant << 13);
+  return e == 0x1fu ? inf_nan : (e ? normal : (sign | sub));
+}
+#undef ZIPCCL_HD
+
 }  // namespace transport
 }  // namespace zipccl
 
@@ -299,3 +372,4 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclUsedMaxCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclAgreeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclBitcastCopyCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowUnpackCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowSumCpu);

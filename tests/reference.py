@@ -62,7 +62,10 @@ def ftz32(a):
 
 
 def ordered_sum(chunks, dtype):
-  """Sum in rank order with float32 accumulation, rounded once to dtype."""
+  """Sum in rank order with float32 accumulation, rounded once to dtype (one chunk: no
+  add, nothing flushed)."""
+  if len(chunks) == 1:
+    return np.asarray(chunks[0]).astype(dtype)
   acc = ftz32(np.asarray(chunks[0]).astype(np.float32))
   with np.errstate(all="ignore"):
     for c in chunks[1:]:

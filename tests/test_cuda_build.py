@@ -98,7 +98,7 @@ def test_cuda_module_imports_and_registers_without_a_gpu(cuda_build):
       "import zipccl_jax._zipccl_cpu as cpu\n"
       "assert set(r) == set(cpu.registrations()), r\n"
       "assert sorted(r) == ['zipccl_agree', 'zipccl_bitcast_copy', 'zipccl_entropy_decode', 'zipccl_entropy_encode',"
-      " 'zipccl_mailbox', 'zipccl_row_join', 'zipccl_row_prefix', 'zipccl_row_split', 'zipccl_row_unpack',"
+      " 'zipccl_mailbox', 'zipccl_row_join', 'zipccl_row_prefix', 'zipccl_row_split', 'zipccl_row_sum', 'zipccl_row_unpack',"
       " 'zipccl_used_max', 'zipccl_zipccl_decode', 'zipccl_zipccl_encode'], r\n"
       "assert m.set_tile_groups(4) is None and m.set_tile_groups(0) is None\n"
       "for k, v in r.items(): jax.ffi.register_ffi_target(k, v, platform='CUDA')\n"

@@ -219,7 +219,7 @@ def test_cuda_export_has_no_conditional(mesh8):
   prog = f._program(state, state.plan)      # pylint: disable=protected-access
   targets = ["zipccl_zipccl_encode", "zipccl_zipccl_decode", "zipccl_entropy_encode",
              "zipccl_entropy_decode", "zipccl_mailbox", "zipccl_used_max", "zipccl_row_prefix",
-             "zipccl_bitcast_copy", "zipccl_row_split", "zipccl_row_join"]
+             "zipccl_bitcast_copy", "zipccl_row_split", "zipccl_row_join", "zipccl_row_sum"]
   exp = jax.export.export(prog, platforms=["cuda"], disabled_checks=[
       jax.export.DisabledSafetyCheck.custom_call(t) for t in targets])(x)
   text = exp.mlir_module()
@@ -230,6 +230,9 @@ def test_cuda_export_has_no_conditional(mesh8):
     assert not re.findall(r"stablehlo\.(all_gather|all_to_all|collective_permute|all_reduce)", body)
   assert "zipccl_mailbox" in text and "zipccl_agree" not in text
   # the CPU program's collectives, one transport per call site (traced on a CPU mesh,
-  # the all-to-all sites keep their CPU form: N - 1 permutes)
+  # the all-to-all sites keep their CPU form: N - 1 permutes): 5 sites, psum two
   n_ops = sum(text.count(f"stablehlo.{op}") for op in ("all_gather", "collective_permute", "all_to_all"))
-  assert n_ops == len(zc.hlo_wire_bytes(_compiled(f, x)).ops)
+  assert n_ops == 1 + 7 + 1 + 7 + (7 + 1)
+  # XLA may merge identical transports: psum_scatter's and psum's all-to-all move
+  # the same encoded rows of x (each site still decodes and records its own)
+  assert 1 + 7 + 1 + 7 + 1 <= len(zc.hlo_wire_bytes(_compiled(f, x)).ops) <= n_ops

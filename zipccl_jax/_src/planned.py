@@ -93,14 +93,15 @@ def _tracing(trace: _Trace):
     _local.trace = prev
 
 
-def record(x, value, ledger: int, slot: int):
-  """x passed through (aliased, no copy) after max(value) (int32) is recorded into
-  the mailbox table[ledger][slot] (ffi/mailbox.h): x's consumers wait for the record."""
+def record(x, values, ledger: int, slot: int):
+  """x passed through (aliased, no copy) after max(values[i]) (int32) is recorded into
+  the mailbox table[ledger][slot + i] for each i (ffi/mailbox.h): x's consumers wait
+  for the record."""
   _ffi.register()
   out = base.result_type(x.shape, x.dtype, x)
   return jax.ffi.ffi_call("zipccl_mailbox", out, input_output_aliases={0: 0},
                           vmap_method="expand_dims")(
-      x, value.astype(jnp.int32), ledger=np.int64(ledger), slot=np.int64(slot))
+      x, *[v.astype(jnp.int32) for v in values], ledger=np.int64(ledger), slot=np.int64(slot))
 
 
 def site(trace: _Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
