@@ -236,3 +236,30 @@ def test_cuda_export_has_no_conditional(mesh8):
   # XLA may merge identical transports: psum_scatter's and psum's all-to-all move
   # the same encoded rows of x (each site still decodes and records its own)
   assert 1 + 7 + 1 + 7 + 1 <= len(zc.hlo_wire_bytes(_compiled(f, x)).ops) <= n_ops
+
+
+def test_mailbox_records_several_values_and_refuses_bad_operands():
+  """zipccl_mailbox (ffi/mailbox.h): value i's max goes to slot + i, x passes through;
+  bad operands are errors naming the target, and nothing is recorded."""
+  from zipccl_jax._src import planned
+  ledger = 987654
+  x = jnp.arange(6, dtype=jnp.float32)
+  rec = jax.jit(lambda v, a, b: planned.record(v, [a, b], ledger, 4))
+  out = rec(x, jnp.array([3, 9, 1], jnp.int32), jnp.array([-1, 0], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+  assert list(zffi.mailbox_take(ledger)) == [-1, -1, -1, -1, 9, 0]
+  assert list(zffi.mailbox_take(ledger)) == []   # taken: emptied
+
+  def call(*values, slot=0):
+    return jax.jit(lambda v: jax.ffi.ffi_call("zipccl_mailbox", jax.ShapeDtypeStruct(v.shape, v.dtype))(
+        v, *values, ledger=np.int64(ledger), slot=np.int64(slot)))(x)
+
+  with pytest.raises(Exception, match="zipccl_mailbox: expected at least one value"):
+    call()
+  with pytest.raises(Exception, match="zipccl_mailbox: value 1 must be a non-empty s32 array"):
+    call(jnp.ones(2, jnp.int32), jnp.ones(2, jnp.float32))
+  with pytest.raises(Exception, match="zipccl_mailbox: value 0 must be a non-empty s32 array"):
+    call(jnp.ones(0, jnp.int32))
+  with pytest.raises(Exception, match=r"zipccl_mailbox: slots \[-1, 0\) must lie in"):
+    call(jnp.ones(2, jnp.int32), slot=-1)
+  assert list(zffi.mailbox_take(ledger)) == []

@@ -264,11 +264,16 @@ def switch_in_range(index, branches, *operands):
   return fn(index, branches, operands, branches_platforms=None)
 
 
-def exchange_across_processes(key: str, value: bytes, timeout_s: float) -> list | None:
+def exchange_across_processes(key: str, value: bytes, timeout_s: float,
+                              forget: str | None = None) -> list | None:
   """Every process's `value` under `key`, in process order, through the
   jax.distributed coordinator's key-value store (host to host: no device
   collective, so it can run while a function is being traced). None outside a
   multi-process job. A process that does not publish within timeout_s raises.
+
+  forget: a key this process published in its previous exchange, deleted once this
+  one completes (every process published `key`, so every process has read all of
+  `forget`): a job exchanging every step keeps O(1) entries in the store.
 
   The client is JAX's (jax._src.distributed, no public spelling).
   """
@@ -284,4 +289,6 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float) -> list 
     except Exception as e:  # a timeout or a coordinator error, with the process named
       raise RuntimeError(f"zipccl_jax: process {i} did not publish {key!r} within {timeout_s:.0f} s "
                          f"(it has not reached the same point of the program: {e})") from None
+  if forget is not None:
+    client.key_value_delete(f"zipccl_jax/{forget}/{me}")
   return out

@@ -230,9 +230,7 @@ class Planned:
     if key not in state.programs:
       prog.lower(*args, **kwargs)   # traces: state.sites
       mine = np.asarray([_fingerprint(state.sites, plan), len(state.sites)], np.int32)
-      self._steps += 1
-      blobs = compat.exchange_across_processes(f"plan{self._ledger}/{self._steps}",
-                                               mine.tobytes(), EXCHANGE_TIMEOUT_S)
+      blobs = self._exchange_blobs(mine)
       if blobs is not None:
         self._check_same(np.frombuffer(b, np.int32) for b in blobs)
       state.programs[key] = True
@@ -339,6 +337,14 @@ class Planned:
     state.used = used
     return out, used, bad
 
+  def _exchange_blobs(self, mine: np.ndarray) -> list | None:
+    """Every process's `mine` (exchange number self._steps, per wrapper); the
+    previous exchange's entry is deleted from the coordinator's store."""
+    self._steps += 1
+    name = lambda s: f"plan{self._ledger}/{s}"
+    return compat.exchange_across_processes(name(self._steps), mine.tobytes(), EXCHANGE_TIMEOUT_S,
+                                            forget=name(self._steps - 1) if self._steps > 1 else None)
+
   def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process, maxed elementwise; raises on every process
     when their sites or plans differ (they would move different collectives)."""
@@ -348,9 +354,7 @@ class Planned:
     mine[1] = n
     t = np.asarray(table[:2 * n], np.int32)
     mine[2:2 + t.size] = t
-    self._steps += 1
-    blobs = compat.exchange_across_processes(f"plan{self._ledger}/{self._steps}", mine.tobytes(),
-                                             EXCHANGE_TIMEOUT_S)
+    blobs = self._exchange_blobs(mine)
     if blobs is None:
       return mine[2:].tolist()
     every = [np.frombuffer(b, np.int32) for b in blobs]
