@@ -263,3 +263,69 @@ def test_mailbox_records_several_values_and_refuses_bad_operands():
   with pytest.raises(Exception, match=r"zipccl_mailbox: slots \[-1, 0\) must lie in"):
     call(jnp.ones(2, jnp.int32), slot=-1)
   assert list(zffi.mailbox_take(ledger)) == []
+
+
+def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
+  """The planning policy on scripted sizes (units of 128 B; one site, 128-byte rungs):
+  an overflow re-plans with a headroom of at least the excess seen (and twice the
+  last); after a window, a rising site keeps its slot, a falling one shrinks with the
+  window's spread as headroom, and one close to its slot grows before it overflows."""
+  from zipccl_jax._src import planned
+  monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
+  rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
+  sizes = iter([100,            # measure
+                110, 110,       # overflow, and the measuring re-run's true size
+                90, 95, 100,    # a rising window: kept
+                100, 95, 90,    # a falling one: shrinks
+                100, 104, 108])  # close to the slot: grows
+  f = zc.jit(lambda v: v)
+
+  def run(state, plan, args, kwargs):
+    state.sites = [(("site",), rungs, raw_row)]
+    return args[0], [next(sizes)], [0]
+
+  monkeypatch.setattr(f, "_run", run)
+  x = jnp.zeros(3)
+  slot = lambda: f._state(f._key((x,), {})).plan[0]   # pylint: disable=protected-access
+  want = lambda units, h: planned._slot_for(units, rungs, h)   # pylint: disable=protected-access
+  f(x)
+  first = slot()
+  assert first == want(100, planned.HEADROOM) == 128 * 102
+  f(x)
+  headroom = max(2 * planned.HEADROOM, 110 * 128 / first - 1)  # the excess seen: 7.8%
+  assert slot() == want(110, headroom), slot()
+  grown = slot()
+  for _ in range(3):
+    f(x)
+  assert slot() == grown                                        # rising: kept
+  for _ in range(3):
+    f(x)
+  spread = 100 / 90 - 1                                         # 11% > the site's 7.8%
+  assert slot() == want(100, spread) < grown, slot()
+  for _ in range(3):
+    f(x)
+  assert slot() == want(108, spread) > want(100, spread)        # 108 x 1.056 > the slot
+  assert [(s.replans, s.shrinks, s.grows) for s in f.site_stats()] == [(1, 1, 1)]
+
+
+def test_sites_planned_raw_are_measured_again(mesh8, monkeypatch):
+  """A site incompressible when measured is planned raw; once the data compresses, a
+  probe step (the measuring program, after a window) gives it a slot. Every step
+  equals codec="raw"."""
+  from zipccl_jax._src import planned
+  monkeypatch.setattr(planned, "SHRINK_WINDOW", 2)
+  kw = dict(policy="always")
+  body = lambda v: zc.compressed_all_gather(v, "x", tiled=True, **kw)
+  f = zc.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  raw = jax.jit(jax.shard_map(lambda v: zc.compressed_all_gather(v, "x", tiled=True,
+                                                                codec="raw", **kw),
+                              mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  noise, data = _random_bits(5), _gauss(6)
+  _assert_all_equal(f(noise), raw(noise), "measured incompressible")
+  assert f.site_stats()[0].slot_bytes is None
+  for i in range(3):   # a window of 2 fitting steps, then the probe
+    _assert_all_equal(f(data), raw(data), f"step {i}")
+  slot = f.site_stats()[0].slot_bytes
+  assert slot is not None and slot < f.site_stats()[0].raw_bytes
+  _assert_all_equal(f(data), raw(data), "on the new plan")
+  assert f.site_stats()[0].replans == 0

@@ -16,8 +16,8 @@ sees the same maxima and takes the same decision:
     outputs are discarded and the step runs again on the same inputs as the
     measuring program (raw words: bit-identical to codec="raw", and every site's
     true used size); the plan of the sites that outgrew their slots grows to the
-    rung above the used size plus twice the headroom, for the next steps (each plan
-    compiled once, cached).
+    rung above the used size plus a grown headroom (`MAX_HEADROOM`), for the next
+    steps (each plan compiled once, cached).
 
 The first call for given argument shapes measures: a program that encodes at each
 site (to record the used size) and moves the raw words, so its results are exact;
@@ -48,16 +48,18 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src.codecs import base
 
-# A plan's slot is the first rung >= used x (1 + HEADROOM); a site that overflowed
-# is re-planned at used x (1 + 2 HEADROOM). Row sizes move by ~0.3% (median) to
-# ~2% (p99) from step to step on training tensors: 2% above the rung the used size
-# needs re-plans rarely, and a re-plan adds 4%.
+# A plan's slot is the first rung >= used x (1 + HEADROOM). Row sizes move by ~0.3%
+# (median) to ~2% (p99) from step to step on training tensors, so 2% above the used
+# size needs re-plans rarely. A site that overflows proved more volatile (early
+# training: MoE activations grew 16%, then 9% and 6% in 25 steps): its headroom
+# doubles, and is at least the excess just seen, up to MAX_HEADROOM, and stays.
 HEADROOM = 0.02
+MAX_HEADROOM = 0.25
 # Sizes drift during training (gradients early on grow less compressible, later
-# more): a plan only grows on overflow, so after SHRINK_WINDOW steps without one
-# each site's slot is re-planned from the largest size of that window when that
-# saves at least SHRINK_MIN of its raw row (no re-run; a new plan compiles once,
-# and every plan stays cached).
+# more), so after SHRINK_WINDOW steps without an overflow each site's slot follows
+# the window's sizes (`_replan_from_window`): it grows before it overflows, or
+# shrinks when that saves at least SHRINK_MIN of its raw row (no re-run; a new plan
+# compiles once, and every plan stays cached).
 SHRINK_WINDOW = 25
 SHRINK_MIN = 0.01
 RAW = -1                 # a site's plan: move the raw words (no codec)
@@ -149,6 +151,8 @@ class SiteStats:
     raw_bytes: the raw row size.
     replans: how often the site's plan grew after a step did not fit it.
     shrinks: how often it shrank after a window of steps that needed less.
+    grows: how often it grew after a window of steps that came close to its slot
+      (before any step overflowed).
   """
   site: int
   signature: tuple
@@ -157,6 +161,7 @@ class SiteStats:
   raw_bytes: int
   replans: int
   shrinks: int = 0
+  grows: int = 0
 
 
 class _State:
@@ -168,7 +173,17 @@ class _State:
     self.used: list | None = None
     self.replans: list | None = None
     self.shrinks: list | None = None
+    self.grows: list | None = None
+    self.headroom: list | None = None   # per site: the headroom of its next (re-)plan
     self.window: list | None = None   # per site: the largest used size since the plan changed
+    self.window_min: list | None = None   # ... the smallest
+    self.window_first: list | None = None   # ... and the first
+    # sites planned raw (incompressible when measured) are measured again, by one
+    # step of the measuring program, after probe_every windows (doubling while a
+    # probe finds none that compresses)
+    self.remeasure = False
+    self.probe_every = 1
+    self.windows_since_probe = 0
     self.window_steps = 0
     self.programs: dict = {}
 
@@ -272,10 +287,12 @@ class Planned:
   def __call__(self, *args, **kwargs):
     state = self._state(self._key(args, kwargs))
     plan = state.plan
+    if plan is not None and state.remeasure:
+      return self._probe_raw_sites(state, args, kwargs)
     out, used, bad = self._run(state, plan, args, kwargs)
     n = len(state.sites)
     if state.replans is None or len(state.replans) != n:
-      state.replans, state.shrinks = [0] * n, [0] * n
+      state.replans, state.shrinks, state.grows, state.headroom = [0] * n, [0] * n, [0] * n, [HEADROOM] * n
     if plan is None:   # measured: raw moves, exact; plan from the sizes seen
       state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
       return out
@@ -287,29 +304,50 @@ class Planned:
             f"zipccl_jax.jit: {len(failed)} call site(s) of {self.__name__} received rows that "
             f"failed to decode although they fit their slots (sites {failed[:8]}): the payload "
             "was corrupted in transit. The step's outputs are discarded.")
-      self._maybe_shrink(state, used)
+      self._replan_from_window(state, used)
       return out
     # Some rows outgrew their slots: the outputs are discarded. Sites after the first
     # overflow saw cut (NaN) rows, so their sizes in this step say nothing; the step
     # runs again as the measuring program (raw words: exact, and every site's true
     # used size), whose outputs are returned, and each site whose true size exceeds
-    # its slot is re-planned with twice the headroom.
+    # its slot is re-planned with a larger headroom (HEADROOM above).
     out, used, _ = self._run(state, None, args, kwargs)
     grown = list(plan)
     for k in range(n):
       if plan[k] != RAW and used[k] * _ALIGN > plan[k]:
-        grown[k] = _slot_for(used[k], state.sites[k][1], 2 * HEADROOM)
+        excess = used[k] * _ALIGN / plan[k] - 1
+        state.headroom[k] = min(MAX_HEADROOM, max(2 * state.headroom[k], excess))
+        grown[k] = _slot_for(used[k], state.sites[k][1], state.headroom[k])
         state.replans[k] += 1
     state.plan = tuple(grown)
-    state.window, state.window_steps = None, 0
+    state.window, state.window_min, state.window_first, state.window_steps = None, None, None, 0
     return out
 
-  def _maybe_shrink(self, state: _State, used: list) -> None:
-    """After SHRINK_WINDOW fitting steps under one plan: each site whose window's
-    largest size needs a slot smaller by SHRINK_MIN x raw row takes that slot."""
+  def _probe_raw_sites(self, state: _State, args, kwargs):
+    """One step as the measuring program (raw words: exact outputs), whose sizes give
+    the sites planned raw a slot where they now fit one (data that grew compressible,
+    e.g. gradients after the first steps)."""
+    state.remeasure, state.windows_since_probe = False, 0
+    out, used, _ = self._run(state, None, args, kwargs)
+    new = list(state.plan)
+    for k, (_, rungs, _) in enumerate(state.sites):
+      if new[k] == RAW and used[k] >= 0:
+        new[k] = _slot_for(used[k], rungs, state.headroom[k])
+    state.probe_every = 1 if tuple(new) != state.plan else 2 * state.probe_every
+    state.plan = tuple(new)
+    return out
+
+  def _replan_from_window(self, state: _State, used: list) -> None:
+    """After SHRINK_WINDOW fitting steps under one plan, each site's slot follows the
+    window's sizes: it grows when less than half its headroom is left, and shrinks
+    when the window needs a slot smaller by SHRINK_MIN x raw row."""
     n = len(state.sites)
     state.window = used[:n] if state.window is None else [max(a, b) for a, b in
                                                           zip(state.window, used)]
+    state.window_min = used[:n] if state.window_min is None else [min(a, b) for a, b in
+                                                                  zip(state.window_min, used)]
+    if state.window_first is None:
+      state.window_first = used[:n]
     state.window_steps += 1
     if state.window_steps < SHRINK_WINDOW:
       return
@@ -317,13 +355,32 @@ class Planned:
     for k, (_, rungs, raw_row) in enumerate(state.sites):
       if plan[k] == RAW or state.window[k] < 0:
         continue
-      # a site that once outgrew its plan keeps the re-plan's doubled headroom
-      slot = _slot_for(state.window[k], rungs, HEADROOM * (2 if state.replans[k] else 1))
-      if slot != RAW and plan[k] - slot >= SHRINK_MIN * raw_row:
+      # The window's target: its largest size plus the site's headroom (its own: 2%,
+      # or grown by overflows) or, if larger, the spread of its sizes in the window
+      # (a site whose sizes moved 5% in 25 steps overflows a slot 2% above their
+      # maximum soon).
+      spread = state.window[k] / max(state.window_min[k], 1) - 1
+      headroom = min(MAX_HEADROOM, max(state.headroom[k], spread))
+      slot = _slot_for(state.window[k], rungs, headroom)
+      if slot == RAW:
+        continue
+      if slot > plan[k] and state.window[k] * _ALIGN * (1 + headroom / 2) > plan[k]:
+        # less than half the headroom left: grow now, before a step overflows (an
+        # overflow costs a re-run, a grow only the new plan's compile)
+        new[k] = slot
+        state.grows[k] += 1
+        state.headroom[k] = headroom
+      elif used[k] <= state.window_first[k] and plan[k] - slot >= SHRINK_MIN * raw_row:
+        # a site whose sizes rose over the window (gradients grow less compressible
+        # for hundreds of steps) keeps its slot: shrunk, it overflowed again
         new[k] = slot
         state.shrinks[k] += 1
+        state.headroom[k] = headroom
     state.plan = tuple(new)
-    state.window, state.window_steps = None, 0
+    state.window, state.window_min, state.window_first, state.window_steps = None, None, None, 0
+    if RAW in state.plan:
+      state.windows_since_probe += 1
+      state.remeasure = state.windows_since_probe >= state.probe_every
 
   def _run(self, state: _State, plan, args, kwargs):
     """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
@@ -377,7 +434,8 @@ class Planned:
       out.append(SiteStats(k, sig, None if slot == RAW else slot,
                            None if used < 0 else used * _ALIGN, raw_row,
                            state.replans[k] if state.replans else 0,
-                           state.shrinks[k] if state.shrinks else 0))
+                           state.shrinks[k] if state.shrinks else 0,
+                           state.grows[k] if state.grows else 0))
     return out
 
   def save_plans(self, path: str) -> None:
