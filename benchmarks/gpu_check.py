@@ -53,7 +53,6 @@ import itertools
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess

@@ -370,7 +370,6 @@ def _worker(cfg, pid, rundir, out):
   n_proc = cfg["procs"]
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{cfg['port']}",
                              num_processes=n_proc, process_id=pid, initialization_timeout=120)
-  import jax.numpy as jnp
   import numpy as np
   from jax import lax
   from jax.sharding import NamedSharding, PartitionSpec as P

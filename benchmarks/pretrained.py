@@ -238,7 +238,7 @@ def main(argv=None) -> int:
   if not ms:
     print("no model package installed (see the module docstring)", file=sys.stderr)
     return 2
-  rows, worst = [], {}
+  rows = []
   for fam, (desc, ts) in ms.items():
     big = {k: v for k, v in ts.items() if v.size >= MIN_ELEMENTS}
     small = sum(v.size for k, v in ts.items() if v.size < MIN_ELEMENTS)

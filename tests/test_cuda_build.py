@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import pytest
 
 from tests.ptxas import parse_ptxas

@@ -814,7 +814,6 @@ def test_zero_heavy_rows_take_the_rungs_below_the_floor(mesh8):
 
 def test_codec_ladder_is_what_the_transport_compiles():
   import zipccl_jax as zc
-  from zipccl_jax._src import transport
   for a2a in (False, True):
     lad = zc.codec_ladder("entropy", BF16, 8192, all_to_all=a2a)
     n_low = ladder_lib.ALL_TO_ALL_LOW_RUNGS if a2a else ladder_lib.LOW_RUNGS

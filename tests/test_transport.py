@@ -8,7 +8,6 @@ rank-ordered float32 sum (reductions).
 from __future__ import annotations
 
 import re
-import warnings
 
 import jax
 import jax.numpy as jnp

@@ -213,7 +213,8 @@ def test_collectives_equal_raw_and_lax(devices, codec):
       a2a = zc.compressed_all_to_all(v, "x", 0, 0, tiled=True, codec=c, **ALWAYS)
       ps = zc.compressed_psum(v, "x", codec=c, **ALWAYS)
       out.append((rs, a2a, ps))
-      st = s if c == codec else st
+      if c == codec:
+        st = s
     return out, (lax.all_to_all(u16(v), "x", 0, 0, tiled=True), st)
 
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"),

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
@@ -95,7 +94,6 @@ def test_chunk_bounds_cover_the_row(m, c):
 
 
 def zc_chunk_bounds(m, c):
-  from zipccl_jax._src import transport   # pylint: disable=g-import-not-at-top
   return ladder_lib.chunk_bounds(m, c)
 
 
@@ -251,7 +249,6 @@ def test_chunks_is_validated(mesh8, bad, err):
 
 
 def test_chunks_environment_default(mesh8, monkeypatch):
-  from zipccl_jax._src import transport   # pylint: disable=g-import-not-at-top
   x = jax.ShapeDtypeStruct((N, 3 * 4096), BF16)
 
   def n_switches():

@@ -444,7 +444,7 @@ def test_escape_values_naming_no_exponent_are_rejected():
   f16 = np.dtype(np.float16)
   x = _spread_f16()
   enc = zc.encode(jnp.asarray(x))
-  p, used, n = np.asarray(enc.payload).copy(), int(enc.used_nbytes), x.size
+  p, n = np.asarray(enc.payload).copy(), x.size
   esc_off = W.min_nbytes(f16, n)
   rec = p[128:136]
   count, width = int(rec[4:6].view("<u2")[0]) & 0xFFF, int(rec[5]) >> 4
