@@ -5,7 +5,7 @@
 // stream; row_split / row_join: one small copy kernel per peer row, which reads
 // `me` on the device (no host synchronisation); used_max / agree: one-thread
 // kernels; bitcast_copy: one device-to-device copy; row_unpack: one strided copy per
-// leaf; row_sum: one kernel, a thread per output column summing its N rows in order.
+// leaf; row_sum: cuda/transport_sum.cuh.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -15,6 +15,7 @@
 
 #include "transport.h"
 #include "transport_cuda.h"
+#include "transport_sum.cuh"
 
 namespace ffi = xla::ffi;
 
@@ -184,53 +185,14 @@ ffi::Error RowUnpackCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Remaini
   return ffi::Error::Success();
 }
 
-// y[b, j] for every (b, j): rows 0..N-1 of column j in order (ffi/transport.h).
-template <typename Word, uint32_t (*Widen)(Word)>
-__global__ void row_sum_kernel(const Word* x, float* y, uint64_t batch, uint64_t n, uint64_t m) {
-  namespace zt = zipccl::transport;
-  for (uint64_t c = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; c < batch * m;
-       c += (uint64_t)gridDim.x * blockDim.x) {
-    const Word* col = x + c / m * n * m + c % m;
-    uint32_t acc = n == 1 ? Widen(col[0]) : zt::flush_subnormal(Widen(col[0]));   // one row: no add
-    for (uint64_t i = 1; i < n; ++i) {
-      const uint32_t v = zt::flush_subnormal(Widen(col[i * m]));
-      acc = zt::ordered_add(acc, v, __float_as_uint(__fadd_rn(__uint_as_float(acc), __uint_as_float(v))));
-    }
-    y[c] = __uint_as_float(acc);
-  }
-}
-
-__host__ __device__ inline uint32_t widen_f32(uint32_t w) { return w; }
-
-ffi::Error RowSumCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::F32>> y) {
-  namespace zt = zipccl::transport;
-  uint64_t batch = 0, n = 0, m = 0;
-  if (ffi::Error e = zt::row_sum_shapes(x.element_type(), x.dimensions(), y->dimensions(), &batch, &n, &m);
-      e.failure())
-    return e;
-  if (batch * m == 0) return ffi::Error::Success();
-  const unsigned threads = 256;
-  const unsigned blocks = (unsigned)std::min<uint64_t>((batch * m + threads - 1) / threads, 65535);
-  float* out = y->typed_data();
-  const ffi::DataType t = x.element_type();
-  if (t == ffi::DataType::F32)
-    row_sum_kernel<uint32_t, widen_f32>
-        <<<blocks, threads, 0, stream>>>(static_cast<const uint32_t*>(x.untyped_data()), out, batch, n, m);
-  else if (t == ffi::DataType::BF16)
-    row_sum_kernel<uint16_t, zt::widen_bf16>
-        <<<blocks, threads, 0, stream>>>(static_cast<const uint16_t*>(x.untyped_data()), out, batch, n, m);
-  else
-    row_sum_kernel<uint16_t, zt::widen_f16>
-        <<<blocks, threads, 0, stream>>>(static_cast<const uint16_t*>(x.untyped_data()), out, batch, n, m);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    return ffi::Error::Internal(std::string(zt::kRowSumTarget) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+// The handler's binding takes no launch limit: the default grid cap.
+ffi::Error RowSumCudaBound(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::F32>> y) {
+  return zipccl::transport_sum::RowSumCudaImpl(stream, x, y);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowSumCuda, RowSumCudaImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowSumCuda, RowSumCudaBound,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
                                   .Arg<ffi::AnyBuffer>()                     // x [..., N, M]

@@ -1,5 +1,6 @@
 """Building and running the SIMT-emulator drivers of tests/cuda (emulate_window.cc for
-cuda/window.cu, emulate_entropy.cc for cuda/entropy.cu): the one compile command and
+cuda/window.cu, emulate_entropy.cc for cuda/entropy.cu, emulate_transport.cc for
+cuda/transport_sum.cuh): the one compile command and
 the parsing of their summary lines, shared by tests/test_cuda_build.py and
 tests/test_entropy_cuda.py."""
 from __future__ import annotations

@@ -144,6 +144,18 @@ def test_kernels_on_the_simt_emulator_match_cpu_codec(tmp_path):
   assert all(seen[s] > 0 for s in range(10)) and sum(seen.values()) > 5000, seen
 
 
+@needs_gxx
+def test_row_sum_kernel_on_the_simt_emulator_matches_the_contract(tmp_path):
+  """tests/cuda/emulate_transport.cc: cuda/transport_sum.cuh's kernel on the emulator,
+  every word against ffi/transport.h's contract (dtypes, rows, batches, random words,
+  a grid smaller than the columns)."""
+  exe = tmp_path / "emulate_transport"
+  emulator.build("emulate_transport.cc", "transport_cpu.cc", ROOT / "cuda", exe)
+  res, out = emulator.run(exe)
+  assert res.returncode == 0 and " 0 failures" in res.stdout, out[-6000:]
+  assert (emulator.cases(res.stdout) or 0) >= 400, out[-2000:]
+
+
 # Each mutation breaks the kernels' synchronisation in a way a GPU may or may not
 # show on a given run; the emulator must catch every one. A mutation replaces the
 # statement after a named marker `/*ZC_MUTATE:<name>*/` in cuda/window.cu (comments

@@ -547,6 +547,17 @@ void launch_async(unsigned grid, unsigned block, Stream, std::function<void()> b
 #define __ballot_sync(mask, p) ::simt::ballot(__LINE__, mask, p)
 #define __any_sync(mask, p) ::simt::any(__LINE__, mask, p)
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }   // the host's default rounding: to nearest even
 inline void __nanosleep(unsigned) { ::simt::sleep_now(); }
 template <typename V>
 V __ldg(const V* p) {
