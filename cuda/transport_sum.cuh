@@ -34,8 +34,6 @@ __global__ void row_sum_kernel(const Word* x, float* y, uint64_t batch, uint64_t
   }
 }
 
-__host__ __device__ inline uint32_t widen_f32(uint32_t w) { return w; }
-
 // Blocks of 256 threads, at most max_blocks (a grid-stride loop covers the rest).
 inline xla::ffi::Error RowSumCudaImpl(cudaStream_t stream, xla::ffi::AnyBuffer x,
                                       xla::ffi::Result<xla::ffi::Buffer<xla::ffi::F32>> y,
@@ -53,7 +51,7 @@ inline xla::ffi::Error RowSumCudaImpl(cudaStream_t stream, xla::ffi::AnyBuffer x
   const ffi::DataType t = x.element_type();
   if (t == ffi::DataType::F32) {
     const uint32_t* in = static_cast<const uint32_t*>(x.untyped_data());
-    ZC_LAUNCH((row_sum_kernel<uint32_t, widen_f32>), blocks, threads, stream, in, out, batch, n, m);
+    ZC_LAUNCH((row_sum_kernel<uint32_t, zt::widen_f32>), blocks, threads, stream, in, out, batch, n, m);
   } else if (t == ffi::DataType::BF16) {
     const uint16_t* in = static_cast<const uint16_t*>(x.untyped_data());
     ZC_LAUNCH((row_sum_kernel<uint16_t, zt::widen_bf16>), blocks, threads, stream, in, out, batch, n, m);

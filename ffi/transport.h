@@ -349,6 +349,7 @@ ZIPCCL_HD inline uint32_t ordered_add(uint32_t acc, uint32_t v, uint32_t sum) {
   const uint32_t nan = (acc_nan ? acc : v) | 0x00400000u;
   return (acc_nan | v_nan) ? nan : r;
 }
+ZIPCCL_HD inline uint32_t widen_f32(uint32_t w) { return w; }
 ZIPCCL_HD inline uint32_t widen_bf16(uint16_t h) { return (uint32_t)h << 16; }
 ZIPCCL_HD inline uint32_t widen_f16(uint16_t h) {
   // selects, no branches (vectorizes); a subnormal is mant x 2^-24, exact in float32

@@ -145,10 +145,6 @@ ffi::Error RowUnpackCpuImpl(ffi::AnyBuffer x, ffi::RemainingRets pieces) {
   return ffi::Error::Success();
 }
 
-// The ordered sum of rows (zipccl_row_sum, contract in ffi/transport.h): y[j]
-// accumulates rows 0..N-1 in order, column block by column block so that a
-// block's partial sums stay in cache; threads take disjoint column ranges (each
-// column's order is the same whatever the split).
 inline float as_float(uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
@@ -160,14 +156,14 @@ inline uint32_t as_bits(float f) {
   return b;
 }
 
-// Rows 0..n-1 of columns [lo, hi) of x (row stride m) into y[lo, hi). Per tile of
-// 128 columns the partial sums stay in registers / L1 (two buffers; larger tiles
-// ran 2.7x slower on [8, 4M] bf16: rows at power-of-two strides evict each other
-// from L1's sets): row i adds `cur` and the row into
-// `nxt` with the hardware add, and only a block where some sum is NaN (rare) is
-// redone with ordered_add's NaN rules, which a compiler's operand order could break.
-inline uint32_t widen_f32(uint32_t w) { return w; }
-
+// The ordered sum of rows (zipccl_row_sum, contract in ffi/transport.h): rows
+// 0..n-1 of columns [lo, hi) of x (row stride m) into y[lo, hi); threads take
+// disjoint column ranges (each column's order is the same whatever the split). Per
+// tile of 128 columns the partial sums stay in registers / L1 (two buffers; larger
+// tiles ran 2.7x slower on [8, 4M] bf16: rows at power-of-two strides evict each
+// other from L1's sets): row i adds `cur` and the row into `nxt` with the hardware
+// add, and only a tile where some sum is NaN (rare) is redone with ordered_add's NaN
+// rules, which a compiler's operand order could break.
 template <typename Word, uint32_t (*Widen)(Word)>
 __attribute__((always_inline)) inline void row_sum_body(const Word* __restrict x, float* __restrict y, uint64_t n,
                                                         uint64_t m, uint64_t lo, uint64_t hi) {
@@ -199,11 +195,6 @@ __attribute__((always_inline)) inline void row_sum_body(const Word* __restrict x
   }
 }
 
-template <typename Word, uint32_t (*Widen)(Word)>
-void row_sum_columns(const Word* x, float* y, uint64_t n, uint64_t m, uint64_t lo, uint64_t hi) {
-  row_sum_body<Word, Widen>(x, y, n, m, lo, hi);
-}
-
 #if defined(__x86_64__)
 // The same loops compiled for AVX2 (8 lanes; the portable build has SSE2's 4),
 // chosen at run time: ~2x on large sums.
@@ -220,7 +211,7 @@ void row_sum_dispatch(const Word* x, float* y, uint64_t n, uint64_t m, uint64_t 
   static const bool avx2 = __builtin_cpu_supports("avx2");
   if (avx2) return row_sum_columns_avx2<Word, Widen>(x, y, n, m, lo, hi);
 #endif
-  row_sum_columns<Word, Widen>(x, y, n, m, lo, hi);
+  row_sum_body<Word, Widen>(x, y, n, m, lo, hi);
 }
 
 ffi::Error RowSumCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::F32>> y) {
@@ -237,8 +228,8 @@ ffi::Error RowSumCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::F32>> y)
     for (uint64_t b = 0; b < batch; ++b) {
       float* out = y->typed_data() + b * m;
       if (t == ffi::DataType::F32)
-        row_sum_dispatch<uint32_t, widen_f32>(static_cast<const uint32_t*>(x.untyped_data()) + b * n * m, out, n,
-                                             m, lo, hi);
+        row_sum_dispatch<uint32_t, zt::widen_f32>(static_cast<const uint32_t*>(x.untyped_data()) + b * n * m,
+                                                 out, n, m, lo, hi);
       else if (t == ffi::DataType::BF16)
         row_sum_dispatch<uint16_t, zt::widen_bf16>(static_cast<const uint16_t*>(x.untyped_data()) + b * n * m,
                                                   out, n, m, lo, hi);

@@ -127,7 +127,6 @@ int main(int argc, char** argv) {
                 if (stop) break;
               }
             }
-  // an empty batch or row: nothing to launch, success
   printf("%d cases, %d failures\n", cases, failures);
   return failures ? 1 : 0;
 }

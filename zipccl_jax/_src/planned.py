@@ -187,6 +187,10 @@ class _State:
     self.window_steps = 0
     self.programs: dict = {}
 
+  def new_window(self) -> None:
+    """Starts a window of sizes (`Planned._replan_from_window`) after the plan changed."""
+    self.window, self.window_min, self.window_first, self.window_steps = None, None, None, 0
+
 
 class Planned:
   """`zipccl_jax.jit(fun)`: see `jit`."""
@@ -320,7 +324,7 @@ class Planned:
         grown[k] = _slot_for(used[k], state.sites[k][1], state.headroom[k])
         state.replans[k] += 1
     state.plan = tuple(grown)
-    state.window, state.window_min, state.window_first, state.window_steps = None, None, None, 0
+    state.new_window()
     return out
 
   def _probe_raw_sites(self, state: _State, args, kwargs):
@@ -377,7 +381,7 @@ class Planned:
         state.shrinks[k] += 1
         state.headroom[k] = headroom
     state.plan = tuple(new)
-    state.window, state.window_min, state.window_first, state.window_steps = None, None, None, 0
+    state.new_window()
     if RAW in state.plan:
       state.windows_since_probe += 1
       state.remeasure = state.windows_since_probe >= state.probe_every
