@@ -55,10 +55,10 @@ Table* table(int64_t ledger, std::string* err) {
   return &t;
 }
 
-__global__ void record_kernel(int32_t* slot, const int32_t* value, int64_t count) {
-  int32_t worst = value[0];
-  for (int64_t i = 1; i < count; ++i) worst = value[i] > worst ? value[i] : worst;
-  atomicMax_system(slot, worst);
+// One thread: the values are a site's few rows (an encoder's stats, the statuses).
+__global__ void record_kernel(int32_t* slot, const int32_t* value, int64_t count, int64_t column,
+                              int64_t width) {
+  atomicMax_system(slot, worst(value, count, column, width));
 }
 
 }  // namespace
@@ -81,7 +81,7 @@ std::vector<int32_t> take_cuda(int64_t ledger) {
 namespace {
 
 ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::RemainingArgs values,
-                           ffi::Result<ffi::AnyBuffer> out, int64_t ledger, int64_t slot) {
+                           ffi::Result<ffi::AnyBuffer> out, int64_t ledger, int64_t slot, int64_t column) {
   namespace zm = zipccl::mailbox;
   const std::string t = zm::kMailboxTarget;
   if (out->size_bytes() != x.size_bytes())
@@ -93,6 +93,14 @@ ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Remaining
     if (v.has_error() || v->element_count() == 0)
       return ffi::Error::InvalidArgument(t + ": value " + std::to_string(i) + " must be a non-empty s32 array");
   }
+  int64_t width = 1;
+  if (column >= 0) {
+    auto dims = values.get<ffi::Buffer<ffi::S32>>(0)->dimensions();
+    width = dims.size() == 0 ? 1 : dims.back();
+    if (column >= width)
+      return ffi::Error::InvalidArgument(t + ": column " + std::to_string(column) +
+                                         " must be below value 0's last dimension " + std::to_string(width));
+  }
   if (slot < 0 || slot + (int64_t)values.size() > zm::kCudaSlots)
     return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
                                        std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +
@@ -103,7 +111,8 @@ ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Remaining
   cudaError_t e = cudaSuccess;
   for (size_t i = 0; i < values.size() && e == cudaSuccess; ++i) {
     auto v = values.get<ffi::Buffer<ffi::S32>>(i);
-    zm::record_kernel<<<1, 1, 0, stream>>>(tab->device + slot + i, v->typed_data(), (int64_t)v->element_count());
+    zm::record_kernel<<<1, 1, 0, stream>>>(tab->device + slot + i, v->typed_data(), (int64_t)v->element_count(),
+                                           i == 0 ? column : -1, width);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess && out->untyped_data() != x.untyped_data() && x.size_bytes())
@@ -121,5 +130,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCuda, MailboxCudaImpl,
                                   .RemainingArgs()                           // K values s32 [...]
                                   .Ret<ffi::AnyBuffer>()                     // x's bytes
                                   .Attr<int64_t>("ledger")
-                                  .Attr<int64_t>("slot"),
+                                  .Attr<int64_t>("slot")
+                                  .Attr<int64_t>("column"),                  // -1, or value 0's column
                               {ffi::Traits::kCmdBufferCompatible});

@@ -2,12 +2,18 @@
 // and the host table it writes, which the wrapper reads once per step.
 //
 //   zipccl_mailbox: x [...] of any type, K >= 1 values s32 [...], attributes
-//                   ledger s64, slot s64 -> x's bytes (aliased to x: no copy);
-//                   table[ledger][slot + i] = max(table[ledger][slot + i], max(value i))
-//                   for i = 0 .. K - 1
+//                   ledger s64, slot s64, column s64 -> x's bytes (aliased to x: no
+//                   copy); table[ledger][slot + i] = max(table[ledger][slot + i], v_i)
+//                   for i = 0 .. K - 1, where
+//                     v_i = max over all elements of value i, except
+//                     v_0 = max(0, max over r of value0[r, column]) when column >= 0:
+//                           value 0 read as rows of its last axis (W elements,
+//                           0 <= column < W), e.g. an encoder's stats s32[R, 4],
+//                           whose column 2 is a row's used size.
 //
 // A planned call site records, in one call after its decode, the largest used size
-// of its encoded rows (units of 128 bytes, slot 2 site) and the decoder statuses of
+// of its encoded rows (units of 128 bytes, slot 2 site: the encoder's stats with
+// column 2, so that no reduction of its own runs before) and the decoder statuses of
 // its received rows (slot 2 site + 1: > 0 when a row failed to decode); a measuring
 // site records the used size alone, before it moves the raw words. The operation is a max, so a site
 // that runs several times per step (a scan body, remat, a vmap batch) or on several
@@ -40,6 +46,21 @@ constexpr int64_t kMaxSlots = 1 << 20;
 
 // Records value into table[ledger][slot] (max); false when slot is out of range.
 bool record(int64_t ledger, int64_t slot, int32_t value);
+// v_i of the contract above: the max of n words p[0 .. n), or with column >= 0
+// max(0, p[r * width + column]) over the rows r < n / width. Host and device code.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int32_t worst(const int32_t* p, int64_t n, int64_t column, int64_t width) {
+  if (column < 0) {
+    int32_t w = p[0];
+    for (int64_t i = 1; i < n; ++i) w = p[i] > w ? p[i] : w;
+    return w;
+  }
+  int32_t w = 0;
+  for (int64_t i = column; i < n; i += width) w = p[i] > w ? p[i] : w;
+  return w;
+}
 // The ledger's table (-1: never recorded), emptied.
 std::vector<int32_t> take(int64_t ledger);
 

@@ -1,7 +1,6 @@
 // The planned transport's mailbox on the CPU (contract: mailbox.h).
 #include "mailbox.h"
 
-#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -45,7 +44,7 @@ std::vector<int32_t> take(int64_t ledger) {
 namespace {
 
 ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs values, ffi::Result<ffi::AnyBuffer> out,
-                          int64_t ledger, int64_t slot) {
+                          int64_t ledger, int64_t slot, int64_t column) {
   const std::string t = zipccl::mailbox::kMailboxTarget;
   if (out->size_bytes() != x.size_bytes())
     return ffi::Error::InvalidArgument(t + ": out must have x's size " + std::to_string(x.size_bytes()) +
@@ -57,14 +56,24 @@ ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs values, ffi::Resu
     if (v.has_error() || v->element_count() == 0)
       return ffi::Error::InvalidArgument(t + ": value " + std::to_string(i) + " must be a non-empty s32 array");
   }
+  int64_t width = 1;
+  if (column >= 0) {
+    auto v = values.get<ffi::Buffer<ffi::S32>>(0);
+    auto dims = v->dimensions();
+    width = dims.size() == 0 ? 1 : dims.back();
+    if (column >= width)
+      return ffi::Error::InvalidArgument(t + ": column " + std::to_string(column) +
+                                         " must be below value 0's last dimension " + std::to_string(width));
+  }
   if (slot < 0 || slot + (int64_t)values.size() > zipccl::mailbox::kMaxSlots)
     return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
                                        std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +
                                        std::to_string(zipccl::mailbox::kMaxSlots) + ")");
   for (size_t i = 0; i < values.size(); ++i) {
     auto v = values.get<ffi::Buffer<ffi::S32>>(i);
-    const int32_t* p = v->typed_data();
-    zipccl::mailbox::record(ledger, slot + (int64_t)i, *std::max_element(p, p + v->element_count()));
+    const int64_t col = i == 0 ? column : -1;
+    zipccl::mailbox::record(ledger, slot + (int64_t)i,
+                            zipccl::mailbox::worst(v->typed_data(), (int64_t)v->element_count(), col, width));
   }
   if (out->untyped_data() != x.untyped_data() && x.size_bytes())
     std::memcpy(out->untyped_data(), x.untyped_data(), x.size_bytes());
@@ -79,4 +88,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCpu, MailboxCpuImpl,
                                   .RemainingArgs()               // K values s32 [...]
                                   .Ret<ffi::AnyBuffer>()         // x's bytes
                                   .Attr<int64_t>("ledger")
-                                  .Attr<int64_t>("slot"));
+                                  .Attr<int64_t>("slot")
+                                  .Attr<int64_t>("column"));     // -1, or value 0's column

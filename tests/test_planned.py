@@ -249,10 +249,18 @@ def test_mailbox_records_several_values_and_refuses_bad_operands():
   np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
   assert list(zffi.mailbox_take(ledger)) == [-1, -1, -1, -1, 9, 0]
   assert list(zffi.mailbox_take(ledger)) == []   # taken: emptied
+  # column 2 of an encoder's stats rows s32[R, 4] (floored at 0), value 1 whole;
+  # batched under vmap (a leading axis), the worst of every batch member
+  stats = jnp.array([[7, 70, -5, 1], [8, 80, -3, 2]], jnp.int32)
+  jax.jit(lambda v, a, b: planned.record(v, [a, b], ledger, 0, column=2))(x, stats, jnp.array([4], jnp.int32))
+  assert list(zffi.mailbox_take(ledger)) == [0, 4]
+  batched = jnp.stack([stats, stats.at[1, 2].set(33)])
+  jax.jit(jax.vmap(lambda v, a: planned.record(v, [a], ledger, 1, column=2)))(jnp.stack([x, x]), batched)
+  assert list(zffi.mailbox_take(ledger)) == [-1, 33]
 
-  def call(*values, slot=0):
+  def call(*values, slot=0, column=-1):
     return jax.jit(lambda v: jax.ffi.ffi_call("zipccl_mailbox", jax.ShapeDtypeStruct(v.shape, v.dtype))(
-        v, *values, ledger=np.int64(ledger), slot=np.int64(slot)))(x)
+        v, *values, ledger=np.int64(ledger), slot=np.int64(slot), column=np.int64(column)))(x)
 
   with pytest.raises(Exception, match="zipccl_mailbox: expected at least one value"):
     call()
@@ -262,6 +270,8 @@ def test_mailbox_records_several_values_and_refuses_bad_operands():
     call(jnp.ones(0, jnp.int32))
   with pytest.raises(Exception, match=r"zipccl_mailbox: slots \[-1, 0\) must lie in"):
     call(jnp.ones(2, jnp.int32), slot=-1)
+  with pytest.raises(Exception, match="zipccl_mailbox: column 4 must be below value 0's last dimension 4"):
+    call(stats, column=4)
   assert list(zffi.mailbox_take(ledger)) == []
 
 
@@ -329,3 +339,32 @@ def test_sites_planned_raw_are_measured_again(mesh8, monkeypatch):
   assert slot is not None and slot < f.site_stats()[0].raw_bytes
   _assert_all_equal(f(data), raw(data), "on the new plan")
   assert f.site_stats()[0].replans == 0
+
+
+def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
+  """A re-plan compiles a new program anyway: the sites that still fit but are left
+  with less than their headroom grow in it too (early in training many sites drift
+  upwards together), so they cost no compile, or re-run, of their own later."""
+  from zipccl_jax._src import planned
+  rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
+  sizes = iter([[100, 100, 100],   # measure
+                [110, 101, 99],    # site 0 overflows, site 1 still fits but is short
+                [110, 101, 99]])   # the measuring re-run's true sizes
+  f = zc.jit(lambda v: v)
+
+  def run(state, plan, args, kwargs):
+    state.sites = [((f"site{k}",), rungs, raw_row) for k in range(3)]
+    return args[0], next(sizes), [0, 0, 0]
+
+  monkeypatch.setattr(f, "_run", run)
+  x = jnp.zeros(3)
+  want = lambda units, h: planned._slot_for(units, rungs, h)   # pylint: disable=protected-access
+  f(x)
+  first = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+  assert first == (want(100, planned.HEADROOM),) * 3
+  f(x)
+  plan = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+  assert plan[0] > first[0]                                   # re-planned
+  assert plan[1] == want(101, planned.HEADROOM) > first[1]    # grown alongside
+  assert plan[2] == first[2]                                  # room left: kept
+  assert [(s.replans, s.grows) for s in f.site_stats()] == [(1, 0), (0, 1), (0, 0)]

@@ -95,15 +95,18 @@ def _tracing(trace: _Trace):
     _local.trace = prev
 
 
-def record(x, values, ledger: int, slot: int):
+def record(x, values, ledger: int, slot: int, column: int = -1):
   """x passed through (aliased, no copy) after max(values[i]) (int32) is recorded into
   the mailbox table[ledger][slot + i] for each i (ffi/mailbox.h): x's consumers wait
-  for the record."""
+  for the record. column >= 0: values[0] is read as rows of its last axis and
+  max(0, its column `column`) is recorded (an encoder's stats s32[R, 4], column 2:
+  the largest used size, with no reduction op of its own)."""
   _ffi.register()
   out = base.result_type(x.shape, x.dtype, x)
   return jax.ffi.ffi_call("zipccl_mailbox", out, input_output_aliases={0: 0},
                           vmap_method="expand_dims")(
-      x, *[v.astype(jnp.int32) for v in values], ledger=np.int64(ledger), slot=np.int64(slot))
+      x, *[v.astype(jnp.int32) for v in values], ledger=np.int64(ledger), slot=np.int64(slot),
+      column=np.int64(column))
 
 
 def site(trace: _Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
@@ -323,9 +326,24 @@ class Planned:
         state.headroom[k] = min(MAX_HEADROOM, max(2 * state.headroom[k], excess))
         grown[k] = _slot_for(used[k], state.sites[k][1], state.headroom[k])
         state.replans[k] += 1
-    state.plan = tuple(grown)
+    state.plan = self._grow_short(state, used, grown)
     state.new_window()
     return out
+
+  @staticmethod
+  def _grow_short(state: _State, used: list, new: list) -> tuple:
+    """`new` (a plan that changes, so a compile is due anyway), with every other
+    planned site whose headroom above the sizes just measured is short of its own
+    grown to it: the compile it would cost later, and the re-run if it overflowed,
+    are saved (early in training many sites drift upwards together)."""
+    for k, (_, rungs, _) in enumerate(state.sites):
+      if new[k] == RAW or new[k] != state.plan[k] or used[k] < 0:
+        continue
+      slot = _slot_for(used[k], rungs, state.headroom[k])
+      if slot != RAW and slot > new[k]:
+        new[k] = slot
+        state.grows[k] += 1
+    return tuple(new)
 
   def _probe_raw_sites(self, state: _State, args, kwargs):
     """One step as the measuring program (raw words: exact outputs), whose sizes give
@@ -337,8 +355,12 @@ class Planned:
     for k, (_, rungs, _) in enumerate(state.sites):
       if new[k] == RAW and used[k] >= 0:
         new[k] = _slot_for(used[k], rungs, state.headroom[k])
-    state.probe_every = 1 if tuple(new) != state.plan else 2 * state.probe_every
-    state.plan = tuple(new)
+    if tuple(new) != state.plan:
+      state.probe_every = 1
+      state.plan = self._grow_short(state, used, new)
+      state.new_window()
+    else:
+      state.probe_every *= 2
     return out
 
   def _replan_from_window(self, state: _State, used: list) -> None:

@@ -429,12 +429,12 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
       payload, st = plan.codec.encode_rows(rows, skip=own[0])
     else:
       payload, st = plan.codec.encode_rows(rows)
-    used = used_max(st)
-    if sends is not None:
-      used = jnp.where(sends, used, 0)
+    # the used size: the stats' column 2 read by the mailbox itself (no reduction
+    # op), or, for a device that may not send (a partial ppermute), masked
+    used, column = (st, 2) if sends is None else (jnp.where(sends, used_max(st), 0), -1)
     if slot is None:
       # measuring: the raw words move once the used size is recorded
-      rows = planned.record(rows, [used], trace.ledger, 2 * k)
+      rows = planned.record(rows, [used], trace.ledger, 2 * k, column)
       y, status = _move_raw(rows, plan.dtype, move, move_raw)
       rung = len(rungs)
     else:
@@ -444,7 +444,7 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
   if slot not in (None, planned.RAW):
     # one record per site: the used size and the decoder statuses (positive on
     # failure: max > 0 marks a failed row)
-    y = planned.record(y, [used, status], trace.ledger, 2 * k)
+    y = planned.record(y, [used, status], trace.ledger, 2 * k, column)
   # stats: the rung is static; used size and count live in the wrapper (site_stats)
   return y, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0)
 
