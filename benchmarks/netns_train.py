@@ -210,7 +210,7 @@ def report(rows, args, stem: str) -> str:
            "weight gathers only, its gradient reduce-scatters run inside the gathers' VJP "
            "and have no stats); 'fallbacks' = steps where such a call fell back. Bit-identical = zipccl and raw losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
-  order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "planned-auto", "raw", "lax")
+  order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "planned-auto", "planned-raw", "raw", "lax")
   labels = [c for c in order if any(c in r["variants"] for r in rows)]
   others = [c for c in labels if c != "raw"]
   for nproc in args.procs:

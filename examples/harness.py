@@ -43,7 +43,9 @@ VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "r
             "lax": (None, "always"), "auto": ("auto", "auto"),
             # the same collectives under zipccl_jax.jit: slots planned ahead (`jit_for`)
             "planned": ("zipccl", "always"), "planned-entropy": ("entropy", "always"),
-            "planned-auto": ("auto", "auto")}
+            "planned-auto": ("auto", "auto"),
+            # raw words under zipccl_jax.jit: the wrapper's own cost (validation, exchange)
+            "planned-raw": ("raw", "always")}
 
 
 def jit_for(label: str, step, donate=0):

@@ -270,10 +270,14 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
   jax.distributed coordinator's key-value store (host to host: no device
   collective, so it can run while a function is being traced). None outside a
   multi-process job. A process that does not publish within timeout_s raises.
+  Cost: one set and one blocking get per other process (coordinator round trips).
 
-  forget: a key this process published in its previous exchange, deleted once this
-  one completes (every process published `key`, so every process has read all of
-  `forget`): a job exchanging every step keeps O(1) entries in the store.
+  forget: a directory of earlier exchanges' keys ("a/b" for keys "a/b/..."), deleted
+  by process 0 once this exchange completes. Safe when every key under it belongs
+  to an exchange before this one: every process has published `key`, so every
+  process has finished reading those. A job exchanging every step passes one such
+  directory now and then (`Planned._exchange_blobs`), keeping the store O(1)
+  without a delete round trip per step.
 
   The client is JAX's (jax._src.distributed, no public spelling).
   """
@@ -292,6 +296,6 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
     except Exception as e:  # a timeout or a coordinator error, with the process named
       raise RuntimeError(f"zipccl_jax: process {i} did not publish {key!r} within {timeout_s:.0f} s "
                          f"(it has not reached the same point of the program: {e})") from None
-  if forget is not None:
-    client.key_value_delete(f"zipccl_jax/{forget}/{me}")
+  if forget is not None and me == 0:
+    client.key_value_delete(f"zipccl_jax/{forget}")   # a directory: every key under it
   return out

@@ -64,6 +64,7 @@ SHRINK_WINDOW = 25
 SHRINK_MIN = 0.01
 RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
+EXCHANGE_EPOCH = 64      # exchanges per directory of the coordinator's store (`_exchange_blobs`)
 PLANS_VERSION = 1
 
 _ALIGN = ladder_lib.ALIGN
@@ -424,9 +425,12 @@ class Planned:
     """Every process's `mine` (exchange number self._steps, per wrapper); the
     previous exchange's entry is deleted from the coordinator's store."""
     self._steps += 1
-    name = lambda s: f"plan{self._ledger}/{s}"
-    return compat.exchange_across_processes(name(self._steps), mine.tobytes(), EXCHANGE_TIMEOUT_S,
-                                            forget=name(self._steps - 1) if self._steps > 1 else None)
+    s, epoch = self._steps, self._steps // EXCHANGE_EPOCH
+    # keys plan<ledger>/<epoch>/<exchange>/<process>: the epoch before this one is
+    # dropped as a whole at an epoch's first exchange (no delete round trip per step)
+    forget = f"plan{self._ledger}/{epoch - 1}" if epoch and s % EXCHANGE_EPOCH == 0 else None
+    return compat.exchange_across_processes(f"plan{self._ledger}/{epoch}/{s}", mine.tobytes(),
+                                            EXCHANGE_TIMEOUT_S, forget=forget)
 
   def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process, maxed elementwise; raises on every process
