@@ -278,8 +278,10 @@ def test_mailbox_records_several_values_and_refuses_bad_operands():
 def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
   """The planning policy on scripted sizes (units of 128 B; one site, 128-byte rungs):
   an overflow re-plans with a headroom of at least the excess seen (and twice the
-  last); after a window, a rising site keeps its slot, a falling one shrinks with the
-  window's spread as headroom, and one close to its slot grows before it overflows."""
+  last); after a window, a rising site keeps its slot while it has room, a falling
+  one shrinks with the window's spread as headroom, one close to its slot grows
+  before it overflows (with twice the window's rise as headroom), and a site that
+  settles sheds that headroom by half per window."""
   from zipccl_jax._src import planned
   monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
   rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
@@ -287,7 +289,9 @@ def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
                 110, 110,       # overflow, and the measuring re-run's true size
                 90, 95, 100,    # a rising window: kept
                 100, 95, 90,    # a falling one: shrinks
-                100, 104, 108])  # close to the slot: grows
+                100, 104, 108,  # close to the slot: grows
+                108, 108, 108,  # settled: the headroom halves, the slot shrinks
+                108, 108, 108])  # and again
   f = zc.jit(lambda v: v)
 
   def run(state, plan, args, kwargs):
@@ -307,15 +311,20 @@ def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
   grown = slot()
   for _ in range(3):
     f(x)
-  assert slot() == grown                                        # rising: kept
+  assert slot() == grown                                        # rising, with room: kept
   for _ in range(3):
     f(x)
-  spread = 100 / 90 - 1                                         # 11% > the site's 7.8%
+  spread = 100 / 90 - 1          # 11% > half of the last window's 2 x 11% rise
   assert slot() == want(100, spread) < grown, slot()
   for _ in range(3):
     f(x)
-  assert slot() == want(108, spread) > want(100, spread)        # 108 x 1.056 > the slot
-  assert [(s.replans, s.shrinks, s.grows) for s in f.site_stats()] == [(1, 1, 1)]
+  rise = 108 / 100 - 1
+  assert slot() == want(108, 2 * rise) > want(100, spread)      # 108 x 1.056 > the slot
+  for h in (rise, rise / 2):                                    # 2 x rise, halved, twice
+    for _ in range(3):
+      f(x)
+    assert slot() == want(108, h), (slot(), h)
+  assert [(s.replans, s.shrinks, s.grows) for s in f.site_stats()] == [(1, 3, 1)]
 
 
 def test_sites_planned_raw_are_measured_again(mesh8, monkeypatch):

@@ -52,14 +52,16 @@ from zipccl_jax._src.codecs import base
 # (median) to ~2% (p99) from step to step on training tensors, so 2% above the used
 # size needs re-plans rarely. A site that overflows proved more volatile (early
 # training: MoE activations grew 16%, then 9% and 6% in 25 steps): its headroom
-# doubles, and is at least the excess just seen, up to MAX_HEADROOM, and stays.
+# doubles, and is at least the excess just seen, up to MAX_HEADROOM; it halves with
+# each window the site then fits (`_replan_from_window`).
 HEADROOM = 0.02
 MAX_HEADROOM = 0.25
 # Sizes drift during training (gradients early on grow less compressible, later
 # more), so after SHRINK_WINDOW steps without an overflow each site's slot follows
 # the window's sizes (`_replan_from_window`): it grows before it overflows, or
 # shrinks when that saves at least SHRINK_MIN of its raw row (no re-run; a new plan
-# compiles once, and every plan stays cached).
+# compiles once, and every plan stays cached). SHRINK_MIN bounds the compiles a site
+# that settles costs.
 SHRINK_WINDOW = 25
 SHRINK_MIN = 0.01
 RAW = -1                 # a site's plan: move the raw words (no codec)
@@ -382,12 +384,18 @@ class Planned:
     for k, (_, rungs, raw_row) in enumerate(state.sites):
       if plan[k] == RAW or state.window[k] < 0:
         continue
-      # The window's target: its largest size plus the site's headroom (its own: 2%,
-      # or grown by overflows) or, if larger, the spread of its sizes in the window
-      # (a site whose sizes moved 5% in 25 steps overflows a slot 2% above their
-      # maximum soon).
+      # The window's target: its largest size plus a headroom of at least
+      # - the site's own, halved by every window it fitted (an overflow's doubled
+      #   headroom is an estimate of the sizes' volatility that fades when they calm
+      #   down; kept, it cost 8% of the wire for the rest of a run),
+      # - the spread of the window's sizes (a site whose sizes moved 5% in 25 steps
+      #   overflows a slot 2% above their maximum soon),
+      # - twice the window's rise when its sizes rose (gradients grow less
+      #   compressible for hundreds of steps: the slot covers the next window's).
       spread = state.window[k] / max(state.window_min[k], 1) - 1
-      headroom = min(MAX_HEADROOM, max(state.headroom[k], spread))
+      rise = max(0.0, used[k] / max(state.window_first[k], 1) - 1)
+      headroom = min(MAX_HEADROOM, max(HEADROOM, state.headroom[k] / 2, spread, 2 * rise))
+      state.headroom[k] = headroom
       slot = _slot_for(state.window[k], rungs, headroom)
       if slot == RAW:
         continue
@@ -396,13 +404,9 @@ class Planned:
         # overflow costs a re-run, a grow only the new plan's compile)
         new[k] = slot
         state.grows[k] += 1
-        state.headroom[k] = headroom
-      elif used[k] <= state.window_first[k] and plan[k] - slot >= SHRINK_MIN * raw_row:
-        # a site whose sizes rose over the window (gradients grow less compressible
-        # for hundreds of steps) keeps its slot: shrunk, it overflowed again
+      elif plan[k] - slot >= SHRINK_MIN * raw_row:
         new[k] = slot
         state.shrinks[k] += 1
-        state.headroom[k] = headroom
     state.plan = tuple(new)
     state.new_window()
     if RAW in state.plan:
