@@ -154,7 +154,10 @@ def run_one(args, tmp: Path, ex: str, nproc: int, rate: str, codecs, steps, tag=
   cmd += args.extra.get(ex, [])
   print(f"== {ex}, {nproc} processes, {rate}: {' '.join(cmd[1:])}", flush=True)
   t0 = time.monotonic()
-  launcher = [sys.executable, str(LAUNCH), "-n", str(nproc), "--deadline", str(args.deadline),
+  # default: 300 s plus 3 s per step and variant (the DP example's lax variant takes 1.8 s a step)
+  n_variants = len(codecs.split(",")) if codecs else 3
+  deadline = args.deadline or 300 + 3 * (steps or DEFAULT_STEPS[ex]) * n_variants
+  launcher = [sys.executable, str(LAUNCH), "-n", str(nproc), "--deadline", str(deadline),
               "--logdir", str(tmp / f"{ex}_{nproc}{tag}")]
   launcher += (["--netns", rate] if rate != "host" else []) + (["--pin"] if args.pin else [])
   launcher += [] if args.verbose else ["--quiet"]
@@ -409,7 +412,8 @@ def main(argv=None) -> int:
                   help="also run every example on an unshaped link (zipccl, raw; half the "
                        "steps) and measure the codec's speed on one core, and report where "
                        "the step time goes (compute, wire, codec) and the speed-up to expect")
-  ap.add_argument("--deadline", type=float, default=300, help="seconds per launch (default 300)")
+  ap.add_argument("--deadline", type=float, default=None,
+                  help="seconds per launch (default 300 + 3 per step and variant)")
   ap.add_argument("--out", help="directory for the results (default benchmarks/results)")
   ap.add_argument("--name", default="", metavar="SUFFIX",
                   help="appended to the results' file stem train (e.g. _p4), so that "
