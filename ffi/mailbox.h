@@ -33,6 +33,7 @@
 
 #include <stdint.h>
 
+#include <string>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -60,6 +61,17 @@ inline int32_t worst(const int32_t* p, int64_t n, int64_t column, int64_t width)
   int32_t w = 0;
   for (int64_t i = column; i < n; i += width) w = p[i] > w ? p[i] : w;
   return w;
+}
+// The row width of value 0 (its last dimension; 1 when column < 0) into *width, or
+// the error naming `column` when it is not below that width. Both handlers' check.
+inline xla::ffi::Error column_width(const xla::ffi::RemainingArgs& values, int64_t column, int64_t* width) {
+  *width = 1;
+  if (column < 0) return xla::ffi::Error::Success();
+  auto dims = values.get<xla::ffi::Buffer<xla::ffi::S32>>(0)->dimensions();
+  *width = dims.size() == 0 ? 1 : dims.back();
+  if (column < *width) return xla::ffi::Error::Success();
+  return xla::ffi::Error::InvalidArgument(std::string(kMailboxTarget) + ": column " + std::to_string(column) +
+                                          " must be below value 0's last dimension " + std::to_string(*width));
 }
 // The ledger's table (-1: never recorded), emptied.
 std::vector<int32_t> take(int64_t ledger);

@@ -57,14 +57,7 @@ ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs values, ffi::Resu
       return ffi::Error::InvalidArgument(t + ": value " + std::to_string(i) + " must be a non-empty s32 array");
   }
   int64_t width = 1;
-  if (column >= 0) {
-    auto v = values.get<ffi::Buffer<ffi::S32>>(0);
-    auto dims = v->dimensions();
-    width = dims.size() == 0 ? 1 : dims.back();
-    if (column >= width)
-      return ffi::Error::InvalidArgument(t + ": column " + std::to_string(column) +
-                                         " must be below value 0's last dimension " + std::to_string(width));
-  }
+  if (ffi::Error e = zipccl::mailbox::column_width(values, column, &width); e.failure()) return e;
   if (slot < 0 || slot + (int64_t)values.size() > zipccl::mailbox::kMaxSlots)
     return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
                                        std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +

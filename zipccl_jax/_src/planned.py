@@ -427,7 +427,7 @@ class Planned:
 
   def _exchange_blobs(self, mine: np.ndarray) -> list | None:
     """Every process's `mine` (exchange number self._steps, per wrapper); the
-    previous exchange's entry is deleted from the coordinator's store."""
+    coordinator's store keeps this epoch's and the previous epoch's entries."""
     self._steps += 1
     s, epoch = self._steps, self._steps // EXCHANGE_EPOCH
     # keys plan<ledger>/<epoch>/<exchange>/<process>: the epoch before this one is

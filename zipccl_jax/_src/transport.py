@@ -137,9 +137,12 @@ def copy_as(x, dtype, shape=None):
   return compat.platform_dependent(x, cpu=on_cpu, default=lambda v: _bitcast(v, dtype, shape))
 
 
+USED_COLUMN = 2   # an encoder's stats rows s32[R, 4]: the column of a row's used size
+
+
 @jax.custom_batching.custom_vmap
 def used_max(st):
-  """max(0, st[:, 2]) of an encoder's stats rows s32[R, 4] (used sizes, units of 128 B).
+  """max(0, st[:, USED_COLUMN]) of an encoder's stats rows s32[R, 4] (used sizes, units of 128 B).
 
   A custom call on CPU backends ("zipccl_used_max"): the slice and reduction
   would be a kernel of their own for XLA:CPU to compile. Elsewhere jnp.max.
@@ -152,7 +155,7 @@ def used_max(st):
   def on_cpu(v):   # "sequential": where JAX batches the call itself (see below)
     return base.call_target("zipccl_used_max", (), jnp.int32, v, v, vmap_method="sequential")
 
-  return compat.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, 2], initial=0))
+  return compat.platform_dependent(st, cpu=on_cpu, default=lambda v: jnp.max(v[:, USED_COLUMN], initial=0))
 
 
 @used_max.def_vmap
@@ -429,9 +432,9 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
       payload, st = plan.codec.encode_rows(rows, skip=own[0])
     else:
       payload, st = plan.codec.encode_rows(rows)
-    # the used size: the stats' column 2 read by the mailbox itself (no reduction
-    # op), or, for a device that may not send (a partial ppermute), masked
-    used, column = (st, 2) if sends is None else (jnp.where(sends, used_max(st), 0), -1)
+    # the used size: the stats' USED_COLUMN read by the mailbox itself (no
+    # reduction op), or, for a device that may not send (a partial ppermute), masked
+    used, column = (st, USED_COLUMN) if sends is None else (jnp.where(sends, used_max(st), 0), -1)
     if slot is None:
       # measuring: the raw words move once the used size is recorded
       rows = planned.record(rows, [used], trace.ledger, 2 * k, column)
