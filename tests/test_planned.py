@@ -3,6 +3,7 @@
 Every test compares raw words with codec="raw" (the oracle), and checks what the
 compiled program holds: no conditional, no agreement, one collective per call site.
 """
+import math
 import re
 
 import jax
@@ -275,23 +276,42 @@ def test_mailbox_records_several_values_and_refuses_bad_operands():
   assert list(zffi.mailbox_take(ledger)) == []
 
 
+def test_window_headroom_estimates_noise_and_trend():
+  """`window_target` on sizes of one site over a window: the headroom above the
+  window's maximum is the largest of WINDOW_HEADROOM, half the site's own, the sizes'
+  sd over the maximum and twice the rise of the second half's mean over the first's."""
+  from zipccl_jax._src import planned
+  target = planned.window_target
+  assert target([100] * 25, 0.02) == (100, planned.WINDOW_HEADROOM)   # settled: the floor
+  assert target([100] * 25, 0.10) == (100, 0.05)                       # own headroom halves
+  top, h = target([96, 104] * 12, 0.0)                                 # noise: 1 sd / max
+  assert top == 104 and h == pytest.approx(4 / 104)
+  rise = lambda first, second: 2 * (second / first - 1)   # per window, from its halves' means
+  top, h = target([100 + i // 5 for i in range(25)], 0.0)              # a steady rise: twice it
+  assert top == 104 and h == pytest.approx(2 * rise(1209 / 12, 1341 / 13))
+  # one low first step and one high last step: halves, not ends (2 x 110/90 would be 44%)
+  top, h = target([90] + [100] * 23 + [110], 0.0)
+  assert top == 110 and h == pytest.approx(2 * rise(1190 / 12, 1310 / 13))
+  assert target([100] * 25, 0.9)[1] == planned.MAX_HEADROOM
+
+
 def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
   """The planning policy on scripted sizes (units of 128 B; one site, 128-byte rungs):
   an overflow re-plans with a headroom of at least the excess seen (and twice the
   last); after a window, a rising site keeps its slot while it has room, a falling
-  one shrinks with the window's spread as headroom, one close to its slot grows
-  before it overflows (with twice the window's rise as headroom), and a site that
-  settles sheds that headroom by half per window."""
+  one shrinks, one close to its slot grows before it overflows (with twice the
+  window's rise as headroom), and a site that settles sheds that headroom by half per
+  window down to WINDOW_HEADROOM."""
   from zipccl_jax._src import planned
   monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
   rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
+  windows = [[112, 113, 114],   # rising, with room: kept
+             [100, 95, 90],     # falling: shrinks
+             [100, 102, 104],   # close to the slot: grows
+             [104] * 3, [104] * 3, [104] * 3, [104] * 3]   # settled: halving to the floor
   sizes = iter([100,            # measure
-                110, 110,       # overflow, and the measuring re-run's true size
-                90, 95, 100,    # a rising window: kept
-                100, 95, 90,    # a falling one: shrinks
-                100, 104, 108,  # close to the slot: grows
-                108, 108, 108,  # settled: the headroom halves, the slot shrinks
-                108, 108, 108])  # and again
+                110, 110]       # overflow, and the measuring re-run's true size
+               + sum(windows, []))
   f = zc.jit(lambda v: v)
 
   def run(state, plan, args, kwargs):
@@ -300,31 +320,22 @@ def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
 
   monkeypatch.setattr(f, "_run", run)
   x = jnp.zeros(3)
-  slot = lambda: f._state(f._key((x,), {})).plan[0]   # pylint: disable=protected-access
-  want = lambda units, h: planned._slot_for(units, rungs, h)   # pylint: disable=protected-access
+  slot = lambda: f._state(f._key((x,), {})).plan[0] // 128   # pylint: disable=protected-access
   f(x)
-  first = slot()
-  assert first == want(100, planned.HEADROOM) == 128 * 102
+  assert slot() == 102                                   # 100 x (1 + HEADROOM)
   f(x)
-  headroom = max(2 * planned.HEADROOM, 110 * 128 / first - 1)  # the excess seen: 7.8%
-  assert slot() == want(110, headroom), slot()
-  grown = slot()
-  for _ in range(3):
-    f(x)
-  assert slot() == grown                                        # rising, with room: kept
-  for _ in range(3):
-    f(x)
-  spread = 100 / 90 - 1          # 11% > half of the last window's 2 x 11% rise
-  assert slot() == want(100, spread) < grown, slot()
-  for _ in range(3):
-    f(x)
-  rise = 108 / 100 - 1
-  assert slot() == want(108, 2 * rise) > want(100, spread)      # 108 x 1.056 > the slot
-  for h in (rise, rise / 2):                                    # 2 x rise, halved, twice
-    for _ in range(3):
+  headroom = 110 / 102 - 1                               # the excess seen: 7.8% > 2 x 2%
+  assert slot() == 119 == math.ceil(110 * (1 + headroom))
+  got = []
+  for w in windows:
+    for _ in w:
       f(x)
-    assert slot() == want(108, h), (slot(), h)
-  assert [(s.replans, s.shrinks, s.grows) for s in f.site_stats()] == [(1, 3, 1)]
+    got.append(slot())
+  # kept (114 x (1 + 2 x 2.7% rise) -> 121 > 119, with over half its headroom left);
+  # 100 x (1 + sd 4.1%) -> 105; 104 x (1 + 2 x 6% rise) -> 117; 104 x 1.06, 1.03,
+  # 1.015, then the floor 1.01: unchanged
+  assert got == [119, 105, 117, 111, 108, 106, 106], got
+  assert [(s.replans, s.shrinks, s.grows) for s in f.site_stats()] == [(1, 4, 1)]
 
 
 def test_sites_planned_raw_are_measured_again(mesh8, monkeypatch):

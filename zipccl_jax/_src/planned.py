@@ -64,6 +64,7 @@ MAX_HEADROOM = 0.25
 # that settles costs.
 SHRINK_WINDOW = 25
 SHRINK_MIN = 0.01
+WINDOW_HEADROOM = 0.01   # the least headroom above a window's largest size (`window_target`)
 RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
 EXCHANGE_EPOCH = 64      # exchanges per directory of the coordinator's store (`_exchange_blobs`)
@@ -145,6 +146,35 @@ def _key_text(key) -> str:
   return repr((str(treedef), avals, static))
 
 
+def window_target(sizes: list, headroom: float) -> tuple[int, float]:
+  """(the window's largest size, the headroom of the slot that follows it) for one
+  site's used sizes over a window of fitting steps, given the site's own headroom.
+
+  The headroom above the window's maximum is at least
+  - WINDOW_HEADROOM (the maximum of the window's steps already covers the sizes seen,
+    which the first plan's HEADROOM, from one step, does not);
+  - half the site's own: an overflow's doubled headroom estimates the sizes'
+    volatility and fades by half with each window that fits;
+  - the standard deviation of the window's sizes over its maximum: a next step
+    above max + 1 sd is rare (~0.1% per step for normal sizes, whose maximum over 25
+    steps lies ~2 sd above their mean);
+  - twice the window's trend when it rose: the rise of the second half's mean over
+    the first half's, doubled to a whole window (gradients grow less compressible for
+    hundreds of steps: the slot covers the next window's rise twice). Means of
+    halves, not the window's two ends: a difference of two single steps is mostly
+    their noise (1.4 sd), which made noisy sites keep slots ~4% too large.
+  At most MAX_HEADROOM."""
+  top = max(sizes)
+  mean = sum(sizes) / len(sizes)
+  sd = (sum((u - mean) ** 2 for u in sizes) / len(sizes)) ** 0.5
+  half = len(sizes) // 2
+  trend = 0.0
+  if half:
+    first, second = sum(sizes[:half]) / half, sum(sizes[half:]) / (len(sizes) - half)
+    trend = max(0.0, 2 * (second / max(first, 1) - 1))
+  return top, min(MAX_HEADROOM, max(WINDOW_HEADROOM, headroom / 2, sd / max(top, 1), 2 * trend))
+
+
 @dataclasses.dataclass
 class SiteStats:
   """One call site of a `zipccl_jax.jit` function (`Planned.site_stats`).
@@ -181,21 +211,19 @@ class _State:
     self.shrinks: list | None = None
     self.grows: list | None = None
     self.headroom: list | None = None   # per site: the headroom of its next (re-)plan
-    self.window: list | None = None   # per site: the largest used size since the plan changed
-    self.window_min: list | None = None   # ... the smallest
-    self.window_first: list | None = None   # ... and the first
+    self.window: list | None = None   # per step since the plan changed: the used sizes per site
     # sites planned raw (incompressible when measured) are measured again, by one
     # step of the measuring program, after probe_every windows (doubling while a
     # probe finds none that compresses)
     self.remeasure = False
     self.probe_every = 1
     self.windows_since_probe = 0
-    self.window_steps = 0
     self.programs: dict = {}
+    self.new_window()
 
   def new_window(self) -> None:
     """Starts a window of sizes (`Planned._replan_from_window`) after the plan changed."""
-    self.window, self.window_min, self.window_first, self.window_steps = None, None, None, 0
+    self.window = []
 
 
 class Planned:
@@ -368,38 +396,23 @@ class Planned:
 
   def _replan_from_window(self, state: _State, used: list) -> None:
     """After SHRINK_WINDOW fitting steps under one plan, each site's slot follows the
-    window's sizes: it grows when less than half its headroom is left, and shrinks
-    when the window needs a slot smaller by SHRINK_MIN x raw row."""
+    window's sizes (`window_target`): it grows when less than half its headroom is
+    left, and shrinks when the window needs a slot smaller by SHRINK_MIN x raw row."""
     n = len(state.sites)
-    state.window = used[:n] if state.window is None else [max(a, b) for a, b in
-                                                          zip(state.window, used)]
-    state.window_min = used[:n] if state.window_min is None else [min(a, b) for a, b in
-                                                                  zip(state.window_min, used)]
-    if state.window_first is None:
-      state.window_first = used[:n]
-    state.window_steps += 1
-    if state.window_steps < SHRINK_WINDOW:
+    state.window.append(used[:n])
+    if len(state.window) < SHRINK_WINDOW:
       return
     plan, new = state.plan, list(state.plan)
     for k, (_, rungs, raw_row) in enumerate(state.sites):
-      if plan[k] == RAW or state.window[k] < 0:
+      sizes = [u[k] for u in state.window]
+      if plan[k] == RAW or min(sizes) < 0:
         continue
-      # The window's target: its largest size plus a headroom of at least
-      # - the site's own, halved by every window it fitted (an overflow's doubled
-      #   headroom is an estimate of the sizes' volatility that fades when they calm
-      #   down; kept, it cost 8% of the wire for the rest of a run),
-      # - the spread of the window's sizes (a site whose sizes moved 5% in 25 steps
-      #   overflows a slot 2% above their maximum soon),
-      # - twice the window's rise when its sizes rose (gradients grow less
-      #   compressible for hundreds of steps: the slot covers the next window's).
-      spread = state.window[k] / max(state.window_min[k], 1) - 1
-      rise = max(0.0, used[k] / max(state.window_first[k], 1) - 1)
-      headroom = min(MAX_HEADROOM, max(HEADROOM, state.headroom[k] / 2, spread, 2 * rise))
+      top, headroom = window_target(sizes, state.headroom[k])
       state.headroom[k] = headroom
-      slot = _slot_for(state.window[k], rungs, headroom)
+      slot = _slot_for(top, rungs, headroom)
       if slot == RAW:
         continue
-      if slot > plan[k] and state.window[k] * _ALIGN * (1 + headroom / 2) > plan[k]:
+      if slot > plan[k] and top * _ALIGN * (1 + headroom / 2) > plan[k]:
         # less than half the headroom left: grow now, before a step overflows (an
         # overflow costs a re-run, a grow only the new plan's compile)
         new[k] = slot
