@@ -158,19 +158,21 @@ def test_row_sum_kernel_on_the_simt_emulator_matches_the_contract(tmp_path):
 
 # Each mutation breaks the kernels' synchronisation in a way a GPU may or may not
 # show on a given run; the emulator must catch every one. A mutation replaces the
-# statement after a named marker `/*ZC_MUTATE:<name>*/` in cuda/window.cu (comments
-# around it may change freely).
+# statement after a named marker `/*ZC_MUTATE:<name>*/` in the window codec's kernels
+# (cuda/window_encode.cuh, cuda/window_decode.cuh; comments around it may change freely).
 MUTATIONS = {
-    "decoder reads a stage before the barrier after its copies": ("dec_syncA", "(void)0;"),
-    "encoder waits for one cp.async group too few": ("enc_wait", "cp_wait<S>();"),
-    "encoder reads the escape offset without the barrier that publishes it": ("enc_sync3", "(void)0;"),
+    "decoder reads a stage before the barrier after its copies":
+        ("window_decode.cuh", "dec_syncA", "(void)0;"),
+    "encoder waits for one cp.async group too few": ("window_encode.cuh", "enc_wait", "cp_wait<S>();"),
+    "encoder reads the escape offset without the barrier that publishes it":
+        ("window_encode.cuh", "enc_sync3", "(void)0;"),
 }
 
 
 def mutate(src: str, marker: str, statement: str) -> str:
   """src with the statement after /*ZC_MUTATE:marker*/ (up to its ';') replaced."""
   pattern = re.compile(r"(/\*ZC_MUTATE:" + re.escape(marker) + r"\*/)\s*[^;]*;")
-  assert len(pattern.findall(src)) == 1, f"marker /*ZC_MUTATE:{marker}*/ not found once in cuda/window.cu"
+  assert len(pattern.findall(src)) == 1, f"marker /*ZC_MUTATE:{marker}*/ not found once"
   return pattern.sub(lambda m: m.group(1) + " " + statement, src)
 
 
@@ -188,8 +190,8 @@ def _run_mutated(tmp_path, name: str, edit):
 @needs_gxx
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_simt_emulator_catches_broken_kernels(tmp_path, mutation):
-  marker, statement = MUTATIONS[mutation]
-  res, out = _run_mutated(tmp_path, "window.cu", lambda src: mutate(src, marker, statement))
+  name, marker, statement = MUTATIONS[mutation]
+  res, out = _run_mutated(tmp_path, name, lambda src: mutate(src, marker, statement))
   assert res.returncode != 0, f"the emulator passed kernels with this bug: {mutation}\n{out[-2000:]}"
   assert "FAIL" in out or "SIMT emulation error" in out, out[-2000:]
 
