@@ -65,7 +65,8 @@ sanitize:
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
 	    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 JAX_PLATFORMS=cpu \
-	    $(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_window.py tests/test_entropy.py
+	    $(SAN_PY) -m pytest -q -p no:cacheprovider tests/test_window.py \
+	    tests/test_window_malformed.py tests/test_entropy.py tests/test_entropy_format.py
 
 clean:
 	rm -rf build $(VENV) $(SAN_VENV)

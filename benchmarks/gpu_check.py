@@ -13,7 +13,7 @@ Phases (each GPU phase runs in its own process, so a fault in one cannot hide th
 others' results):
   1. build    pip install --no-build-isolation --no-deps . with ZIPCCL_CUDA=ON and
               ptxas -v, printing registers / spills / stack per kernel
-  2. tests    pytest -x -q tests/test_window.py on the GPU backend (from a copy of
+  2. tests    pytest -x -q tests/test_window*.py on the GPU backend (from a copy of
               tests/, so that the installed package is the one imported)
   3. identity GPU encode vs CPU encode, byte for byte, on many distributions and
               sizes (n = 0, 1, 7, odd, 2047..2049, 1M, 256M+ bf16, overflow, several
@@ -169,7 +169,10 @@ def phase_tests(args) -> dict:
     return {"ok": None, "skipped": True}
   with tempfile.TemporaryDirectory() as d:
     shutil.copytree(ROOT / "tests", Path(d) / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/test_window.py"]
+    # the window codec's tests, its malformed payloads included (test_window_malformed.py)
+    files = ["tests/test_window.py"] + (["tests/test_window_malformed.py"]
+                                        if (ROOT / "tests" / "test_window_malformed.py").exists() else [])
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
     log(f"TESTS: {' '.join(cmd)} (in a copy of tests/, default backend = {backend_name(args)})")
     t = time.time()
     rc, out = run_capture(cmd, args.test_timeout, cwd=d)
@@ -1060,7 +1063,7 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--quick", action="store_true", help="fewer identity cases and timing sizes")
   ap.add_argument("--skip-build", action="store_true", help="use the installed zipccl_jax as is")
-  ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_window.py")
+  ap.add_argument("--skip-tests", action="store_true", help="do not run tests/test_window*.py")
   ap.add_argument("--out", type=Path, help="results directory (default: benchmarks/results/; with --rehearse "
                   "a new temporary directory)")
   ap.add_argument("--archs", default="90", help="ZIPCCL_CUDA_ARCHITECTURES for the build (default 90: H100/H200)")

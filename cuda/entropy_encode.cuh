@@ -13,8 +13,6 @@ namespace {
 // bytes: every pass is a CTA-wide step between barriers (docs/cuda.md, "Entropy codec
 // kernels"), and the decoupled look-back reads 32 predecessors per L2 round trip.
 
-// kernels"), and the look-back reads 32 predecessors per round trip.
-
 struct EncArgs {
   const uint16_t* x;  // [rows, n]
   uint8_t* out;       // [rows, out_row], zeroed
