@@ -12,7 +12,8 @@ CASE: codec (zipccl vs entropy), chunks (1 vs 2), calibration (a calibration in
 force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
 the same program, exact results); with the prefix "planned_" the step runs under
 zipccl_jax.jit for three steps ("planned_same": every process alike, the report
-adds the plan's slots).
+adds the plan's slots). exchange_absent: the last process skips an exchange between
+processes (compat.exchange_across_processes, 3 s timeout) that the others make.
 """
 from __future__ import annotations
 
@@ -51,6 +52,42 @@ def _call(jax, zc, case: str, first: bool):
   return body
 
 
+def _collectives(case: str, pid: int, out: dict) -> None:
+  """The collectives of CASE over every device of every process, into out."""
+  import jax
+  import ml_dtypes
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  import zipccl_jax as zc
+  n = len(jax.devices())
+  mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+  x = np.random.default_rng(5).standard_normal((n * 8, 4096)).astype(ml_dtypes.bfloat16)
+  xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
+  planned = case.startswith("planned_")
+  f = (zc.jit if planned else jax.jit)(jax.shard_map(
+      _call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
+  raw = jax.jit(jax.shard_map(lambda v: [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
+                                         zc.compressed_psum(v, "x", codec="raw")],
+                              mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
+  from zipccl_jax._src import planned as planned_lib
+  # measure, then planned steps: "planned_same" past two epochs of the exchange's keys
+  steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
+  for _ in range(steps):
+    got = jax.block_until_ready(f(xg))
+  want = raw(xg)
+  if planned:
+    out["slots"] = [s.slot_bytes for s in f.site_stats()]
+    # the exchanges' keys left in the coordinator's store (every process published
+    # its last exchange: earlier epochs are deleted, none is read again)
+    from jax._src import distributed
+    out["store_keys"] = len(distributed.global_state.client.key_value_dir_get_bytes(
+        f"zipccl_jax/plan{f._ledger}"))   # pylint: disable=protected-access
+  out["exact"] = all(
+      np.asarray(a.addressable_data(0)).view(np.uint16).tobytes()
+      == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
+
+
 def main(argv) -> int:
   if not launch.launched() or len(argv) != 3:
     print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -60,51 +97,38 @@ def main(argv) -> int:
   start = time.monotonic()
   try:
     launch.init_jax()
-    import jax
-    import ml_dtypes
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    import zipccl_jax as zc
-    n = len(jax.devices())
-    mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
-    x = np.random.default_rng(5).standard_normal((n * 8, 4096)).astype(ml_dtypes.bfloat16)
-    xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
-    planned = argv[2].startswith("planned_")
-    f = (zc.jit if planned else jax.jit)(jax.shard_map(
-        _call(jax, zc, argv[2], pid == 0), mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
-    raw = jax.jit(jax.shard_map(lambda v: [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
-                                           zc.compressed_psum(v, "x", codec="raw")],
-                                mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
-    from zipccl_jax._src import planned as planned_lib
-    # measure, then planned steps: "planned_same" past two epochs of the exchange's keys
-    steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if argv[2] == "planned_same" else 3 if planned else 1
-    for _ in range(steps):
-      got = jax.block_until_ready(f(xg))
-    want = raw(xg)
-    if planned:
-      out["slots"] = [s.slot_bytes for s in f.site_stats()]
-      # the exchanges' keys left in the coordinator's store (every process published
-      # its last exchange: earlier epochs are deleted, none is read again)
-      from jax._src import distributed
-      out["store_keys"] = len(distributed.global_state.client.key_value_dir_get_bytes(
-          f"zipccl_jax/plan{f._ledger}"))   # pylint: disable=protected-access
-    out["exact"] = all(
-        np.asarray(a.addressable_data(0)).view(np.uint16).tobytes()
-        == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
+    if argv[2] == "exchange_absent":
+      _exchange_absent(pid)
+    else:
+      _collectives(argv[2], pid, out)
   except Exception as e:  # the outcome under test: reported, not raised
     out["error"] = f"{type(e).__name__}: {e}"
     if "zipccl_jax" not in str(e):
       out["error"] += "\n" + traceback.format_exc()
+  return _report(argv[1], pid, out, start)
+
+
+def _exchange_absent(pid: int) -> None:
+  import jax
+  from zipccl_jax._src import compat
+  jax.devices()   # every process starts its backend (which waits for all of them)
+  n = int(os.environ[launch.ENV_NUM_PROCESSES])
+  if pid == n - 1:
+    time.sleep(6)   # alive, but not at the exchange
+  else:
+    compat.exchange_across_processes("absent", b"x", 3.0)
+
+
+def _report(folder: str, pid: int, out: dict, start: float) -> int:
   out["seconds"] = time.monotonic() - start
-  Path(argv[1], f"worker{pid}.json").write_text(json.dumps(out))
+  Path(folder, f"worker{pid}.json").write_text(json.dumps(out))
   sys.stdout.flush()
   # Process 0 hosts the coordinator: it leaves once every report is written, so that
   # the others can finish their own (failing) exchange with it.
   n = int(os.environ.get(launch.ENV_NUM_PROCESSES, "1"))
   deadline = time.monotonic() + 30
   while pid == 0 and time.monotonic() < deadline and not all(
-      Path(argv[1], f"worker{i}.json").exists() for i in range(n)):
+      Path(folder, f"worker{i}.json").exists() for i in range(n)):
     time.sleep(0.05)
   os._exit(0)   # no distributed shutdown barrier after a failed collective
 

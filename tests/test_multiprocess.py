@@ -112,6 +112,20 @@ def test_divergent_processes_fail_on_every_process(tmp_path, case, nproc):
     assert r["seconds"] < 30 + 30, (pid, r)   # start-up and compile included
 
 
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_process_absent_from_an_exchange_is_named_on_every_other(tmp_path, nproc):
+  """A process that does not reach an exchange between processes (by blocking reads
+  with 2 processes, by a barrier with 4): the others fail within the exchange's
+  timeout, naming it."""
+  import re
+  results = _diverge(tmp_path, nproc, "exchange_absent")
+  for pid, r in enumerate(results[:-1]):
+    assert r["error"] and re.search(rf"process(es)? \[?{nproc - 1}\]? did not publish 'absent' within 3 s",
+                                    r["error"]), (pid, r)
+    assert r["seconds"] < 30, (pid, r)
+  assert results[-1]["error"] is None
+
+
 def test_stats_on_one_process_only_is_the_same_program(tmp_path):
   """stats=True on process 0 only (the usual "log on rank 0"): the same collectives
   run everywhere, so the job completes with results equal to codec="raw"."""
