@@ -361,6 +361,34 @@ def test_sites_planned_raw_are_measured_again(mesh8, monkeypatch):
   assert f.site_stats()[0].replans == 0
 
 
+def test_a_plan_of_raw_sites_is_not_validated(mesh8, monkeypatch):
+  """Raw sites cannot overflow or fail to decode: once every site is planned raw
+  (codec="raw", or data that did not compress), steps read no mailbox and make no
+  exchange, as jax.jit; the probe of the raw sites after a window still measures."""
+  from zipccl_jax._src import planned
+  monkeypatch.setattr(planned, "SHRINK_WINDOW", 2)
+  body = lambda v: zc.compressed_all_gather(v, "x", tiled=True, policy="always")
+  f = zc.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  raw = jax.jit(jax.shard_map(lambda v: zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
+                              mesh=mesh8, in_specs=P("x"), out_specs=P("x")))
+  runs = []
+  real_run = f._run   # pylint: disable=protected-access
+
+  def counted(state, plan, args, kwargs):
+    runs.append(plan)
+    return real_run(state, plan, args, kwargs)
+
+  monkeypatch.setattr(f, "_run", counted)
+  noise = _random_bits(5)
+  _assert_all_equal(f(noise), raw(noise), "measured incompressible")
+  assert runs == [None] and f.site_stats()[0].slot_bytes is None
+  for i in range(2):   # a window of 2 steps on the raw plan: not validated
+    _assert_all_equal(f(noise), raw(noise), f"raw step {i}")
+  assert runs == [None]
+  _assert_all_equal(f(noise), raw(noise), "the probe")   # measures again
+  assert runs == [None, None] and f.site_stats()[0].slot_bytes is None
+
+
 def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
   """A re-plan compiles a new program anyway: the sites that still fit but are left
   with less than their headroom grow in it too (early in training many sites drift

@@ -26,7 +26,9 @@ saved and loaded (`save_plans` / `load_plans`), so a restart starts planned.
 
 One step is in flight at a time: the wrapper returns a step's outputs once it has
 validated them (a host that runs ahead would have to discard every later step that
-consumed a failed one). Donated arguments are refused: a re-run needs the inputs.
+consumed a failed one). A plan whose sites are all raw has nothing to validate (raw
+words neither overflow nor fail to decode): its steps return as from jax.jit. Donated
+arguments are refused: a re-run needs the inputs.
 """
 from __future__ import annotations
 
@@ -221,6 +223,14 @@ class _State:
     self.programs: dict = {}
     self.new_window()
 
+  def count_sites(self) -> int:
+    """The number of sites, with the per-site counters (re-plans, shrinks, grows,
+    headroom) sized to it (fresh after a trace that found other sites)."""
+    n = len(self.sites)
+    if self.replans is None or len(self.replans) != n:
+      self.replans, self.shrinks, self.grows, self.headroom = [0] * n, [0] * n, [0] * n, [HEADROOM] * n
+    return n
+
   def new_window(self) -> None:
     """Starts a window of sizes (`Planned._replan_from_window`) after the plan changed."""
     self.window = []
@@ -327,10 +337,18 @@ class Planned:
     plan = state.plan
     if plan is not None and state.remeasure:
       return self._probe_raw_sites(state, args, kwargs)
+    if plan is not None and all(p == RAW for p in plan):
+      # Nothing to validate: raw sites move every word and decode nothing, so no row
+      # can outgrow a slot or fail to decode. The step returns unvalidated, as from
+      # jax.jit (no host read, no exchange, not waited for); it counts towards the
+      # next probe of the raw sites (`_replan_from_window`), a step every process
+      # takes at the same count.
+      out = self._checked(state, plan, args, kwargs)(*args, **kwargs)
+      state.count_sites()
+      self._replan_from_window(state, [-1] * len(plan))
+      return out
     out, used, bad = self._run(state, plan, args, kwargs)
-    n = len(state.sites)
-    if state.replans is None or len(state.replans) != n:
-      state.replans, state.shrinks, state.grows, state.headroom = [0] * n, [0] * n, [0] * n, [HEADROOM] * n
+    n = state.count_sites()
     if plan is None:   # measured: raw moves, exact; plan from the sizes seen
       state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
       return out
@@ -404,8 +422,8 @@ class Planned:
       return
     plan, new = state.plan, list(state.plan)
     for k, (_, rungs, raw_row) in enumerate(state.sites):
-      sizes = [u[k] for u in state.window]
-      if plan[k] == RAW or min(sizes) < 0:
+      sizes = [u[k] for u in state.window if u[k] >= 0]   # -1: the site did not run that step
+      if plan[k] == RAW or not sizes:
         continue
       top, headroom = window_target(sizes, state.headroom[k])
       state.headroom[k] = headroom
