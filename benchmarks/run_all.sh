@@ -14,4 +14,5 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python 
 "$PY" benchmarks/entropy_ratio.py
 "$PY" benchmarks/ladder.py
 "$PY" benchmarks/planned.py
+"$PY" benchmarks/plan_replay.py
 "$PY" benchmarks/pretrained.py

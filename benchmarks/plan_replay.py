@@ -1,0 +1,177 @@
+"""Planned slots against the ladder's rungs over whole training runs of the examples.
+
+    python benchmarks/plan_replay.py [--examples dp,moe,fsdp] [--steps 200] [--quick]
+    -> benchmarks/results/plan_replay.md (+ .json)
+
+Runs each example under `zipccl_jax.jit` (DP and MoE: the entropy codec on 2
+simulated devices; FSDP: 8) and records, per step and call site, the plan the
+step ran and the largest used size of its rows (the sizes every process agreed
+on). From that record, per example:
+
+* wire: the bytes the planned slots moved (a step that overflowed moved its slots,
+  then its raw re-run) over the bytes the ladder would have moved (per step and
+  site, the first rung at or above the used size: what `jax.jit` takes);
+* the bound no static plan can beat: a slot set in hindsight to each 25-step
+  window's largest size, over the same ladder bytes (sizes that swing from step to
+  step cost a static slot their swing);
+* overflows (steps re-run) and plan changes (each one compile).
+
+The record needs no change to the library: a process started by this script
+(`--record`) wraps `Planned.__call__` before it runs the example. Steps run on
+shared-memory CPU devices: this measures sizes, not time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if __package__:
+  from benchmarks import common
+else:  # run as a script: its folder is on sys.path
+  import common  # type: ignore[no-redef]
+
+# The examples' runs: the configs netns_train.py times (DP and FSDP: width 1024, 2
+# blocks, 1 x 32 tokens per device; MoE: its own config).
+RUNS = {
+    "dp": ["train_dp.py", "--codecs", "planned-entropy", "--devices", "2", "--d-model", "1024",
+           "--layers", "2", "--heads", "8", "--seq-len", "32", "--batch-per-device", "1",
+           "--log-every", "0"],
+    "moe": ["train_moe.py", "--codecs", "planned-entropy", "--devices", "2", "--log-every", "0"],
+    "fsdp": ["train_fsdp.py", "--codec", "entropy", "--d-model", "1024", "--layers", "2",
+             "--heads", "8", "--seq-len", "32", "--no-analyze", "--no-progress"],
+}
+WINDOW = 25   # steps per window of the hindsight bound (planned.SHRINK_WINDOW)
+
+
+def record(out: str, argv: list) -> None:
+  """Runs the example `argv` with every zipccl_jax.jit call recorded into `out`."""
+  from zipccl_jax._src import planned
+  log = []
+  call = planned.Planned.__call__
+
+  def recorded(self, *args, **kwargs):
+    state = self._state(self._key(args, kwargs))   # pylint: disable=protected-access
+    before = state.plan
+    result = call(self, *args, **kwargs)
+    log.append({"wrapper": id(self), "plan": list(before) if before is not None else None,
+                "used": list(state.used or []), "raw": [s[2] for s in state.sites or ()],
+                "rungs": [list(s[1]) for s in state.sites or ()]})
+    return result
+
+  planned.Planned.__call__ = recorded
+  sys.argv = argv
+  sys.path.insert(0, str(Path(argv[0]).parent))
+  try:
+    runpy.run_path(argv[0], run_name="__main__")
+  except SystemExit as e:
+    if e.code not in (None, 0):
+      raise
+  finally:
+    with open(out, "w") as f:
+      json.dump(log, f)
+
+
+def _rung(used_units: int, rungs: list, raw: int) -> int:
+  return next((r for r in rungs if r >= used_units * 128), raw)
+
+
+def replay(log: list) -> dict:
+  """The record of one example's run -> wire ratios, overflows and plan changes."""
+  wrapper = [e["wrapper"] for e in log if e["raw"]][-1]   # the training step's wrapper
+  steps = [e for e in log if e["wrapper"] == wrapper]
+  raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
+  n = len(raws)
+  planned_b = ladder_b = 0
+  overflows = changes = 0
+  used_by_step, prev = [], None
+  for e in steps:
+    used = e["used"][:n]
+    if e["plan"] is None or len(used) < n:
+      continue   # the measuring step: raw words
+    plan = e["plan"]
+    used_by_step.append(used)
+    over = any(p > 0 and u * 128 > p for p, u in zip(plan, used))
+    planned_b += sum(raws[k] if p < 0 else p for k, p in enumerate(plan)) + (sum(raws) if over else 0)
+    ladder_b += sum(_rung(u, rungs[k], raws[k]) if u >= 0 else raws[k] for k, u in enumerate(used))
+    overflows += over
+    changes += prev is not None and plan != prev
+    prev = plan
+  bound = 0
+  for s in range(0, len(used_by_step), WINDOW):
+    window = used_by_step[s:s + WINDOW]
+    for k in range(n):
+      top = max(u[k] for u in window)
+      bound += len(window) * (_rung(top, rungs[k], raws[k]) if top >= 0 else raws[k])
+  return {"sites": n, "steps": len(used_by_step), "wire_vs_ladder": planned_b / max(ladder_b, 1),
+          "hindsight_vs_ladder": bound / max(ladder_b, 1), "overflows": overflows,
+          "plan_changes": changes, "planned_mib_per_step": planned_b / max(len(used_by_step), 1) / 2**20}
+
+
+def run_example(name: str, steps: int, tmp: str) -> dict:
+  out = os.path.join(tmp, f"{name}.json")
+  script, *args = RUNS[name]
+  argv = [str(ROOT / "examples" / script), *args, "--steps", str(steps)]
+  common.log(f"{name}: {' '.join(argv)}")
+  proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record", out, "--", *argv],
+                        cwd=str(ROOT), capture_output=True, text=True)
+  if proc.returncode != 0 or not os.path.exists(out):
+    raise RuntimeError(f"plan_replay: {name} failed:\n{proc.stderr[-3000:]}")
+  with open(out) as f:
+    return replay(json.load(f))
+
+
+def report(results: dict, args) -> str:
+  info = common.machine_info()
+  lines = [f"# Planned slots vs the ladder's rungs in training ({info['date']})", "",
+           f"{info['cpu']}, {info['usable_cores']} cores; jax {info['versions'].get('jax')}. "
+           f"Each example trains {args.steps} steps under `zipccl_jax.jit` (entropy codec); "
+           "the ladder's bytes are, per step and call site, the first rung at or above the "
+           "size every process agreed on. Shared-memory CPU devices: sizes, not time.", "",
+           "| example | sites | steps | planned / ladder | hindsight bound / ladder | overflows "
+           "(re-runs) | plan changes (compiles) | planned MiB/step |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for name, r in results.items():
+    lines.append(f"| {name} | {r['sites']} | {r['steps']} | **{r['wire_vs_ladder']:.3f}** | "
+                 f"{r['hindsight_vs_ladder']:.3f} | {r['overflows']} | {r['plan_changes']} | "
+                 f"{r['planned_mib_per_step']:.2f} |")
+  lines += ["", "planned / ladder counts a re-run step's slots and its raw re-run. The hindsight "
+            f"bound takes, per {WINDOW}-step window and site, the rung of the window's largest "
+            "size: no static plan moves less.", "",
+            f"Reproduce: `python benchmarks/plan_replay.py --examples {','.join(results)} "
+            f"--steps {args.steps}`"]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ["--record"]:
+    record(argv[1], argv[3:])   # --record OUT -- SCRIPT ARGS...
+    return 0
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--examples", default="dp,moe,fsdp")
+  ap.add_argument("--steps", type=int, default=200)
+  ap.add_argument("--quick", action="store_true", help="30 steps (a smoke run)")
+  ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+  args = ap.parse_args(argv)
+  if args.quick:
+    args.steps = 30
+  names = [x.strip() for x in args.examples.split(",") if x.strip()]
+  bad = [x for x in names if x not in RUNS]
+  if bad or not names:
+    ap.error(f"--examples must name some of {sorted(RUNS)}, got {args.examples!r}")
+  with tempfile.TemporaryDirectory() as tmp:
+    results = {name: run_example(name, args.steps, tmp) for name in names}
+  common.write_report(args.out, "plan_replay", report(results, args),
+                      {"steps": args.steps, "machine": common.machine_info(), "results": results})
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
