@@ -213,7 +213,7 @@ class _State:
     self.shrinks: list | None = None
     self.grows: list | None = None
     self.headroom: list | None = None   # per site: the headroom of its next (re-)plan
-    self.window: list | None = None   # per step since the plan changed: the used sizes per site
+    self.window: list = []   # per step since the plan changed: the used sizes per site
     # sites planned raw (incompressible when measured) are measured again, by one
     # step of the measuring program, after probe_every windows (doubling while a
     # probe finds none that compresses)
@@ -221,7 +221,6 @@ class _State:
     self.probe_every = 1
     self.windows_since_probe = 0
     self.programs: dict = {}
-    self.new_window()
 
   def count_sites(self) -> int:
     """The number of sites, with the per-site counters (re-plans, shrinks, grows,
