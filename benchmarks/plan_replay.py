@@ -11,7 +11,7 @@ on). From that record, per example:
 * wire: the bytes the planned slots moved (a step that overflowed moved its slots,
   then its raw re-run) over the bytes the ladder would have moved (per step and
   site, the first rung at or above the used size: what `jax.jit` takes);
-* the bound no static plan can beat: a slot set in hindsight to each 25-step
+* the bound no plan held for a window can beat: a slot set in hindsight to each 25-step
   window's largest size, over the same ladder bytes (sizes that swing from step to
   step cost a static slot their swing);
 * overflows (steps re-run) and plan changes (each one compile).
@@ -143,7 +143,7 @@ def report(results: dict, args) -> str:
                  f"{r['planned_mib_per_step']:.2f} |")
   lines += ["", "planned / ladder counts a re-run step's slots and its raw re-run. The hindsight "
             f"bound takes, per {WINDOW}-step window and site, the rung of the window's largest "
-            "size: no static plan moves less.", "",
+            "size: no plan held for a window moves less.", "",
             f"Reproduce: `python benchmarks/plan_replay.py --examples {','.join(results)} "
             f"--steps {args.steps}`"]
   return "\n".join(lines)
