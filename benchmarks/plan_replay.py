@@ -79,7 +79,11 @@ def record(out: str, argv: list) -> None:
 
 
 def _rung(used_units: int, rungs: list, raw: int) -> int:
-  return next((r for r in rungs if r >= used_units * 128), raw)
+  """The ladder's rung for a used size (units of 128 B): the planner's own rule with
+  no headroom; the raw row above the ladder or for a site that did not run (-1)."""
+  from zipccl_jax._src import planned
+  slot = planned._slot_for(used_units, tuple(rungs), 0.0)   # pylint: disable=protected-access
+  return raw if slot == planned.RAW else slot
 
 
 def replay(log: list) -> dict:
@@ -99,7 +103,7 @@ def replay(log: list) -> dict:
     used_by_step.append(used)
     over = any(p > 0 and u * 128 > p for p, u in zip(plan, used))
     planned_b += sum(raws[k] if p < 0 else p for k, p in enumerate(plan)) + (sum(raws) if over else 0)
-    ladder_b += sum(_rung(u, rungs[k], raws[k]) if u >= 0 else raws[k] for k, u in enumerate(used))
+    ladder_b += sum(_rung(u, rungs[k], raws[k]) for k, u in enumerate(used))
     overflows += over
     changes += prev is not None and plan != prev
     prev = plan
@@ -108,7 +112,7 @@ def replay(log: list) -> dict:
     window = used_by_step[s:s + WINDOW]
     for k in range(n):
       top = max(u[k] for u in window)
-      bound += len(window) * (_rung(top, rungs[k], raws[k]) if top >= 0 else raws[k])
+      bound += len(window) * _rung(top, rungs[k], raws[k])
   return {"sites": n, "steps": len(used_by_step), "wire_vs_ladder": planned_b / max(ladder_b, 1),
           "hindsight_vs_ladder": bound / max(ladder_b, 1), "overflows": overflows,
           "plan_changes": changes, "planned_mib_per_step": planned_b / max(len(used_by_step), 1) / 2**20}
