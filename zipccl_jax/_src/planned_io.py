@@ -1,0 +1,60 @@
+"""Saved plans of `zipccl_jax.jit` (`Planned.save_plans` / `load_plans`).
+
+A JSON document, so that a restart starts planned instead of measuring:
+
+  {"version": PLANS_VERSION, "function": the function's name,
+   "plans": [{"key": the argument signature (treedef, shapes and dtypes, static args),
+              "sites": [{"signature": the site's (transport, codec, dtype, rows shape,
+                                      chunk), as nested lists,
+                         "raw_row": raw bytes of one row,
+                         "slot": planned bytes per row, or null for raw words}]}]}
+
+A loaded plan is used by the first call with the same key whose traced sites match
+it; a slot that is not a rung of its site's ladder moves raw words (always exact).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+PLANS_VERSION = 1
+
+
+def save(path: str, function: str, plans: list) -> None:
+  """Writes `plans` [(key text, sites, plan)] to `path` atomically (a temporary file
+  in the same directory, renamed over it)."""
+  doc = {"version": PLANS_VERSION, "function": function, "plans": [
+      {"key": key, "sites": [{"signature": _jsonable(sig), "raw_row": raw,
+                              "slot": None if slot < 0 else slot}
+                             for (sig, _, raw), slot in zip(sites, plan)]}
+      for key, sites, plan in plans]}
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(doc, f, indent=1)
+  os.replace(tmp, path)
+
+
+def load(path: str, raw: int) -> dict:
+  """{key text: (sites [(signature, None, raw_row)], plan)} read from `path`, with
+  `raw` for the slots saved as null. ValueError naming the file when malformed."""
+  out = {}
+  try:
+    with open(path) as f:
+      doc = json.load(f)
+    if doc.get("version") != PLANS_VERSION:
+      raise ValueError(f"version must be {PLANS_VERSION}, got {doc.get('version')!r}")
+    for p in doc["plans"]:
+      sites = [(_tupled(s["signature"]), None, int(s["raw_row"])) for s in p["sites"]]
+      plan = tuple(raw if s["slot"] in (None, raw) else int(s["slot"]) for s in p["sites"])
+      out[str(p["key"])] = (sites, plan)
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ValueError(f"zipccl_jax.jit: cannot load plans from {path!r}: {e}") from None
+  return out
+
+
+def _jsonable(v):
+  return [_jsonable(x) for x in v] if isinstance(v, tuple) else v
+
+
+def _tupled(v):
+  return tuple(_tupled(x) for x in v) if isinstance(v, list) else v
