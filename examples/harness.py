@@ -31,6 +31,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import zipccl_jax
@@ -49,11 +50,11 @@ VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "r
 
 
 def jit_for(label: str, step, donate=0):
-  """The step jitted for variant `label`: zipccl_jax.jit for the planned variants
-  (no donation: a step whose plan was too small runs again on its inputs), else
-  jax.jit with `donate` donated."""
+  """The step jitted for variant `label`, with `donate` donated: zipccl_jax.jit for
+  the planned variants (whose planned steps keep the state for a re-run, and whose
+  steps of raw words donate it), else jax.jit."""
   if label.startswith("planned"):
-    return zipccl_jax.jit(step)
+    return zipccl_jax.jit(step, donate_argnums=donate)
   return jax.jit(step, donate_argnums=donate)
 
 
@@ -285,13 +286,13 @@ class Variant:
 def compile_variant(label: str, jitted, state, batch) -> Variant:
   """AOT-compiles `jitted(state, batch)` and reads its collectives' bytes from the HLO.
 
-  A zipccl_jax.jit step is planned here: its first call measures and plans (the
-  outputs are dropped: the state is not donated), and the step run is the wrapper
-  itself, which validates every step. compile_s is then the first call's time
+  A zipccl_jax.jit step is planned here: its first call measures and plans (on a
+  copy of the state, which the measuring step's donation consumes; the outputs are
+  dropped), and the step run is the wrapper itself, which validates every step. compile_s is then the first call's time
   (measuring program compile + run) plus the planned program's compile."""
   t0 = time.perf_counter()
   if hasattr(jitted, "site_stats"):
-    jax.block_until_ready(jitted(state, batch))
+    jax.block_until_ready(jitted(jax.tree.map(jnp.copy, state), batch))
     text = jitted.compiled(state, batch).as_text()
     compile_s = time.perf_counter() - t0
     hlo = zipccl_jax.hlo_wire_bytes(text)
@@ -327,6 +328,10 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
     if log_every and (i + 1) % log_every == 0 or i + 1 == len(batches):
       say(f"  step {i + 1:>4}/{len(batches)}  " + "  ".join(
           f"{v.label} {v.losses[-1]:.4f} ({v.times[-1] * 1e3:.0f} ms)" for v in variants))
+  for v in variants:   # zipccl_jax.jit's timed comparisons of its plan with raw words
+    for c in getattr(v.step, "comparisons", lambda: [])():
+      say(f"  {v.label}: step {c.step}, planned {c.planned_s * 1e3:.1f} ms/step, "
+          f"raw words {c.raw_s * 1e3:.1f} ms/step -> {c.chosen}")
 
 
 def summarize(variants: list, *, warmup: int, params_of) -> dict:

@@ -109,8 +109,9 @@ def train(cfg: Config, codec: str, mesh, units, buffers, batches, *, planned=Tru
   opt_state = jax.jit(make_optimizer(cfg).init)(shards)  # moments sharded, count replicated
   data = jax.device_put(batches, NamedSharding(mesh, P(None, AXIS)))
   step = make_train_step(cfg, units, mesh, codec, opt_state)
-  # Planned, nothing is donated: a step that outgrew its plan runs again on its inputs.
-  step = zipccl_jax.jit(step) if planned else jax.jit(step, donate_argnums=(0, 1))
+  # Planned steps keep the donated state (a step that outgrew its plan runs again on
+  # its inputs); the steps that cannot run again donate it.
+  step = (zipccl_jax.jit if planned else jax.jit)(step, donate_argnums=(0, 1))
   losses, times = [], []
   bar = progress_bar(cfg.steps, f"{codec:>7}", unit="step", enabled=progress)
   for i in range(cfg.steps):

@@ -12,7 +12,8 @@ CASE: codec (zipccl vs entropy), chunks (1 vs 2), calibration (a calibration in
 force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
 the same program, exact results); with the prefix "planned_" the step runs under
 zipccl_jax.jit for three steps ("planned_same": every process alike, the report
-adds the plan's slots). exchange_absent: the last process skips an exchange between
+adds the plan's slots; "planned_gate": the processes' clocks disagree on whether
+the plan or raw words is faster, the report adds the comparisons). exchange_absent: the last process skips an exchange between
 processes (compat.exchange_across_processes, 3 s timeout) that the others make.
 """
 from __future__ import annotations
@@ -73,6 +74,8 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   from zipccl_jax._src import planned as planned_lib
   # measure, then planned steps: "planned_same" past two epochs of the exchange's keys
   steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
+  if case == "planned_gate":
+    steps = _disagreeing_clocks(f, pid)
   for _ in range(steps):
     got = jax.block_until_ready(f(xg))
   want = raw(xg)
@@ -83,9 +86,30 @@ def _collectives(case: str, pid: int, out: dict) -> None:
     from jax._src import distributed
     out["store_keys"] = len(distributed.global_state.client.key_value_dir_get_bytes(
         f"zipccl_jax/plan{f._ledger}"))   # pylint: disable=protected-access
+  if case == "planned_gate":
+    out["comparisons"] = [list(c) for c in f.comparisons()]
   out["exact"] = all(
       np.asarray(a.addressable_data(0)).view(np.uint16).tobytes()
       == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
+
+
+def _disagreeing_clocks(f, pid: int) -> int:
+  """A short comparison (after 1 planned step, 2 pairs) timed by a clock under which
+  process 0 finds raw words faster by 2 s a step and the others find the plan faster
+  by 1 s: the mean difference (0.5 s) chooses raw words on every process. Returns
+  the steps to run: measure, 1 planned, 4 timed, 2 raw."""
+  from zipccl_jax._src import planned_gate
+  planned_gate.PAIRS, planned_gate.FIRST_COMPARE = 2, 1
+  cost = {"planned": 3.0, "raw": 1.0} if pid == 0 else {"planned": 1.0, "raw": 2.0}
+  now = [0.0]
+
+  def clock():
+    state = f._state_of((), {})   # pylint: disable=protected-access
+    now[0] += cost[state.gate.phase or "planned"]
+    return now[0]
+
+  f._clock = clock   # pylint: disable=protected-access
+  return 8
 
 
 def main(argv) -> int:

@@ -144,3 +144,14 @@ def test_planned_steps_agree_across_processes(tmp_path, nproc):
     # 2 epochs + 4 exchanges (one per step, one before the first planned step): the
     # epochs before the last are deleted, so fewer than an epoch's keys are left
     assert 0 < r["store_keys"] <= 64 * nproc, (pid, r)
+
+
+def test_processes_that_time_differently_take_one_decision(tmp_path):
+  """zipccl_jax.jit's comparison of the plan with raw words (planned_gate.py): the
+  processes' clocks disagree (process 0: raw faster; process 1: the plan), and both
+  take the decision of the mean of their paired differences, with results equal to
+  codec="raw"."""
+  results = _diverge(tmp_path, 2, "planned_gate")
+  for pid, r in enumerate(results):
+    assert r["error"] is None and r["exact"] is True, (pid, r)
+    assert r["comparisons"] == [[5, 2.0, 1.5, "raw"]], (pid, r)

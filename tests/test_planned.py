@@ -173,9 +173,43 @@ def test_plans_save_and_load(mesh8, tmp_path):
     g.load_plans(str(path))
 
 
-def test_donation_is_refused():
-  with pytest.raises(ValueError, match=r"zipccl_jax.jit: donate_argnums is not supported"):
-    zc.jit(lambda x: x, donate_argnums=0)
+def test_donated_arguments_are_kept_only_where_a_rerun_may_need_them(mesh8, monkeypatch):
+  """donate_argnums: the measuring step and the steps of raw words (the comparison
+  chose them, or nothing compresses) consume the donated argument, as jax.jit does;
+  a step of a plan with a compressed site keeps it (an overflow runs it again), and
+  an overflow's re-run (the measuring program) then consumes it. Every step equals
+  codec="raw"."""
+  from zipccl_jax._src import planned_gate as g
+  monkeypatch.setattr(g, "PAIRS", 2)
+  monkeypatch.setattr(g, "FIRST_COMPARE", 1)
+  want = jax.jit(_five(mesh8, codec="raw"))(_gauss(8))
+  f = zc.jit(_five(mesh8), donate_argnums=0)
+  cost = {g.PLANNED: 2.0, g.RAW: 1.0}
+  now = [0.0]
+
+  def clock():
+    now[0] += cost[f._state_of((), {}).gate.phase or g.PLANNED]   # pylint: disable=protected-access
+    return now[0]
+
+  f._clock = clock   # pylint: disable=protected-access
+  sharded = jax.sharding.NamedSharding(mesh8, P("x"))   # as the step takes it: no copy
+  consumed = []
+  for i in range(7):   # measure, 1 planned, 2 pairs, then raw words
+    x = jax.device_put(_gauss(8), sharded)
+    _assert_all_equal(f(x), want, f"step {i}")
+    consumed.append(x.is_deleted())
+  assert consumed == [True, False, False, True, False, True, True]
+  state = f._state_of((), {})   # pylint: disable=protected-access
+  state.plan = tuple(rungs[0] for _, rungs, _ in state.sites)   # too small: it re-runs
+  state.gate.chosen = g.PLANNED
+  x = jax.device_put(_gauss(8), sharded)
+  _assert_all_equal(f(x), want, "overflow and re-run")
+  assert x.is_deleted() and sum(s.replans for s in f.site_stats()) > 0
+  h = zc.jit(_five(mesh8, codec="raw"), donate_argnums=0)   # nothing compresses
+  for i in range(2):
+    x = jax.device_put(_gauss(8), sharded)
+    _assert_all_equal(h(x), want, f"raw plan step {i}")
+    assert x.is_deleted()
 
 
 def test_corruption_that_fits_its_slot_raises(mesh8, monkeypatch):
@@ -416,3 +450,84 @@ def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
   assert plan[1] == want(101, planned.HEADROOM) > first[1]    # grown alongside
   assert plan[2] == first[2]                                  # room left: kept
   assert [(s.replans, s.grows) for s in f.site_stats()] == [(1, 0), (0, 1), (0, 0)]
+
+
+def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):
+  """planned_gate.Gate on scripted step times: after FIRST_COMPARE steps of the
+  chosen program, PAIRS pairs (a step of the plan, a step of raw words); the first
+  pair and pairs whose plan changed are left out; the gap doubles while the decision
+  holds and starts again when it flips."""
+  from zipccl_jax._src import planned_gate as g
+  monkeypatch.setattr(g, "PAIRS", 3)
+  monkeypatch.setattr(g, "FIRST_COMPARE", 2)
+  monkeypatch.setattr(g, "MAX_COMPARE", 4)
+  P, R = g.PLANNED, g.RAW
+
+  def steps(gate, n, cost, plan=lambda i: ("plan",)):
+    got = []
+    for i in range(n):
+      p = gate.next()
+      if gate.phase is not None and gate.timed(cost[p], plan(i) if p == P else ("raw",)):
+        gate.decide([gate.mine()])
+      got.append(p)
+    return got
+
+  gate, cost = g.Gate(), {P: 2.0, R: 1.0}
+  assert steps(gate, 8, cost) == [P, P] + [P, R] * 3
+  assert gate.comparisons == [g.Comparison(8, 2.0, 1.0, R)] and gate.every == 2
+  assert steps(gate, 8, cost) == [R, R] + [P, R] * 3           # the same: the gap doubles
+  assert gate.comparisons[-1].chosen == R and gate.every == 4
+  cost[P] = 0.5
+  assert steps(gate, 10, cost) == [R] * 4 + [P, R] * 3         # flips: the gap starts again
+  assert gate.comparisons[-1] == g.Comparison(26, 0.5, 1.0, P) and gate.every == 2
+  # a plan that changes in every pair: no valid pair, no decision, compared again soon
+  other = g.Gate()
+  steps(other, 8, {P: 2.0, R: 1.0}, plan=lambda i: ("plan", i))
+  assert other.comparisons == [] and other.chosen == P and other.phase is None
+  # processes: the mean of their paired differences decides; ties go to raw words
+  assert g.Gate().decide([(1.0, 2.0, 1.0), (-3.0, 1.0, 4.0)]) == P
+  assert g.Gate().decide([(0.0, 1.0, 1.0)]) == R
+
+
+def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch):
+  """zipccl_jax.jit(compare_raw=True) on a clock under which raw words are faster:
+  the steps after the comparison run raw words, unvalidated; when the plan becomes
+  faster, the next comparison times it (the plan it left, compiled once) and goes
+  back to it. Every step equals codec="raw"; compare_raw=False never compares."""
+  from zipccl_jax._src import planned_gate as g
+  monkeypatch.setattr(g, "PAIRS", 2)
+  monkeypatch.setattr(g, "FIRST_COMPARE", 1)
+  x = _gauss(7)
+  f, raw = zc.jit(_five(mesh8)), jax.jit(_five(mesh8, codec="raw"))
+  want = raw(x)
+  runs, real_run = [], f._run   # pylint: disable=protected-access
+
+  def counted(state, plan, args, kwargs):
+    runs.append(plan is not None)
+    return real_run(state, plan, args, kwargs)
+
+  now, cost = [0.0], {g.PLANNED: 2.0, g.RAW: 1.0}
+
+  def clock():
+    now[0] += cost[f._state_of((), {}).gate.phase or g.PLANNED]   # pylint: disable=protected-access
+    return now[0]
+
+  monkeypatch.setattr(f, "_run", counted)
+  f._clock = clock   # pylint: disable=protected-access
+  for i in range(7):   # measure, 1 planned, 2 pairs, 1 raw
+    _assert_all_equal(f(x), want, f"step {i}")
+  assert f.comparisons() == [g.Comparison(5, 2.0, 1.0, g.RAW)]
+  assert runs == [False, True, True, True]     # raw steps: no mailbox, no exchange
+  cost[g.PLANNED] = 0.5
+  for i in range(4):   # 2 pairs
+    _assert_all_equal(f(x), want, f"step {7 + i}")
+  assert [c.chosen for c in f.comparisons()] == [g.RAW, g.PLANNED]
+  assert runs[4:] == [True, True]
+  _assert_all_equal(f(x), want, "planned again")
+  assert runs[-1] is True and f.site_stats()[0].slot_bytes < f.site_stats()[0].raw_bytes
+  h = zc.jit(_five(mesh8), compare_raw=False)
+  for _ in range(6):
+    h(x)
+  assert h.comparisons() == []
+  with pytest.raises(TypeError, match="compare_raw must be a bool"):
+    zc.jit(_five(mesh8), compare_raw=1)

@@ -28,16 +28,18 @@ One step is in flight at a time: the wrapper returns a step's outputs once it ha
 validated them (a host that runs ahead would have to discard every later step that
 consumed a failed one). A plan whose sites are all raw has nothing to validate (raw
 words neither overflow nor fail to decode): its steps return as from jax.jit. Donated
-arguments are refused: a re-run needs the inputs.
+arguments are donated by the programs that cannot run again (the measuring program,
+raw words) and kept by planned steps, which a re-run may need them for
+(`_donates`). Every so often the plan is timed against raw words, and the faster runs
+(planned_gate.py).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import itertools
-import json
-import os
 import threading
+import time
 import zlib
 from typing import Callable
 
@@ -48,6 +50,8 @@ import numpy as np
 from zipccl_jax._src import compat
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src import planned_gate as gate_lib
+from zipccl_jax._src import planned_io
 from zipccl_jax._src.codecs import base
 
 # A plan's slot is the first rung >= used x (1 + HEADROOM). Row sizes move by ~0.3%
@@ -70,7 +74,6 @@ WINDOW_HEADROOM = 0.01   # the least headroom above a window's largest size (`wi
 RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
 EXCHANGE_EPOCH = 64      # exchanges per directory of the coordinator's store (`_exchange_blobs`)
-PLANS_VERSION = 1
 
 _ALIGN = ladder_lib.ALIGN
 _ledgers = itertools.count(1)
@@ -138,13 +141,27 @@ def _slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
               next((r for r in rungs if r >= used), RAW))
 
 
+def _donates(plan) -> bool:
+  """Whether the program of `plan` takes the donated arguments: the measuring program
+  (None) and plans of raw sites only, whose steps cannot fail; a plan with a
+  compressed site may overflow and run again on its inputs, so it keeps them."""
+  return plan is None or all(p == RAW for p in plan)
+
+
 def _fingerprint(sites: list, plan) -> int:
   text = repr(([s[0] for s in sites], plan))
   return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+def _aval(x) -> tuple:
+  """(shape, dtype) of an argument leaf; a Python scalar's type stands for its dtype."""
+  shape = getattr(x, "shape", None)
+  return (np.shape(x), type(x)) if shape is None else (tuple(shape), x.dtype)
+
+
 def _key_text(key) -> str:
   treedef, avals, static = key
+  avals = tuple((shape, str(getattr(d, "name", None) or d.__name__)) for shape, d in avals)
   return repr((str(treedef), avals, static))
 
 
@@ -221,6 +238,7 @@ class _State:
     self.probe_every = 1
     self.windows_since_probe = 0
     self.programs: dict = {}
+    self.gate = gate_lib.Gate()   # planned or raw words, timed (planned_gate.py)
 
   def count_sites(self) -> int:
     """The number of sites, with the per-site counters (re-plans, shrinks, grows,
@@ -238,15 +256,19 @@ class _State:
 class Planned:
   """`zipccl_jax.jit(fun)`: see `jit`."""
 
-  def __init__(self, fun: Callable, jit_kwargs: dict):
+  _clock = staticmethod(time.perf_counter)   # the gate's clock (seconds)
+
+  def __init__(self, fun: Callable, jit_kwargs: dict, compare_raw: bool = True):
+    if not isinstance(compare_raw, bool):
+      raise TypeError(f"zipccl_jax.jit: compare_raw must be a bool, got {compare_raw!r}")
     if jit_kwargs.get("static_argnames"):
       raise ValueError("zipccl_jax.jit: static_argnames is not supported; use static_argnums")
-    for k in ("donate_argnums", "donate_argnames"):
-      if jit_kwargs.get(k) not in (None, (), []):
-        raise ValueError(f"zipccl_jax.jit: {k} is not supported: a step whose plan was too "
-                         "small runs again on the same inputs, which donation would destroy")
     self._fun = fun
+    self._compare_raw = compare_raw
     self._jit_kwargs = dict(jit_kwargs)
+    # Donation holds for the programs no re-run can need the inputs of (`_donates`).
+    self._donate = {k: self._jit_kwargs.pop(k) for k in ("donate_argnums", "donate_argnames")
+                    if k in self._jit_kwargs}
     self._static = tuple(np.atleast_1d(jit_kwargs.get("static_argnums", ())).tolist())
     self._ledger = next(_ledgers)
     self._states: dict = {}
@@ -262,7 +284,9 @@ class Planned:
     dyn = [a for i, a in enumerate(args) if i not in self._static]
     static = tuple(args[i] for i in self._static if i < len(args))
     leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
-    avals = tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+    # shapes and dtype objects (hashable), not their text: this runs on every call
+    # (str(dtype) was ~4 us a leaf, 0.6 ms a step for 150 leaves)
+    avals = tuple([_aval(x) for x in leaves])
     return treedef, avals, static
 
   def _program(self, state: _State, plan):
@@ -277,7 +301,8 @@ class Planned:
         return out
 
       traced.__name__ = self.__name__
-      prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs)
+      donate = self._donate if _donates(plan) else {}
+      prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs, **donate)
     return prog
 
   def _checked(self, state: _State, plan, args, kwargs):
@@ -334,9 +359,21 @@ class Planned:
   def __call__(self, *args, **kwargs):
     state = self._state(self._key(args, kwargs))
     plan = state.plan
-    if plan is not None and state.remeasure:
-      return self._probe_raw_sites(state, args, kwargs)
-    if plan is not None and all(p == RAW for p in plan):
+    if plan is None:
+      return self._measure(state, args, kwargs)
+    compressed = any(p != RAW for p in plan)
+    program = state.gate.next() if compressed and self._compare_raw else gate_lib.PLANNED
+    timed = compressed and self._compare_raw and state.gate.phase is not None
+    start = self._clock() if timed else 0.0
+    if program == gate_lib.RAW:
+      out, ran = self._checked(state, (RAW,) * len(plan), args, kwargs)(*args, **kwargs), RAW
+      if timed:
+        jax.block_until_ready(out)
+    elif state.remeasure:
+      out, ran = self._probe(state, args, kwargs), None
+    elif compressed:
+      out, ran = self._planned_step(state, plan, args, kwargs), plan
+    else:
       # Nothing to validate: raw sites move every word and decode nothing, so no row
       # can outgrow a slot or fail to decode. The step returns unvalidated, as from
       # jax.jit (no host read, no exchange, not waited for); it counts towards the
@@ -345,12 +382,27 @@ class Planned:
       out = self._checked(state, plan, args, kwargs)(*args, **kwargs)
       state.count_sites()
       self._replan_from_window(state, [-1] * len(plan))
-      return out
+    if timed and state.gate.timed(self._clock() - start, ran):
+      self._decide(state.gate)
+    return out
+
+  def _decide(self, gate: gate_lib.Gate) -> None:
+    """Ends a comparison of the plan with raw words: the same decision on every
+    process, from every process's numbers (planned_gate.py)."""
+    blobs = self._exchange_blobs(np.asarray(gate.mine(), np.float64))
+    gate.decide([gate.mine()] if blobs is None else [np.frombuffer(b, np.float64) for b in blobs])
+
+  def _measure(self, state: _State, args, kwargs):
+    """The first step: the measuring program (raw moves, exact); plans from its sizes."""
+    out, used, _ = self._run(state, None, args, kwargs)
+    state.count_sites()
+    state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
+    return out
+
+  def _planned_step(self, state: _State, plan, args, kwargs):
+    """One validated step of `plan` (which has a compressed site)."""
     out, used, bad = self._run(state, plan, args, kwargs)
     n = state.count_sites()
-    if plan is None:   # measured: raw moves, exact; plan from the sizes seen
-      state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
-      return out
     over = [k for k in range(n) if plan[k] != RAW and used[k] >= 0 and used[k] * _ALIGN > plan[k]]
     if not over:
       failed = [k for k in range(n) if bad[k] > 0]
@@ -393,7 +445,7 @@ class Planned:
         state.grows[k] += 1
     return tuple(new)
 
-  def _probe_raw_sites(self, state: _State, args, kwargs):
+  def _probe(self, state: _State, args, kwargs):
     """One step as the measuring program (raw words: exact outputs), whose sizes give
     the sites planned raw a slot where they now fit one (data that grew compressible,
     e.g. gradients after the first steps)."""
@@ -484,11 +536,16 @@ class Planned:
 
   # ---- visibility and persistence -------------------------------------------------------------
 
+  def _state_of(self, args, kwargs) -> _State | None:
+    """The state of these arguments; with none, the last one created (None: no call yet)."""
+    if args or kwargs:
+      return self._state(self._key(args, kwargs))
+    return list(self._states.values())[-1] if self._states else None
+
   def site_stats(self, *args, **kwargs) -> list:
     """Per call site of the program for these arguments (the last one called, with
     none): its slot, the last step's largest used size and its re-plans."""
-    state = self._state(self._key(args, kwargs)) if (args or kwargs) else (
-        list(self._states.values())[-1] if self._states else None)
+    state = self._state_of(args, kwargs)
     if state is None or state.sites is None:
       return []
     out = []
@@ -502,48 +559,29 @@ class Planned:
                            state.grows[k] if state.grows else 0))
     return out
 
+  def comparisons(self, *args, **kwargs) -> list:
+    """The timed comparisons between the plan and raw words (`planned_gate.Comparison`)
+    for these arguments (the last ones called, with none), oldest first."""
+    state = self._state_of(args, kwargs)
+    return [] if state is None else list(state.gate.comparisons)
+
   def save_plans(self, path: str) -> None:
-    """Writes every plan made so far (JSON), so that a restart with `load_plans`
-    starts planned; written atomically."""
-    doc = {"version": PLANS_VERSION, "function": self.__name__, "plans": [
-        {"key": _key_text(k), "sites": [{"signature": list(map(_jsonable, sig)), "raw_row": raw,
-                                          "slot": slot}
-                                         for (sig, _, raw), slot in zip(s.sites, s.plan)]}
-        for k, s in self._states.items() if s.plan is not None and s.sites is not None]}
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    """Writes every plan made so far (JSON, docs/design.md "Plans"), so that a
+    restart with `load_plans` starts planned; written atomically."""
+    planned_io.save(path, self.__name__, [(_key_text(k), s.sites, s.plan)
+                                          for k, s in self._states.items()
+                                          if s.plan is not None and s.sites is not None])
 
   def load_plans(self, path: str) -> int:
     """Reads plans written by `save_plans`; each is used by the first call with the
     same argument shapes whose traced sites match it (else that call measures).
     Returns how many plans were read. ValueError naming the file when malformed."""
-    try:
-      with open(path) as f:
-        doc = json.load(f)
-      if doc.get("version") != PLANS_VERSION:
-        raise ValueError(f"version must be {PLANS_VERSION}, got {doc.get('version')!r}")
-      for p in doc["plans"]:
-        sites = [(tuple(_tupled(s["signature"])), None, int(s["raw_row"])) for s in p["sites"]]
-        plan = tuple(RAW if s["slot"] in (None, RAW) else int(s["slot"]) for s in p["sites"])
-        self._loaded[str(p["key"])] = (sites, plan)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"zipccl_jax.jit: cannot load plans from {path!r}: {e}") from None
-    return len(doc["plans"])
+    loaded = planned_io.load(path, RAW)
+    self._loaded.update(loaded)
+    return len(loaded)
 
 
-def _jsonable(v):
-  if isinstance(v, tuple):
-    return [_jsonable(x) for x in v]
-  return v
-
-
-def _tupled(v):
-  return tuple(_tupled(x) for x in v) if isinstance(v, list) else v
-
-
-def jit(fun: Callable, **jit_kwargs) -> Planned:
+def jit(fun: Callable, *, compare_raw: bool = True, **jit_kwargs) -> Planned:
   """`jax.jit` with planned compressed collectives: no per-call agreement, no switch.
 
   Every compressed collective inside `fun` (at any depth: shard_map, grad, scan,
@@ -556,11 +594,19 @@ def jit(fun: Callable, **jit_kwargs) -> Planned:
 
   Args:
     fun: the step function, as for `jax.jit`.
-    **jit_kwargs: `jax.jit`'s keyword arguments, except donate_argnums /
-      donate_argnames (a re-run needs the inputs).
+    compare_raw: every so often, time 16 steps of the plan against 16 steps of raw
+      words (which need no validation) and run the faster until the next
+      comparison (`comparisons()`; docs/design.md, "Planned or raw"). Results are
+      those of codec="raw" either way. False: always the plan.
+    **jit_kwargs: `jax.jit`'s keyword arguments. Donated arguments
+      (donate_argnums / donate_argnames) are donated by the steps that cannot run
+      again: the measuring step (first call, re-runs, probes) and steps of raw
+      words (the plan has no compressed site, or the comparison chose raw words).
+      A step of a plan with a compressed site keeps them, for the re-run an
+      overflow needs; a caller must treat donated arguments as consumed either way.
 
   Returns:
     A callable like `jax.jit(fun)`, with `.lower`, `.site_stats()`,
-    `.save_plans(path)` and `.load_plans(path)`.
+    `.comparisons()`, `.save_plans(path)` and `.load_plans(path)`.
   """
-  return Planned(fun, jit_kwargs)
+  return Planned(fun, jit_kwargs, compare_raw)

@@ -1,0 +1,130 @@
+"""Planned or raw: the timed comparison `zipccl_jax.jit` makes between its plan and
+raw words (docs/design.md, "Planned or raw").
+
+A planned step pays for its validation on the host: the host waits for the step's
+outputs, reads the mailbox and, between processes, makes one exchange through the
+coordinator (0.7-3 ms for 2-8 processes), and it cannot dispatch the next step while
+it waits. A step whose plan has no compressed site validates nothing, returns as
+from jax.jit and takes the donated arguments. So a plan whose compressed sites save
+less wire time per step than validation costs is slower than raw words (a MoE step
+over 1 Gbit/s: one compressed site saving ~0.4 ms against 1.5-3 ms of exchange).
+What a plan saves depends on the link, the codecs' speed on this machine and the
+data, none of which the wrapper can know without a calibration, so it measures both
+and runs the faster until the next comparison.
+
+A comparison is PAIRS pairs of steps, a step of the plan then a step of raw words,
+so that both see the same load of a shared machine (a step's time varies by 10-20%
+from step to step there, and drifts over tens of steps). Each of its steps waits
+for its outputs, and its time is its own: from the call to the return (validated),
+so the caller's work between steps does not count (under a benchmark that trains
+several models in lockstep, the others' steps), and neither does the overlap of an
+unwaited raw step with the caller's next work (a loop that reads its loss every step
+has none). The first pair is left out (the raw program may compile in it), and so is
+a pair whose plan step ran another plan than the pair before (a re-plan compiled).
+Each process takes the median over its pairs of (plan step - raw step), and the
+processes exchange it: the plan runs on if the mean over the processes is below
+zero, else raw words (ties go to raw words, which need no validation). Every process
+takes the same decision from the same exchanged numbers.
+
+Schedule (steps of the function with given argument shapes): the first comparison
+starts after FIRST_COMPARE steps of the first plan; while the decision stays the
+same, the gap to the next comparison doubles, up to MAX_COMPARE; when it flips, the
+gap starts again at FIRST_COMPARE (a wrong decision taken on a noisy machine is
+undone soon). The plan timed after a stretch of raw words is the one it left: its
+program is compiled and cached (a fresh plan from fresh sizes would compile anew at
+each comparison: 4.5 s for the MoE example's step, the time of 150 of its steps), and
+a row that outgrew it re-plans as on any planned step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import NamedTuple
+
+PLANNED = "planned"
+RAW = "raw"
+
+# 16 pairs (32 steps): the median of 15 paired differences, which one burst of load
+# does not move.
+PAIRS = 16
+FIRST_COMPARE = 25   # the first comparison follows the first plan's window
+MAX_COMPARE = 1600
+
+
+class Comparison(NamedTuple):
+  """One decision between the plan and raw words (`Planned.comparisons`).
+
+  Attributes:
+    step: the function's call (with these argument shapes) that ended the comparison.
+    planned_s: seconds per planned step (median over the pairs, mean over processes).
+    raw_s: seconds per raw step, alike.
+    chosen: PLANNED or RAW, what the steps run until the next comparison.
+  """
+  step: int
+  planned_s: float
+  raw_s: float
+  chosen: str
+
+
+@dataclasses.dataclass
+class Gate:
+  """The comparison's state for one argument signature (see the module docstring)."""
+  chosen: str = PLANNED
+  # steps of the chosen program before the next comparison (read when made: tests set it)
+  every: int = dataclasses.field(default_factory=lambda: FIRST_COMPARE)
+  count: int = 0                  # steps of the chosen program since the last decision
+  k: int = -1                     # the step of the comparison in progress; -1: none
+  times: list = dataclasses.field(default_factory=list)   # (seconds, program) per step
+  steps: int = 0
+  comparisons: list = dataclasses.field(default_factory=list)
+
+  @property
+  def phase(self) -> str | None:
+    """The program of the comparison's current step (PLANNED, RAW), or None: the step
+    is not timed."""
+    return None if self.k < 0 else (PLANNED, RAW)[self.k % 2]
+
+  def next(self) -> str:
+    """The program of the next step: PLANNED or RAW."""
+    self.steps += 1
+    if self.k < 0:
+      if self.count < self.every:
+        self.count += 1
+        return self.chosen
+      self.k, self.times = 0, []
+    else:
+      self.k += 1
+    return self.phase
+
+  def timed(self, seconds: float, program) -> bool:
+    """Records that the comparison's step took `seconds` (waited for) and ran
+    `program` (its plan; None: the measuring program). True when the comparison is
+    complete: the caller exchanges `mine()` among the processes and calls `decide`."""
+    self.times.append((seconds, program))
+    return len(self.times) == 2 * PAIRS
+
+  def mine(self) -> tuple[float, float, float]:
+    """This process's (median of plan - raw, median plan, median raw) seconds per
+    step over the comparison's valid pairs; NaN when none is valid."""
+    planned, raw = self.times[0::2], self.times[1::2]
+    pairs = [(planned[i][0], raw[i][0]) for i in range(1, len(raw))
+             if planned[i][1] is not None and planned[i][1] == planned[i - 1][1]]
+    if not pairs:
+      return float("nan"), float("nan"), float("nan")
+    return (statistics.median(p - r for p, r in pairs), statistics.median(p for p, _ in pairs),
+            statistics.median(r for _, r in pairs))
+
+  def decide(self, every: list) -> str:
+    """The program to run until the next comparison, from every process's `mine()`.
+    A comparison without a valid pair (the plan changed in every pair) keeps the
+    current choice and compares again after FIRST_COMPARE steps."""
+    diff, planned_s, raw_s = (statistics.fmean(float(t[i]) for t in every) for i in range(3))
+    self.k, self.count = -1, 0
+    if diff != diff:   # NaN: no valid pair anywhere
+      self.every = FIRST_COMPARE
+      return self.chosen
+    chosen = PLANNED if diff < 0 else RAW
+    self.every = min(MAX_COMPARE, 2 * self.every) if chosen == self.chosen else FIRST_COMPARE
+    self.chosen = chosen
+    self.comparisons.append(Comparison(self.steps, planned_s, raw_s, chosen))
+    return chosen
