@@ -102,8 +102,9 @@ def test_a_step_that_does_not_fit_is_replanned_and_rerun_exactly(mesh8):
 
 def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
   """Sizes that fall (data growing more compressible) shrink the plan after a window
-  of SHRINK_WINDOW fitting steps, with no re-run; results equal codec="raw" before,
-  at and after the change."""
+  of SHRINK_WINDOW fitting steps, with no re-run, once the time since the last
+  compile allows (COMPILE_SHARE); results equal codec="raw" before, at and after the
+  change."""
   from zipccl_jax._src import planned
   monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
   kw = dict(policy="always")
@@ -117,8 +118,13 @@ def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
   narrow = _gauss(1)
   _assert_all_equal(f(wide), raw(wide), "measured")
   first = f.site_stats()[0]
+  monkeypatch.setattr(planned, "COMPILE_SHARE", 1e-9)   # every compile too recent: shrinks wait
   for i in range(3):
     _assert_all_equal(f(narrow), raw(narrow), f"narrow step {i}")
+  assert f.site_stats()[0].slot_bytes == first.slot_bytes and f.site_stats()[0].shrinks == 0
+  monkeypatch.setattr(planned, "COMPILE_SHARE", float("inf"))   # no compile budget
+  for i in range(3):
+    _assert_all_equal(f(narrow), raw(narrow), f"narrow step {3 + i}")
   shrunk = f.site_stats()[0]
   assert shrunk.shrinks == 1 and shrunk.replans == 0
   assert shrunk.slot_bytes < first.slot_bytes, (first, shrunk)
@@ -531,3 +537,32 @@ def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch
   assert h.comparisons() == []
   with pytest.raises(TypeError, match="compare_raw must be a bool"):
     zc.jit(_five(mesh8), compare_raw=1)
+
+
+def test_shrinks_wait_for_the_compile_budget_unless_a_grow_compiles(monkeypatch):
+  """While the compile budget defers shrinks (the agreed `defer_shrinks`), a window
+  that only shrinks keeps its plan; a window that also grows a site compiles anyway,
+  and its shrinks go with it."""
+  from zipccl_jax._src import planned
+  monkeypatch.setattr(planned, "SHRINK_WINDOW", 2)
+  rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
+  sizes = iter([[100, 100],                         # measure: slots 102, 102
+                [80, 100], [80, 100],               # site 0 falls: a shrink, deferred
+                [80, 102], [80, 102]])              # site 1 at its slot: grows
+  f = zc.jit(lambda v: v)
+
+  def run(state, plan, args, kwargs):
+    state.sites = [((f"site{k}",), rungs, raw_row) for k in range(2)]
+    state.defer_shrinks = True
+    return args[0], next(sizes), [0, 0]
+
+  monkeypatch.setattr(f, "_run", run)
+  x = jnp.zeros(3)
+  plan = lambda: f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+  for _ in range(3):
+    f(x)
+  assert plan() == (102 * 128, 102 * 128)
+  for _ in range(2):
+    f(x)
+  assert plan()[0] < 102 * 128 < plan()[1]
+  assert [(s.shrinks, s.grows) for s in f.site_stats()] == [(1, 0), (0, 1)]

@@ -70,6 +70,14 @@ MAX_HEADROOM = 0.25
 # that settles costs.
 SHRINK_WINDOW = 25
 SHRINK_MIN = 0.01
+# A shrink (a plan change that only saves bytes) compiles the whole step again: 4.5 s
+# for the MoE example's step on one core, the time of 150 of its steps, while a
+# shrink saves ~1-5% of one site's bytes. So a window's shrinks wait until the time
+# since the last compile is at least the last compile's time / COMPILE_SHARE: the
+# compiles shrinks cause stay below ~5% of the wall time. A window that grows a site
+# (which heads off an overflow: a compile and a re-run) compiles anyway, and its
+# shrinks go with it.
+COMPILE_SHARE = 0.05
 WINDOW_HEADROOM = 0.01   # the least headroom above a window's largest size (`window_target`)
 RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
@@ -238,6 +246,9 @@ class _State:
     self.probe_every = 1
     self.windows_since_probe = 0
     self.programs: dict = {}
+    self.compile_s = 0.0         # the first run of the last new program (seconds)
+    self.compiled_at = 0.0       # time.perf_counter() at its end
+    self.defer_shrinks = False   # the last step's verdict, agreed (COMPILE_SHARE)
     self.gate = gate_lib.Gate()   # planned or raw words, timed (planned_gate.py)
 
   def count_sites(self) -> int:
@@ -466,12 +477,13 @@ class Planned:
   def _replan_from_window(self, state: _State, used: list) -> None:
     """After SHRINK_WINDOW fitting steps under one plan, each site's slot follows the
     window's sizes (`window_target`): it grows when less than half its headroom is
-    left, and shrinks when the window needs a slot smaller by SHRINK_MIN x raw row."""
+    left, and shrinks when the window needs a slot smaller by SHRINK_MIN x raw row
+    (unless the compile budget defers shrinks and nothing grows: COMPILE_SHARE)."""
     n = len(state.sites)
     state.window.append(used[:n])
     if len(state.window) < SHRINK_WINDOW:
       return
-    plan, new = state.plan, list(state.plan)
+    plan, new, shrunk = state.plan, list(state.plan), {}
     for k, (_, rungs, raw_row) in enumerate(state.sites):
       sizes = [u[k] for u in state.window if u[k] >= 0]   # -1: the site did not run that step
       if plan[k] == RAW or not sizes:
@@ -487,6 +499,9 @@ class Planned:
         new[k] = slot
         state.grows[k] += 1
       elif plan[k] - slot >= SHRINK_MIN * raw_row:
+        shrunk[k] = slot
+    if shrunk and (new != list(plan) or not state.defer_shrinks):
+      for k, slot in shrunk.items():
         new[k] = slot
         state.shrinks[k] += 1
     state.plan = tuple(new)
@@ -498,10 +513,17 @@ class Planned:
   def _run(self, state: _State, plan, args, kwargs):
     """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
     site, maxed over the devices and processes."""
+    compiles = ("checked", plan) not in state.programs
+    start = time.perf_counter()
     out = self._checked(state, plan, args, kwargs)(*args, **kwargs)
     jax.block_until_ready(out)
-    table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
+    now = time.perf_counter()
+    if compiles:   # the first run of a program: its trace, compile and one step
+      state.compile_s, state.compiled_at = now - start, now
+    defer = state.compile_s > 0 and now - state.compiled_at < state.compile_s / COMPILE_SHARE
+    table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger), defer)
     n = len(state.sites)
+    state.defer_shrinks = bool(table[2 * n])   # any process's clock defers them: all do
     used = [table[2 * k] if 2 * k < len(table) else -1 for k in range(n)]
     bad = [table[2 * k + 1] if 2 * k + 1 < len(table) else -1 for k in range(n)]
     state.used = used
@@ -518,15 +540,18 @@ class Planned:
     return compat.exchange_across_processes(f"plan{self._ledger}/{epoch}/{s}", mine.tobytes(),
                                             EXCHANGE_TIMEOUT_S, forget=forget)
 
-  def _exchange(self, state: _State, plan, table: list) -> list:
-    """The mailbox tables of every process, maxed elementwise; raises on every process
-    when their sites or plans differ (they would move different collectives)."""
+  def _exchange(self, state: _State, plan, table: list, defer: bool) -> list:
+    """The mailbox tables of every process (per site: used size, decode failures),
+    then their `defer` flags (shrinks wait for the compile budget), maxed elementwise;
+    raises on every process when their sites or plans differ (they would move
+    different collectives)."""
     n = len(state.sites or ())
-    mine = np.full(2 + 2 * n, -1, np.int32)
+    mine = np.full(3 + 2 * n, -1, np.int32)
     mine[0] = _fingerprint(state.sites or [], plan)
     mine[1] = n
     t = np.asarray(table[:2 * n], np.int32)
     mine[2:2 + t.size] = t
+    mine[2 + 2 * n] = int(defer)
     blobs = self._exchange_blobs(mine)
     if blobs is None:
       return mine[2:].tolist()
