@@ -282,10 +282,10 @@ def test_cuda_export_has_no_conditional(mesh8):
 def test_mailbox_records_several_values_and_refuses_bad_operands():
   """zipccl_mailbox (ffi/mailbox.h): value i's max goes to slot + i, x passes through;
   bad operands are errors naming the target, and nothing is recorded."""
-  from zipccl_jax._src import planned
+  from zipccl_jax._src import planned_sites
   ledger = 987654
   x = jnp.arange(6, dtype=jnp.float32)
-  rec = jax.jit(lambda v, a, b: planned.record(v, [a, b], ledger, 4))
+  rec = jax.jit(lambda v, a, b: planned_sites.record(v, [a, b], ledger, 4))
   out = rec(x, jnp.array([3, 9, 1], jnp.int32), jnp.array([-1, 0], jnp.int32))
   np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
   assert list(zffi.mailbox_take(ledger)) == [-1, -1, -1, -1, 9, 0]
@@ -293,10 +293,10 @@ def test_mailbox_records_several_values_and_refuses_bad_operands():
   # column 2 of an encoder's stats rows s32[R, 4] (floored at 0), value 1 whole;
   # batched under vmap (a leading axis), the worst of every batch member
   stats = jnp.array([[7, 70, -5, 1], [8, 80, -3, 2]], jnp.int32)
-  jax.jit(lambda v, a, b: planned.record(v, [a, b], ledger, 0, column=2))(x, stats, jnp.array([4], jnp.int32))
+  jax.jit(lambda v, a, b: planned_sites.record(v, [a, b], ledger, 0, column=2))(x, stats, jnp.array([4], jnp.int32))
   assert list(zffi.mailbox_take(ledger)) == [0, 4]
   batched = jnp.stack([stats, stats.at[1, 2].set(33)])
-  jax.jit(jax.vmap(lambda v, a: planned.record(v, [a], ledger, 1, column=2)))(jnp.stack([x, x]), batched)
+  jax.jit(jax.vmap(lambda v, a: planned_sites.record(v, [a], ledger, 1, column=2)))(jnp.stack([x, x]), batched)
   assert list(zffi.mailbox_take(ledger)) == [-1, 33]
 
   def call(*values, slot=0, column=-1):

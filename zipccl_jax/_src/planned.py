@@ -35,16 +35,13 @@ raw words) and kept by planned steps, which a re-run may need them for
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import threading
 import time
 import zlib
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from zipccl_jax._src import compat
@@ -52,7 +49,7 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import planned_gate as gate_lib
 from zipccl_jax._src import planned_io
-from zipccl_jax._src.codecs import base
+from zipccl_jax._src.planned_sites import RAW, Trace, tracing
 
 # A plan's slot is the first rung >= used x (1 + HEADROOM). Row sizes move by ~0.3%
 # (median) to ~2% (p99) from step to step on training tensors, so 2% above the used
@@ -79,64 +76,11 @@ SHRINK_MIN = 0.01
 # shrinks go with it.
 COMPILE_SHARE = 0.05
 WINDOW_HEADROOM = 0.01   # the least headroom above a window's largest size (`window_target`)
-RAW = -1                 # a site's plan: move the raw words (no codec)
 EXCHANGE_TIMEOUT_S = 600.0
 EXCHANGE_EPOCH = 64      # exchanges per directory of the coordinator's store (`_exchange_blobs`)
 
 _ALIGN = ladder_lib.ALIGN
 _ledgers = itertools.count(1)
-_local = threading.local()
-
-
-@dataclasses.dataclass
-class _Trace:
-  """What one trace of `fun` under a plan sees: the plan, and the sites as traced."""
-  ledger: int
-  plan: tuple | None          # per site: slot bytes, RAW; None: the measuring program
-  sites: list = dataclasses.field(default_factory=list)   # (signature, rungs, raw_row)
-
-
-def active() -> _Trace | None:
-  """The trace of `zipccl_jax.jit` in progress on this thread, or None."""
-  return getattr(_local, "trace", None)
-
-
-@contextlib.contextmanager
-def _tracing(trace: _Trace):
-  prev = active()
-  trace.sites.clear()
-  _local.trace = trace
-  try:
-    yield
-  finally:
-    _local.trace = prev
-
-
-def record(x, values, ledger: int, slot: int, column: int = -1):
-  """x passed through (aliased, no copy) after max(values[i]) (int32) is recorded into
-  the mailbox table[ledger][slot + i] for each i (ffi/mailbox.h): x's consumers wait
-  for the record. column >= 0: values[0] is read as rows of its last axis and
-  max(0, its column `column`) is recorded (an encoder's stats s32[R, 4], column 2:
-  the largest used size, with no reduction op of its own)."""
-  _ffi.register()
-  out = base.result_type(x.shape, x.dtype, x)
-  return jax.ffi.ffi_call("zipccl_mailbox", out, input_output_aliases={0: 0},
-                          vmap_method="expand_dims")(
-      x, *[v.astype(jnp.int32) for v in values], ledger=np.int64(ledger), slot=np.int64(slot),
-      column=np.int64(column))
-
-
-def site(trace: _Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
-  """Registers the next call site of `trace`: (its index, its planned slot: bytes,
-  RAW, or None while measuring)."""
-  k = len(trace.sites)
-  trace.sites.append((signature, tuple(rungs), raw_row))
-  if trace.plan is None:
-    return k, None
-  slot = trace.plan[k] if k < len(trace.plan) else RAW
-  # A plan that does not fit this site (a stale saved plan, a fun that traces
-  # differently): raw, which is always exact.
-  return k, slot if slot in rungs else RAW
 
 
 def _slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
@@ -303,10 +247,10 @@ class Planned:
   def _program(self, state: _State, plan):
     prog = state.programs.get(plan)
     if prog is None:
-      trace = _Trace(self._ledger, plan)
+      trace = Trace(self._ledger, plan)
 
       def traced(*args, **kwargs):
-        with _tracing(trace):
+        with tracing(trace):
           out = self._fun(*args, **kwargs)
         state.sites = list(trace.sites)
         return out

@@ -67,7 +67,7 @@ from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
-from zipccl_jax._src import planned
+from zipccl_jax._src import planned_sites
 from zipccl_jax._src import stats
 from zipccl_jax._src.codecs import base
 
@@ -326,7 +326,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     recv_mask = own[1].astype(jnp.uint8)
     send_mask = recv_mask if own[0] is own[1] else own[0]
     own = (send_mask, recv_mask, own[2])
-  trace = planned.active()
+  trace = planned_sites.active()
   if trace is not None:
     return _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
                     sends, recvs)
@@ -422,9 +422,9 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
   (slot None) the site encodes to record the used size and moves the raw words."""
   signature = (where, plan.codec.name, np.dtype(plan.dtype).name, tuple(int(d) for d in rows.shape),
                tuple(plan.chunk), bool(check))
-  k, slot = planned.site(trace, signature, plan.rungs, plan.raw_row)
+  k, slot = planned_sites.site(trace, signature, plan.rungs, plan.raw_row)
   rungs = tuple(plan.rungs)
-  if slot == planned.RAW:
+  if slot == planned_sites.RAW:
     y, status = _move_raw(rows, plan.dtype, move, move_raw)
     rung = len(rungs)
   else:
@@ -437,17 +437,17 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
     used, column = (st, USED_COLUMN) if sends is None else (jnp.where(sends, used_max(st), 0), -1)
     if slot is None:
       # measuring: the raw words move once the used size is recorded
-      rows = planned.record(rows, [used], trace.ledger, 2 * k, column)
+      rows = planned_sites.record(rows, [used], trace.ledger, 2 * k, column)
       y, status = _move_raw(rows, plan.dtype, move, move_raw)
       rung = len(rungs)
     else:
       y, status = _move_compressed(payload, plan, own, move, prefix, move_slot, slot)
       rung = rungs.index(slot)
   y, status = _mask_receivers(y, status, recvs, plan.dtype)
-  if slot not in (None, planned.RAW):
+  if slot not in (None, planned_sites.RAW):
     # one record per site: the used size and the decoder statuses (positive on
     # failure: max > 0 marks a failed row)
-    y = planned.record(y, [used, status], trace.ledger, 2 * k, column)
+    y = planned_sites.record(y, [used, status], trace.ledger, 2 * k, column)
   # stats: the rung is static; used size and count live in the wrapper (site_stats)
   return y, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0)
 
