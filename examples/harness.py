@@ -288,8 +288,9 @@ def compile_variant(label: str, jitted, state, batch) -> Variant:
 
   A zipccl_jax.jit step is planned here: its first call measures and plans (on a
   copy of the state, which the measuring step's donation consumes; the outputs are
-  dropped), and the step run is the wrapper itself, which validates every step. compile_s is then the first call's time
-  (measuring program compile + run) plus the planned program's compile."""
+  dropped), and the step run is the wrapper itself, which validates every step.
+  compile_s is then the first call's time (measuring program compile + run) plus
+  the planned program's compile."""
   t0 = time.perf_counter()
   if hasattr(jitted, "site_stats"):
     jax.block_until_ready(jitted(jax.tree.map(jnp.copy, state), batch))

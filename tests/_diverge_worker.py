@@ -13,8 +13,9 @@ force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
 the same program, exact results); with the prefix "planned_" the step runs under
 zipccl_jax.jit for three steps ("planned_same": every process alike, the report
 adds the plan's slots; "planned_gate": the processes' clocks disagree on whether
-the plan or raw words is faster, the report adds the comparisons). exchange_absent: the last process skips an exchange between
-processes (compat.exchange_across_processes, 3 s timeout) that the others make.
+the plan or raw words is faster, the report adds the comparisons). exchange_absent:
+the last process skips an exchange between processes
+(compat.exchange_across_processes, 3 s timeout) that the others make.
 """
 from __future__ import annotations
 
@@ -100,15 +101,9 @@ def _disagreeing_clocks(f, pid: int) -> int:
   the steps to run: measure, 1 planned, 4 timed, 2 raw."""
   from zipccl_jax._src import planned_gate
   planned_gate.PAIRS, planned_gate.FIRST_COMPARE = 2, 1
+  from tests.gate_clock import phase_clock
   cost = {"planned": 3.0, "raw": 1.0} if pid == 0 else {"planned": 1.0, "raw": 2.0}
-  now = [0.0]
-
-  def clock():
-    state = f._state_of((), {})   # pylint: disable=protected-access
-    now[0] += cost[state.gate.phase or "planned"]
-    return now[0]
-
-  f._clock = clock   # pylint: disable=protected-access
+  f._clock = phase_clock(f, cost)   # pylint: disable=protected-access
   return 8
 
 

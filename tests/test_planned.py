@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
+from tests.gate_clock import phase_clock
 from tests.reference import assert_bits_equal
 from zipccl_jax._src import ffi as zffi
 
@@ -190,14 +191,7 @@ def test_donated_arguments_are_kept_only_where_a_rerun_may_need_them(mesh8, monk
   monkeypatch.setattr(g, "FIRST_COMPARE", 1)
   want = jax.jit(_five(mesh8, codec="raw"))(_gauss(8))
   f = zc.jit(_five(mesh8), donate_argnums=0)
-  cost = {g.PLANNED: 2.0, g.RAW: 1.0}
-  now = [0.0]
-
-  def clock():
-    now[0] += cost[f._state_of((), {}).gate.phase or g.PLANNED]   # pylint: disable=protected-access
-    return now[0]
-
-  f._clock = clock   # pylint: disable=protected-access
+  f._clock = phase_clock(f, {g.PLANNED: 2.0, g.RAW: 1.0})   # pylint: disable=protected-access
   sharded = jax.sharding.NamedSharding(mesh8, P("x"))   # as the step takes it: no copy
   consumed = []
   for i in range(7):   # measure, 1 planned, 2 pairs, then raw words
@@ -512,14 +506,9 @@ def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch
     runs.append(plan is not None)
     return real_run(state, plan, args, kwargs)
 
-  now, cost = [0.0], {g.PLANNED: 2.0, g.RAW: 1.0}
-
-  def clock():
-    now[0] += cost[f._state_of((), {}).gate.phase or g.PLANNED]   # pylint: disable=protected-access
-    return now[0]
-
+  cost = {g.PLANNED: 2.0, g.RAW: 1.0}
   monkeypatch.setattr(f, "_run", counted)
-  f._clock = clock   # pylint: disable=protected-access
+  f._clock = phase_clock(f, cost)   # pylint: disable=protected-access
   for i in range(7):   # measure, 1 planned, 2 pairs, 1 raw
     _assert_all_equal(f(x), want, f"step {i}")
   assert f.comparisons() == [g.Comparison(5, 2.0, 1.0, g.RAW)]
