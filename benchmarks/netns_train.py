@@ -188,6 +188,23 @@ def _taken(v: dict) -> str:
   return f"{w / r:.3f}" if w and r else "-"
 
 
+def _comparisons(rows: list) -> list:
+  """Lines naming each zipccl_jax.jit variant's timed comparisons of its plan with raw
+  words (step, ms per planned / raw step, what it chose), if any ran."""
+  out = []
+  for r in rows:
+    for label, x in r["variants"].items():
+      for step, planned_s, raw_s, diff_s, chosen in x.get("comparisons", ()):
+        out.append(f"- {r.get('example')} {label}: at step {step}, {planned_s * 1e3:.1f} ms a "
+                   f"planned step vs {raw_s * 1e3:.1f} ms raw, paired difference "
+                   f"{diff_s * 1e3:+.2f} ms -> {chosen}")
+  if not out:
+    return []
+  return ["zipccl_jax.jit's comparisons of its plan with raw words (medians over paired, "
+          "waited steps and of their differences, which decide; the chosen program runs "
+          "until the next comparison):", ""] + out + [""]
+
+
 def _ratio(res, a, b, key="median_ms"):
   va, vb = res["variants"].get(a), res["variants"].get(b)
   if not va or not vb or not vb[key]:
@@ -249,6 +266,7 @@ def report(rows, args, stem: str) -> str:
           + f"{_taken(v.get('zipccl', {}))} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
+    lines += _comparisons([r for r in rows if r["procs"] == nproc and not r.get("error")])
   if any(r.get("unshaped") for r in rows):
     lines += breakdown(rows, args)
   lines += ["Configs (per example): " + "; ".join(

@@ -332,7 +332,8 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
   for v in variants:   # zipccl_jax.jit's timed comparisons of its plan with raw words
     for c in getattr(v.step, "comparisons", lambda: [])():
       say(f"  {v.label}: step {c.step}, planned {c.planned_s * 1e3:.1f} ms/step, "
-          f"raw words {c.raw_s * 1e3:.1f} ms/step -> {c.chosen}")
+          f"raw words {c.raw_s * 1e3:.1f} ms/step (medians), paired difference "
+          f"{c.difference_s * 1e3:+.2f} ms -> {c.chosen}")
 
 
 def summarize(variants: list, *, warmup: int, params_of) -> dict:
@@ -365,7 +366,10 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         fallback_steps=v.fell_back,
         fallbacks=v.fallbacks, codec_bytes=v.codec,
         losses=[float(x) for x in words[0, j].view(np.float32)],
-        step_ms=[1e3 * float(x) for x in slowest[j]])
+        step_ms=[1e3 * float(x) for x in slowest[j]],
+        # zipccl_jax.jit's decisions between its plan and raw words (the same on
+        # every process: they decide from exchanged times)
+        comparisons=[list(c) for c in getattr(v.step, "comparisons", lambda: [])()])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
   exact = [k for k in VARIANTS if k not in ("raw", "lax") and k in labels] \

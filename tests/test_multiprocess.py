@@ -154,4 +154,4 @@ def test_processes_that_time_differently_take_one_decision(tmp_path):
   results = _diverge(tmp_path, 2, "planned_gate")
   for pid, r in enumerate(results):
     assert r["error"] is None and r["exact"] is True, (pid, r)
-    assert r["comparisons"] == [[5, 2.0, 1.5, "raw"]], (pid, r)
+    assert r["comparisons"] == [[5, 2.0, 1.5, 0.5, "raw"]], (pid, r)

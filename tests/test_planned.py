@@ -474,12 +474,12 @@ def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):
 
   gate, cost = g.Gate(), {P: 2.0, R: 1.0}
   assert steps(gate, 8, cost) == [P, P] + [P, R] * 3
-  assert gate.comparisons == [g.Comparison(8, 2.0, 1.0, R)] and gate.every == 2
+  assert gate.comparisons == [g.Comparison(8, 2.0, 1.0, 1.0, R)] and gate.every == 2
   assert steps(gate, 8, cost) == [R, R] + [P, R] * 3           # the same: the gap doubles
   assert gate.comparisons[-1].chosen == R and gate.every == 4
   cost[P] = 0.5
   assert steps(gate, 10, cost) == [R] * 4 + [P, R] * 3         # flips: the gap starts again
-  assert gate.comparisons[-1] == g.Comparison(26, 0.5, 1.0, P) and gate.every == 2
+  assert gate.comparisons[-1] == g.Comparison(26, 0.5, 1.0, -0.5, P) and gate.every == 2
   # a plan that changes in every pair: no valid pair, no decision, compared again soon
   other = g.Gate()
   steps(other, 8, {P: 2.0, R: 1.0}, plan=lambda i: ("plan", i))
@@ -511,7 +511,7 @@ def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch
   f._clock = phase_clock(f, cost)   # pylint: disable=protected-access
   for i in range(7):   # measure, 1 planned, 2 pairs, 1 raw
     _assert_all_equal(f(x), want, f"step {i}")
-  assert f.comparisons() == [g.Comparison(5, 2.0, 1.0, g.RAW)]
+  assert f.comparisons() == [g.Comparison(5, 2.0, 1.0, 1.0, g.RAW)]
   assert runs == [False, True, True, True]     # raw steps: no mailbox, no exchange
   cost[g.PLANNED] = 0.5
   for i in range(4):   # 2 pairs

@@ -58,11 +58,15 @@ class Comparison(NamedTuple):
     step: the function's call (with these argument shapes) that ended the comparison.
     planned_s: seconds per planned step (median over the pairs, mean over processes).
     raw_s: seconds per raw step, alike.
+    difference_s: planned - raw seconds per step, the median over the pairs (mean
+      over processes): what decides (below zero: the plan). Its sign can differ from
+      planned_s - raw_s's, the difference of two medians.
     chosen: PLANNED or RAW, what the steps run until the next comparison.
   """
   step: int
   planned_s: float
   raw_s: float
+  difference_s: float
   chosen: str
 
 
@@ -126,5 +130,5 @@ class Gate:
     chosen = PLANNED if diff < 0 else RAW
     self.every = min(MAX_COMPARE, 2 * self.every) if chosen == self.chosen else FIRST_COMPARE
     self.chosen = chosen
-    self.comparisons.append(Comparison(self.steps, planned_s, raw_s, chosen))
+    self.comparisons.append(Comparison(self.steps, planned_s, raw_s, diff, chosen))
     return chosen
