@@ -307,6 +307,12 @@ def compile_variant(label: str, jitted, state, batch) -> Variant:
                  codec_bytes(text))
 
 
+def comparisons(v: Variant) -> list:
+  """A zipccl_jax.jit variant's timed comparisons of its plan with raw words (none for
+  jax.jit variants)."""
+  return v.step.comparisons() if hasattr(v.step, "comparisons") else []
+
+
 def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None:
   """Runs every variant over `batches` in lockstep (rotating order), timing each step."""
   n = len(variants)
@@ -330,7 +336,7 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
       say(f"  step {i + 1:>4}/{len(batches)}  " + "  ".join(
           f"{v.label} {v.losses[-1]:.4f} ({v.times[-1] * 1e3:.0f} ms)" for v in variants))
   for v in variants:   # zipccl_jax.jit's timed comparisons of its plan with raw words
-    for c in getattr(v.step, "comparisons", lambda: [])():
+    for c in comparisons(v):
       say(f"  {v.label}: step {c.step}, planned {c.planned_s * 1e3:.1f} ms/step, "
           f"raw words {c.raw_s * 1e3:.1f} ms/step (medians), paired difference "
           f"{c.difference_s * 1e3:+.2f} ms -> {c.chosen}")
@@ -369,7 +375,7 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         step_ms=[1e3 * float(x) for x in slowest[j]],
         # zipccl_jax.jit's decisions between its plan and raw words (the same on
         # every process: they decide from exchanged times)
-        comparisons=[list(c) for c in getattr(v.step, "comparisons", lambda: [])()])
+        comparisons=[list(c) for c in comparisons(v)])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
   exact = [k for k in VARIANTS if k not in ("raw", "lax") and k in labels] \

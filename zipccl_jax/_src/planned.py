@@ -30,7 +30,7 @@ consumed a failed one). A plan whose sites are all raw has nothing to validate (
 words neither overflow nor fail to decode): its steps return as from jax.jit. Donated
 arguments are donated by the programs that cannot run again (the measuring program,
 raw words) and kept by planned steps, which a re-run may need them for
-(`_donates`). Every so often the plan is timed against raw words, and the faster runs
+(`_compresses`). Every so often the plan is timed against raw words, and the faster runs
 (planned_gate.py).
 """
 from __future__ import annotations
@@ -93,11 +93,11 @@ def _slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
               next((r for r in rungs if r >= used), RAW))
 
 
-def _donates(plan) -> bool:
-  """Whether the program of `plan` takes the donated arguments: the measuring program
-  (None) and plans of raw sites only, whose steps cannot fail; a plan with a
-  compressed site may overflow and run again on its inputs, so it keeps them."""
-  return plan is None or all(p == RAW for p in plan)
+def _compresses(plan) -> bool:
+  """Whether `plan` has a compressed site: its steps are validated (a row may outgrow
+  its slot) and keep their donated arguments for a re-run; the measuring program
+  (None) and plans of raw sites only cannot fail, and take them."""
+  return plan is not None and any(p != RAW for p in plan)
 
 
 def _fingerprint(sites: list, plan) -> int:
@@ -221,7 +221,7 @@ class Planned:
     self._fun = fun
     self._compare_raw = compare_raw
     self._jit_kwargs = dict(jit_kwargs)
-    # Donation holds for the programs no re-run can need the inputs of (`_donates`).
+    # Donation holds for the programs no re-run can need the inputs of (`_compresses`).
     self._donate = {k: self._jit_kwargs.pop(k) for k in ("donate_argnums", "donate_argnames")
                     if k in self._jit_kwargs}
     self._static = tuple(np.atleast_1d(jit_kwargs.get("static_argnums", ())).tolist())
@@ -256,7 +256,7 @@ class Planned:
         return out
 
       traced.__name__ = self.__name__
-      donate = self._donate if _donates(plan) else {}
+      donate = {} if _compresses(plan) else self._donate
       prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs, **donate)
     return prog
 
@@ -316,7 +316,7 @@ class Planned:
     plan = state.plan
     if plan is None:
       return self._measure(state, args, kwargs)
-    compressed = any(p != RAW for p in plan)
+    compressed = _compresses(plan)
     program = state.gate.next() if compressed and self._compare_raw else gate_lib.PLANNED
     timed = compressed and self._compare_raw and state.gate.phase is not None
     start = self._clock() if timed else 0.0
@@ -344,8 +344,9 @@ class Planned:
   def _decide(self, gate: gate_lib.Gate) -> None:
     """Ends a comparison of the plan with raw words: the same decision on every
     process, from every process's numbers (planned_gate.py)."""
-    blobs = self._exchange_blobs(np.asarray(gate.mine(), np.float64))
-    gate.decide([gate.mine()] if blobs is None else [np.frombuffer(b, np.float64) for b in blobs])
+    mine = gate.mine()
+    blobs = self._exchange_blobs(np.asarray(mine, np.float64))
+    gate.decide([mine] if blobs is None else [np.frombuffer(b, np.float64) for b in blobs])
 
   def _measure(self, state: _State, args, kwargs):
     """The first step: the measuring program (raw moves, exact); plans from its sizes."""
@@ -545,7 +546,7 @@ class Planned:
     """Reads plans written by `save_plans`; each is used by the first call with the
     same argument shapes whose traced sites match it (else that call measures).
     Returns how many plans were read. ValueError naming the file when malformed."""
-    loaded = planned_io.load(path, RAW)
+    loaded = planned_io.load(path)
     self._loaded.update(loaded)
     return len(loaded)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 
+from zipccl_jax._src.planned_sites import RAW
+
 PLANS_VERSION = 1
 
 
@@ -25,7 +27,7 @@ def save(path: str, function: str, plans: list) -> None:
   in the same directory, renamed over it)."""
   doc = {"version": PLANS_VERSION, "function": function, "plans": [
       {"key": key, "sites": [{"signature": _jsonable(sig), "raw_row": raw,
-                              "slot": None if slot < 0 else slot}
+                              "slot": None if slot == RAW else slot}
                              for (sig, _, raw), slot in zip(sites, plan)]}
       for key, sites, plan in plans]}
   tmp = f"{path}.tmp{os.getpid()}"
@@ -34,9 +36,10 @@ def save(path: str, function: str, plans: list) -> None:
   os.replace(tmp, path)
 
 
-def load(path: str, raw: int) -> dict:
+def load(path: str) -> dict:
   """{key text: (sites [(signature, None, raw_row)], plan)} read from `path`, with
-  `raw` for the slots saved as null. ValueError naming the file when malformed."""
+  RAW for the slots saved as null (or as RAW). ValueError naming the file when
+  malformed."""
   out = {}
   try:
     with open(path) as f:
@@ -45,7 +48,7 @@ def load(path: str, raw: int) -> dict:
       raise ValueError(f"version must be {PLANS_VERSION}, got {doc.get('version')!r}")
     for p in doc["plans"]:
       sites = [(_tupled(s["signature"]), None, int(s["raw_row"])) for s in p["sites"]]
-      plan = tuple(raw if s["slot"] in (None, raw) else int(s["slot"]) for s in p["sites"])
+      plan = tuple(RAW if s["slot"] in (None, RAW) else int(s["slot"]) for s in p["sites"])
       out[str(p["key"])] = (sites, plan)
   except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     raise ValueError(f"zipccl_jax.jit: cannot load plans from {path!r}: {e}") from None
