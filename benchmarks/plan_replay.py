@@ -47,7 +47,7 @@ RUNS = {
     "fsdp": ["train_fsdp.py", "--codec", "entropy", "--d-model", "1024", "--layers", "2",
              "--heads", "8", "--seq-len", "32", "--no-analyze", "--no-progress"],
 }
-WINDOW = 25   # steps per window of the hindsight bound (planned.SHRINK_WINDOW)
+WINDOW = 25   # steps per window of the hindsight bound (planned_slots.SHRINK_WINDOW)
 
 
 def record(out: str, argv: list) -> None:
@@ -83,9 +83,9 @@ def record(out: str, argv: list) -> None:
 def _rung(used_units: int, rungs: list, raw: int) -> int:
   """The ladder's rung for a used size (units of 128 B): the planner's own rule with
   no headroom; the raw row above the ladder or for a site that did not run (-1)."""
-  from zipccl_jax._src import planned
-  slot = planned._slot_for(used_units, tuple(rungs), 0.0)   # pylint: disable=protected-access
-  return raw if slot == planned.RAW else slot
+  from zipccl_jax._src import planned_slots
+  slot = planned_slots.slot_for(used_units, tuple(rungs), 0.0)
+  return raw if slot == planned_slots.RAW else slot
 
 
 def replay(log: list) -> dict:

@@ -53,6 +53,11 @@ def _assert_all_equal(got, want, what):
     assert_bits_equal(np.asarray(a), np.asarray(b), f"{what} output {i}")
 
 
+# A site's signature as transport.py traces it (transport, codec, dtype, rows shape,
+# chunk, check decode), for the tests that script sites and sizes
+_SIGNATURE = ("an all_gather", "entropy", "bfloat16", (1, 4096), (), False)
+
+
 def _compiled(f, *args) -> str:
   return f.lower(*args).compile().as_text()
 
@@ -103,9 +108,9 @@ def test_a_step_that_does_not_fit_is_replanned_and_rerun_exactly(mesh8):
 
 def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
   """Sizes that fall (data growing more compressible) shrink the plan after a window
-  of SHRINK_WINDOW fitting steps, with no re-run, once the time since the last
-  compile allows (COMPILE_SHARE); results equal codec="raw" before, at and after the
-  change."""
+  of SHRINK_WINDOW fitting steps, with no re-run, once they pay for their compile
+  (`_shrinks_pay`, its rule tested on scripted clocks below); results equal
+  codec="raw" before, at and after the change."""
   from zipccl_jax._src import planned
   monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
   kw = dict(policy="always")
@@ -119,11 +124,11 @@ def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
   narrow = _gauss(1)
   _assert_all_equal(f(wide), raw(wide), "measured")
   first = f.site_stats()[0]
-  monkeypatch.setattr(planned, "COMPILE_SHARE", 1e-9)   # every compile too recent: shrinks wait
+  monkeypatch.setattr(planned.Planned, "_shrinks_pay", staticmethod(lambda state, shrunk: False))
   for i in range(3):
     _assert_all_equal(f(narrow), raw(narrow), f"narrow step {i}")
   assert f.site_stats()[0].slot_bytes == first.slot_bytes and f.site_stats()[0].shrinks == 0
-  monkeypatch.setattr(planned, "COMPILE_SHARE", float("inf"))   # no compile budget
+  monkeypatch.setattr(planned.Planned, "_shrinks_pay", staticmethod(lambda state, shrunk: True))
   for i in range(3):
     _assert_all_equal(f(narrow), raw(narrow), f"narrow step {3 + i}")
   shrunk = f.site_stats()[0]
@@ -314,9 +319,9 @@ def test_window_headroom_estimates_noise_and_trend():
   """`window_target` on sizes of one site over a window: the headroom above the
   window's maximum is the largest of WINDOW_HEADROOM, half the site's own, the sizes'
   sd over the maximum and twice the rise of the second half's mean over the first's."""
-  from zipccl_jax._src import planned
-  target = planned.window_target
-  assert target([100] * 25, 0.02) == (100, planned.WINDOW_HEADROOM)   # settled: the floor
+  from zipccl_jax._src import planned_slots
+  target = planned_slots.window_target
+  assert target([100] * 25, 0.02) == (100, planned_slots.WINDOW_HEADROOM)   # settled: the floor
   assert target([100] * 25, 0.10) == (100, 0.05)                       # own headroom halves
   top, h = target([96, 104] * 12, 0.0)                                 # noise: 1 sd / max
   assert top == 104 and h == pytest.approx(4 / 104)
@@ -326,7 +331,7 @@ def test_window_headroom_estimates_noise_and_trend():
   # one low first step and one high last step: halves, not ends (2 x 110/90 would be 44%)
   top, h = target([90] + [100] * 23 + [110], 0.0)
   assert top == 110 and h == pytest.approx(2 * rise(1190 / 12, 1310 / 13))
-  assert target([100] * 25, 0.9)[1] == planned.MAX_HEADROOM
+  assert target([100] * 25, 0.9)[1] == planned_slots.MAX_HEADROOM
 
 
 def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
@@ -349,7 +354,7 @@ def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
   f = zc.jit(lambda v: v)
 
   def run(state, plan, args, kwargs):
-    state.sites = [(("site",), rungs, raw_row)]
+    state.sites = [(_SIGNATURE, rungs, raw_row)]
     return args[0], [next(sizes)], [0]
 
   monkeypatch.setattr(f, "_run", run)
@@ -427,7 +432,7 @@ def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
   """A re-plan compiles a new program anyway: the sites that still fit but are left
   with less than their headroom grow in it too (early in training many sites drift
   upwards together), so they cost no compile, or re-run, of their own later."""
-  from zipccl_jax._src import planned
+  from zipccl_jax._src import planned_slots
   rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
   sizes = iter([[100, 100, 100],   # measure
                 [110, 101, 99],    # site 0 overflows, site 1 still fits but is short
@@ -435,19 +440,19 @@ def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
   f = zc.jit(lambda v: v)
 
   def run(state, plan, args, kwargs):
-    state.sites = [((f"site{k}",), rungs, raw_row) for k in range(3)]
+    state.sites = [(_SIGNATURE, rungs, raw_row) for k in range(3)]
     return args[0], next(sizes), [0, 0, 0]
 
   monkeypatch.setattr(f, "_run", run)
   x = jnp.zeros(3)
-  want = lambda units, h: planned._slot_for(units, rungs, h)   # pylint: disable=protected-access
+  want = lambda units, h: planned_slots.slot_for(units, rungs, h)
   f(x)
   first = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
-  assert first == (want(100, planned.HEADROOM),) * 3
+  assert first == (want(100, planned_slots.HEADROOM),) * 3
   f(x)
   plan = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
   assert plan[0] > first[0]                                   # re-planned
-  assert plan[1] == want(101, planned.HEADROOM) > first[1]    # grown alongside
+  assert plan[1] == want(101, planned_slots.HEADROOM) > first[1]    # grown alongside
   assert plan[2] == first[2]                                  # room left: kept
   assert [(s.replans, s.grows) for s in f.site_stats()] == [(1, 0), (0, 1), (0, 0)]
 
@@ -528,30 +533,36 @@ def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch
     zc.jit(_five(mesh8), compare_raw=1)
 
 
-def test_shrinks_wait_for_the_compile_budget_unless_a_grow_compiles(monkeypatch):
-  """While the compile budget defers shrinks (the agreed `defer_shrinks`), a window
-  that only shrinks keeps its plan; a window that also grows a site compiles anyway,
-  and its shrinks go with it."""
+def test_shrinks_wait_until_they_pay_for_their_compile_unless_a_grow_compiles(monkeypatch):
+  """A window's shrinks wait until the step time they would have saved (each window:
+  its steps' time x the share of the plan's bytes they save) reaches the last
+  compile's time; a window that also grows a site compiles anyway, and its shrinks
+  go with it. The clocks are the agreed ones `_run` leaves in the state."""
   from zipccl_jax._src import planned
   monkeypatch.setattr(planned, "SHRINK_WINDOW", 2)
   rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
-  sizes = iter([[100, 100],                         # measure: slots 102, 102
-                [80, 100], [80, 100],               # site 0 falls: a shrink, deferred
-                [80, 102], [80, 102]])              # site 1 at its slot: grows
+  sizes = iter([[100, 100],                          # measure: slots 102, 102
+                [80, 100], [80, 100],                # site 0 falls: saves 21 of 204 units:
+                [80, 100], [80, 100],                # 10 s x 0.103 a window, pays after two
+                [60, 102], [60, 102]])               # site 1 at its slot grows, site 0 goes along
   f = zc.jit(lambda v: v)
 
   def run(state, plan, args, kwargs):
-    state.sites = [((f"site{k}",), rungs, raw_row) for k in range(2)]
-    state.defer_shrinks = True
+    state.sites = [(_SIGNATURE, rungs, raw_row) for _ in range(2)]
+    state.window_s, state.compile_s = 10.0, 2.0
     return args[0], next(sizes), [0, 0]
 
   monkeypatch.setattr(f, "_run", run)
   x = jnp.zeros(3)
-  plan = lambda: f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+  state = lambda: f._state(f._key((x,), {}))   # pylint: disable=protected-access
   for _ in range(3):
     f(x)
-  assert plan() == (102 * 128, 102 * 128)
+  assert state().plan == (102 * 128, 102 * 128)
+  assert state().forgone_s == pytest.approx(10 * 21 / 204)
   for _ in range(2):
     f(x)
-  assert plan()[0] < 102 * 128 < plan()[1]
-  assert [(s.shrinks, s.grows) for s in f.site_stats()] == [(1, 0), (0, 1)]
+  assert state().plan == (81 * 128, 102 * 128) and state().forgone_s == 0
+  for _ in range(2):
+    f(x)
+  assert state().plan == (61 * 128, 104 * 128)
+  assert [(s.shrinks, s.grows) for s in f.site_stats()] == [(2, 0), (0, 1)]

@@ -49,48 +49,17 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import planned_gate as gate_lib
 from zipccl_jax._src import planned_io
+from zipccl_jax._src import planned_slots as slots
 from zipccl_jax._src.planned_sites import RAW, Trace, tracing
+from zipccl_jax._src.planned_slots import (HEADROOM, MAX_HEADROOM, SHRINK_MIN, SHRINK_WINDOW,
+                                           slot_for as _slot_for, window_target)
 
-# A plan's slot is the first rung >= used x (1 + HEADROOM). Row sizes move by ~0.3%
-# (median) to ~2% (p99) from step to step on training tensors, so 2% above the used
-# size needs re-plans rarely. A site that overflows proved more volatile (early
-# training: MoE activations grew 16%, then 9% and 6% in 25 steps): its headroom
-# doubles, and is at least the excess just seen, up to MAX_HEADROOM; it halves with
-# each window the site then fits (`_replan_from_window`).
-HEADROOM = 0.02
-MAX_HEADROOM = 0.25
-# Sizes drift during training (gradients early on grow less compressible, later
-# more), so after SHRINK_WINDOW steps without an overflow each site's slot follows
-# the window's sizes (`_replan_from_window`): it grows before it overflows, or
-# shrinks when that saves at least SHRINK_MIN of its raw row (no re-run; a new plan
-# compiles once, and every plan stays cached). SHRINK_MIN bounds the compiles a site
-# that settles costs.
-SHRINK_WINDOW = 25
-SHRINK_MIN = 0.01
-# A shrink (a plan change that only saves bytes) compiles the whole step again: 4.5 s
-# for the MoE example's step on one core, the time of 150 of its steps, while a
-# shrink saves ~1-5% of one site's bytes. So a window's shrinks wait until the time
-# since the last compile is at least the last compile's time / COMPILE_SHARE: the
-# compiles shrinks cause stay below ~5% of the wall time. A window that grows a site
-# (which heads off an overflow: a compile and a re-run) compiles anyway, and its
-# shrinks go with it.
-COMPILE_SHARE = 0.05
-WINDOW_HEADROOM = 0.01   # the least headroom above a window's largest size (`window_target`)
 EXCHANGE_TIMEOUT_S = 600.0
+CLOCK_UNIT_S = 1e-5      # the exchanged clocks' unit (int32: up to ~6 h)
 EXCHANGE_EPOCH = 64      # exchanges per directory of the coordinator's store (`_exchange_blobs`)
 
 _ALIGN = ladder_lib.ALIGN
 _ledgers = itertools.count(1)
-
-
-def _slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
-  """The first rung >= used size x (1 + headroom); near the top of the ladder (a row
-  that barely compresses) the first rung >= the used size; else RAW."""
-  if used_units < 0:   # never ran (a trace the program did not keep)
-    return RAW
-  used = used_units * _ALIGN
-  return next((r for r in rungs if r >= used * (1 + headroom)),
-              next((r for r in rungs if r >= used), RAW))
 
 
 def _compresses(plan) -> bool:
@@ -115,35 +84,6 @@ def _key_text(key) -> str:
   treedef, avals, static = key
   avals = tuple((shape, str(getattr(d, "name", None) or d.__name__)) for shape, d in avals)
   return repr((str(treedef), avals, static))
-
-
-def window_target(sizes: list, headroom: float) -> tuple[int, float]:
-  """(the window's largest size, the headroom of the slot that follows it) for one
-  site's used sizes over a window of fitting steps, given the site's own headroom.
-
-  The headroom above the window's maximum is at least
-  - WINDOW_HEADROOM (the maximum of the window's steps already covers the sizes seen,
-    which the first plan's HEADROOM, from one step, does not);
-  - half the site's own: an overflow's doubled headroom estimates the sizes'
-    volatility and fades by half with each window that fits;
-  - the standard deviation of the window's sizes over its maximum: a next step
-    above max + 1 sd is rare (~0.1% per step for normal sizes, whose maximum over 25
-    steps lies ~2 sd above their mean);
-  - twice the window's trend when it rose: the rise of the second half's mean over
-    the first half's, doubled to a whole window (gradients grow less compressible for
-    hundreds of steps: the slot covers the next window's rise twice). Means of
-    halves, not the window's two ends: a difference of two single steps is mostly
-    their noise (1.4 sd), which made noisy sites keep slots ~4% too large.
-  At most MAX_HEADROOM."""
-  top = max(sizes)
-  mean = sum(sizes) / len(sizes)
-  sd = (sum((u - mean) ** 2 for u in sizes) / len(sizes)) ** 0.5
-  half = len(sizes) // 2
-  trend = 0.0
-  if half:
-    first, second = sum(sizes[:half]) / half, sum(sizes[half:]) / (len(sizes) - half)
-    trend = max(0.0, 2 * (second / max(first, 1) - 1))
-  return top, min(MAX_HEADROOM, max(WINDOW_HEADROOM, headroom / 2, sd / max(top, 1), 2 * trend))
 
 
 @dataclasses.dataclass
@@ -190,9 +130,12 @@ class _State:
     self.probe_every = 1
     self.windows_since_probe = 0
     self.programs: dict = {}
-    self.compile_s = 0.0         # the first run of the last new program (seconds)
-    self.compiled_at = 0.0       # time.perf_counter() at its end
-    self.defer_shrinks = False   # the last step's verdict, agreed (COMPILE_SHARE)
+    # seconds: this process's clocks, and the largest over the processes (agreed in
+    # the step's exchange, in CLOCK_UNIT_S), from which every process decides alike
+    self.own = {"window": 0.0, "compile": 0.0}
+    self.compile_s = 0.0   # the first run of the last new program (trace, compile, one step)
+    self.window_s = 0.0    # the steps of the current window, call to validated outputs
+    self.forgone_s = 0.0   # the step time the pending shrinks would have saved (`_shrinks_pay`)
     self.gate = gate_lib.Gate()   # planned or raw words, timed (planned_gate.py)
 
   def count_sites(self) -> int:
@@ -204,8 +147,16 @@ class _State:
     return n
 
   def new_window(self) -> None:
-    """Starts a window of sizes (`Planned._replan_from_window`) after the plan changed."""
+    """Starts a window of sizes (`Planned._replan_from_window`)."""
     self.window = []
+    self.window_s = self.own["window"] = 0.0
+
+  def new_plan(self, plan: tuple) -> None:
+    """Takes `plan`, with a window of its own and no shrink pending."""
+    if plan != self.plan:
+      self.forgone_s = 0.0
+    self.plan = plan
+    self.new_window()
 
 
 class Planned:
@@ -352,7 +303,7 @@ class Planned:
     """The first step: the measuring program (raw moves, exact); plans from its sizes."""
     out, used, _ = self._run(state, None, args, kwargs)
     state.count_sites()
-    state.plan = tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites))
+    state.new_plan(tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites)))
     return out
 
   def _planned_step(self, state: _State, plan, args, kwargs):
@@ -382,8 +333,7 @@ class Planned:
         state.headroom[k] = min(MAX_HEADROOM, max(2 * state.headroom[k], excess))
         grown[k] = _slot_for(used[k], state.sites[k][1], state.headroom[k])
         state.replans[k] += 1
-    state.plan = self._grow_short(state, used, grown)
-    state.new_window()
+    state.new_plan(self._grow_short(state, used, grown))
     return out
 
   @staticmethod
@@ -413,8 +363,7 @@ class Planned:
         new[k] = _slot_for(used[k], rungs, state.headroom[k])
     if tuple(new) != state.plan:
       state.probe_every = 1
-      state.plan = self._grow_short(state, used, new)
-      state.new_window()
+      state.new_plan(self._grow_short(state, used, new))
     else:
       state.probe_every *= 2
     return out
@@ -423,7 +372,7 @@ class Planned:
     """After SHRINK_WINDOW fitting steps under one plan, each site's slot follows the
     window's sizes (`window_target`): it grows when less than half its headroom is
     left, and shrinks when the window needs a slot smaller by SHRINK_MIN x raw row
-    (unless the compile budget defers shrinks and nothing grows: COMPILE_SHARE)."""
+    (when nothing grows, once they pay for their compile: `_shrinks_pay`)."""
     n = len(state.sites)
     state.window.append(used[:n])
     if len(state.window) < SHRINK_WINDOW:
@@ -445,15 +394,26 @@ class Planned:
         state.grows[k] += 1
       elif plan[k] - slot >= SHRINK_MIN * raw_row:
         shrunk[k] = slot
-    if shrunk and (new != list(plan) or not state.defer_shrinks):
+    if shrunk and (new != list(plan) or self._shrinks_pay(state, shrunk)):
       for k, slot in shrunk.items():
         new[k] = slot
         state.shrinks[k] += 1
-    state.plan = tuple(new)
-    state.new_window()
+    elif not shrunk:
+      state.forgone_s = 0.0   # nothing pending (sizes rose again)
+    state.new_plan(tuple(new))
     if RAW in state.plan:
       state.windows_since_probe += 1
       state.remeasure = state.windows_since_probe >= state.probe_every
+
+  @staticmethod
+  def _shrinks_pay(state: _State, shrunk: dict) -> bool:
+    """Whether the window's shrinks (site -> smaller slot) go ahead: the step time they
+    would have saved since they became due, the window just ended included, has
+    reached the last compile's time (the ski-rental break-even: planned_slots.py).
+    A window's saving: its steps' time x the share of the plan's bytes the shrinks
+    save. Every input is agreed between the processes, so they all decide alike."""
+    state.forgone_s += state.window_s * slots.saved_share(state.sites, state.plan, shrunk)
+    return state.forgone_s >= state.compile_s
 
   def _run(self, state: _State, plan, args, kwargs):
     """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
@@ -464,11 +424,12 @@ class Planned:
     jax.block_until_ready(out)
     now = time.perf_counter()
     if compiles:   # the first run of a program: its trace, compile and one step
-      state.compile_s, state.compiled_at = now - start, now
-    defer = state.compile_s > 0 and now - state.compiled_at < state.compile_s / COMPILE_SHARE
-    table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger), defer)
+      state.own["compile"] = now - start
+    else:
+      state.own["window"] += now - start
+    table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
     n = len(state.sites)
-    state.defer_shrinks = bool(table[2 * n])   # any process's clock defers them: all do
+    state.window_s, state.compile_s = (t * CLOCK_UNIT_S for t in table[2 * n:2 * n + 2])
     used = [table[2 * k] if 2 * k < len(table) else -1 for k in range(n)]
     bad = [table[2 * k + 1] if 2 * k + 1 < len(table) else -1 for k in range(n)]
     state.used = used
@@ -485,18 +446,18 @@ class Planned:
     return compat.exchange_across_processes(f"plan{self._ledger}/{epoch}/{s}", mine.tobytes(),
                                             EXCHANGE_TIMEOUT_S, forget=forget)
 
-  def _exchange(self, state: _State, plan, table: list, defer: bool) -> list:
+  def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process (per site: used size, decode failures),
-    then their `defer` flags (shrinks wait for the compile budget), maxed elementwise;
-    raises on every process when their sites or plans differ (they would move
-    different collectives)."""
+    then their clocks (the window's steps, the last compile; CLOCK_UNIT_S), maxed
+    elementwise; raises on every process when their sites or plans differ (they
+    would move different collectives)."""
     n = len(state.sites or ())
-    mine = np.full(3 + 2 * n, -1, np.int32)
+    mine = np.full(4 + 2 * n, -1, np.int32)
     mine[0] = _fingerprint(state.sites or [], plan)
     mine[1] = n
     t = np.asarray(table[:2 * n], np.int32)
     mine[2:2 + t.size] = t
-    mine[2 + 2 * n] = int(defer)
+    mine[2 + 2 * n:] = [min(round(state.own[c] / CLOCK_UNIT_S), 2**31 - 1) for c in ("window", "compile")]
     blobs = self._exchange_blobs(mine)
     if blobs is None:
       return mine[2:].tolist()
