@@ -95,7 +95,7 @@ def replay(log: list) -> dict:
   raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
   n = len(raws)
   planned_b = ladder_b = 0
-  overflows = changes = 0
+  overflow_steps, change_steps = [], []
   used_by_step, prev = [], None
   for e in steps:
     used = e["used"][:n]
@@ -106,8 +106,10 @@ def replay(log: list) -> dict:
     over = any(p > 0 and u * 128 > p for p, u in zip(plan, used))
     planned_b += sum(raws[k] if p < 0 else p for k, p in enumerate(plan)) + (sum(raws) if over else 0)
     ladder_b += sum(_rung(u, rungs[k], raws[k]) for k, u in enumerate(used))
-    overflows += over
-    changes += prev is not None and plan != prev
+    if over:
+      overflow_steps.append(len(used_by_step))
+    if prev is not None and plan != prev:
+      change_steps.append(len(used_by_step))
     prev = plan
   bound = 0
   for s in range(0, len(used_by_step), WINDOW):
@@ -116,8 +118,9 @@ def replay(log: list) -> dict:
       top = max(u[k] for u in window)
       bound += len(window) * _rung(top, rungs[k], raws[k])
   return {"sites": n, "steps": len(used_by_step), "wire_vs_ladder": planned_b / max(ladder_b, 1),
-          "hindsight_vs_ladder": bound / max(ladder_b, 1), "overflows": overflows,
-          "plan_changes": changes, "planned_mib_per_step": planned_b / max(len(used_by_step), 1) / 2**20}
+          "hindsight_vs_ladder": bound / max(ladder_b, 1), "overflows": len(overflow_steps),
+          "overflow_steps": overflow_steps, "plan_changes": len(change_steps),
+          "change_steps": change_steps, "planned_mib_per_step": planned_b / max(len(used_by_step), 1) / 2**20}
 
 
 def run_example(name: str, steps: int, tmp: str) -> dict:
@@ -133,6 +136,11 @@ def run_example(name: str, steps: int, tmp: str) -> dict:
     return replay(json.load(f))
 
 
+def _at(steps: list) -> str:
+  """"3: 2, 11, 19" (how many, then at which steps)."""
+  return f"{len(steps)}: {', '.join(map(str, steps))}" if steps else "0"
+
+
 def report(results: dict, args) -> str:
   info = common.machine_info()
   lines = [f"# Planned slots vs the ladder's rungs in training ({info['date']})", "",
@@ -141,13 +149,15 @@ def report(results: dict, args) -> str:
            "the ladder's bytes are, per step and call site, the first rung at or above the "
            "size every process agreed on. Shared-memory CPU devices: sizes, not time.", "",
            "| example | sites | steps | planned / ladder | hindsight bound / ladder | overflows "
-           "(re-runs) | plan changes (compiles) | planned MiB/step |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "(re-runs): at steps | plan changes (compiles): at steps | planned MiB/step |",
+           "|---|---:|---:|---:|---:|---|---|---:|"]
   for name, r in results.items():
     lines.append(f"| {name} | {r['sites']} | {r['steps']} | **{r['wire_vs_ladder']:.3f}** | "
-                 f"{r['hindsight_vs_ladder']:.3f} | {r['overflows']} | {r['plan_changes']} | "
+                 f"{r['hindsight_vs_ladder']:.3f} | {_at(r['overflow_steps'])} | {_at(r['change_steps'])} | "
                  f"{r['planned_mib_per_step']:.2f} |")
-  lines += ["", "planned / ladder counts a re-run step's slots and its raw re-run. The hindsight "
+  lines += ["", "Steps count from 1, the first planned step (the measuring step before it is "
+            "not counted). "
+            "planned / ladder counts a re-run step's slots and its raw re-run. The hindsight "
             f"bound takes, per {WINDOW}-step window and site, the rung of the window's largest "
             "size: no plan held for a window moves less.", "",
             f"Reproduce: `python benchmarks/plan_replay.py --examples {','.join(results)} "

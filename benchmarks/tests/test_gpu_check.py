@@ -19,6 +19,7 @@ import numpy as np
 
 import zipccl_jax as zc
 from benchmarks import gpu_check as gc
+from benchmarks import gpu_check_codec as gcc
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -58,7 +59,7 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
   tim = rep["timing"]
   assert tim["ok"] is True and tim["exit"] == 0, tim.get("error")
   # Every size, both ops, every tile-kernel variant G (cuda/window.cu; ZIPCCL_CUDA_GROUPS).
-  variants = list(gc.GROUP_VARIANTS)
+  variants = list(gcc.GROUP_VARIANTS)
   assert [r["size"] for r in tim["rows"]] == sum(([s] * 2 * len(variants) for s in ("256 KiB", "4 MiB", "256 KiB")), [])
   assert [r["groups"] for r in tim["rows"]] == sum(([g, g] for g in variants), []) * 3
   assert all(r["bit_identical"] and r["time_us"] > 0 for r in tim["rows"])
@@ -95,7 +96,7 @@ def test_rehearsal_refuses_the_results_directory():
 
 
 def _case(dtype, n, rows):
-  x = gc.make("gauss", rows * n, dtype, 1).reshape(rows, n)
+  x = gcc.make("gauss", rows * n, dtype, 1).reshape(rows, n)
   p, s = (np.asarray(a) for a in zc.encode_rows(jax.numpy.asarray(x)))
   y, st = (np.asarray(a) for a in zc.decode_rows(jax.numpy.asarray(p), n, dtype))
   return x, p, s, y, st
@@ -106,23 +107,23 @@ def test_mismatch_reports():
   for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)):
     n, rows = 5001, 3
     x, p, s, y, st = _case(dtype, n, rows)
-    assert gc.compare_case(x, p, s, p, s, y, st, st, dtype, n) == (True, True, "")
+    assert gcc.compare_case(x, p, s, p, s, y, st, st, dtype, n) == (True, True, "")
 
-    secs = dict((k, (lo, hi)) for k, lo, hi in gc.sections(dtype, n, p.shape[1]))
+    secs = dict((k, (lo, hi)) for k, lo, hi in gcc.sections(dtype, n, p.shape[1]))
     assert secs["escapes"] == (zc.codecs.get("zipccl").min_nbytes(dtype, n), p.shape[1]) and p.shape[1] == zc.codecs.get("zipccl").max_nbytes(dtype, n)
     pg = p.copy()
     pg[1, secs["planes"][0] + 3] ^= 4
     pg[2, secs["table"][0]] ^= 1
     sg = s.copy()
     sg[2, 1] += 1
-    enc_ok, dec_ok, msg = gc.compare_case(x, pg, sg, p, s, y, st, st, dtype, n)
+    enc_ok, dec_ok, msg = gcc.compare_case(x, pg, sg, p, s, y, st, st, dtype, n)
     assert (enc_ok, dec_ok) == (False, True)
     assert "2 bytes differ (table: 1, planes: 1); first at row 1" in msg and "stats gpu" in msg, msg
 
     stg, yg = st.copy(), y.copy()
     stg[0] = 8
     yg.view(np.uint8)[2, 7] ^= 1
-    enc_ok, dec_ok, msg = gc.compare_case(x, p, s, p, s, yg, stg, st, dtype, n)
+    enc_ok, dec_ok, msg = gcc.compare_case(x, p, s, p, s, yg, stg, st, dtype, n)
     assert (enc_ok, dec_ok) == (True, False)
     assert "decode status gpu [8, 0, 0] cpu [0, 0, 0]" in msg and "decoded values differ at" in msg, msg
 
@@ -131,12 +132,12 @@ def test_mismatch_reports():
     stf[1] = 8
     yf = y.copy()
     yf.view(np.uint8)[1] = 0xFF
-    assert gc.compare_case(x, p, s, p, s, yf, stf, stf, dtype, n)[1] is True
+    assert gcc.compare_case(x, p, s, p, s, yf, stf, stf, dtype, n)[1] is True
     yf.view(np.uint8)[1, 5] = 0
-    enc_ok, dec_ok, msg = gc.compare_case(x, p, s, p, s, yf, stf, stf, dtype, n)
+    enc_ok, dec_ok, msg = gcc.compare_case(x, p, s, p, s, yf, stf, stf, dtype, n)
     assert (enc_ok, dec_ok) == (True, False) and "not all-one bits" in msg, msg
 
-  assert gc.describe_diff(p[:, :-128], p, dtype, n).startswith("shape")
+  assert gcc.describe_diff(p[:, :-128], p, dtype, n).startswith("shape")
 
 
 def test_checksum_matches_the_codec():
@@ -145,8 +146,8 @@ def test_checksum_matches_the_codec():
     _, p, s, _, _ = _case(dtype, 4099, 2)
     for row, st in zip(p, s):
       used = int(st[2]) * 128
-      assert gc.checksum_np(row[:used]) == int.from_bytes(row[24:32].tobytes(), "little")
-      assert gc.checksum_np(row) == gc.checksum_np(row[:used])  # bytes past used are zero
+      assert gcc.checksum_np(row[:used]) == int.from_bytes(row[24:32].tobytes(), "little")
+      assert gcc.checksum_np(row) == gcc.checksum_np(row[:used])  # bytes past used are zero
 
 
 def _report(**phases):

@@ -18,6 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
 from benchmarks import netns_bench as nb
+from benchmarks import netns_bench_report as nbr
+from benchmarks import netns_bench_worker as nbw
 from zipccl_jax import costmodel as cm
 
 N = 8
@@ -40,52 +42,52 @@ def _call(mesh, coll, codec, x):
       y.addressable_shards, key=lambda s: s.index[0].start or 0)]
 
 
-@pytest.mark.parametrize("coll", nb.COLLECTIVES)
+@pytest.mark.parametrize("coll", nbw.COLLECTIVES)
 def test_reference_matches_the_collectives(mesh8, coll):
   n, kind = 4096, "weights"
-  inputs = [nb.make_data(kind, o, n) for o in range(N)]
+  inputs = [nbw.make_data(kind, o, n) for o in range(N)]
   x = jax.device_put(np.concatenate(inputs), jax.sharding.NamedSharding(mesh8, P("x")))
   for codec in ("raw", "zipccl"):
     got = _call(mesh8, coll, codec, x)
     for pid in range(N):
-      ref, red = nb.reference(coll, inputs, pid)
+      ref, red = nbw.reference(coll, inputs, pid)
       assert red == (coll in ("psum_scatter", "psum"))
-      assert nb.check(got[pid], ref) == (0, 0.0), (coll, kind, codec, pid)
+      assert nbw.check(got[pid], ref) == (0, 0.0), (coll, kind, codec, pid)
   # jax.lax's reductions pass the tolerance check (their order is XLA's).
   got = _call(mesh8, coll, None, x)
   for pid in range(N):
-    ref, red = nb.reference(coll, inputs, pid)
+    ref, red = nbw.reference(coll, inputs, pid)
     c = n // N
     sl = slice(pid * c, (pid + 1) * c) if coll == "psum_scatter" else slice(0, n)
-    tol = nb.tolerance(ref, inputs, sl) if red else None
-    assert nb.check(got[pid], ref, tol)[0] == 0, (coll, kind, pid)
+    tol = nbw.tolerance(ref, inputs, sl) if red else None
+    assert nbw.check(got[pid], ref, tol)[0] == 0, (coll, kind, pid)
 
 
 def test_check_catches_wrong_results():
-  ref = nb.make_data("gaussian", 0, 1000)
+  ref = nbw.make_data("gaussian", 0, 1000)
   y = ref.copy()
-  assert nb.check(y, ref) == (0, 0.0)
+  assert nbw.check(y, ref) == (0, 0.0)
   u = y.view(np.uint16)
   u[17] ^= 1                       # one flipped mantissa bit
-  assert nb.check(y, ref)[0] == 1
-  tol = nb.tolerance(ref, [ref], slice(0, 1000))
-  assert nb.check(y, ref, tol)[0] == 0            # one ulp is within a reduction's tolerance
+  assert nbw.check(y, ref)[0] == 1
+  tol = nbw.tolerance(ref, [ref], slice(0, 1000))
+  assert nbw.check(y, ref, tol)[0] == 0            # one ulp is within a reduction's tolerance
   y[500:] = 0                                     # a gross error (half the chunk lost)
-  bad, err = nb.check(y, ref, tol)
+  bad, err = nbw.check(y, ref, tol)
   assert bad >= 400 and err > 0
   # NaN payloads compare as bits: the same NaN is fine, a different one is not.
   a = np.array([0x7FC1, 0x3F80], np.uint16).view(ref.dtype)
   b = np.array([0x7FC2, 0x3F80], np.uint16).view(ref.dtype)
-  assert nb.check(a, a.copy()) == (0, 0.0) and nb.check(b, a)[0] == 1
+  assert nbw.check(a, a.copy()) == (0, 0.0) and nbw.check(b, a)[0] == 1
 
 
 def test_data_is_deterministic_and_distinct():
-  for kind in nb.DATA:
-    a, b = nb.make_data(kind, 1, 5000), nb.make_data(kind, 1, 5000)
+  for kind in nbw.DATA:
+    a, b = nbw.make_data(kind, 1, 5000), nbw.make_data(kind, 1, 5000)
     assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
-    assert not np.array_equal(a.view(np.uint16), nb.make_data(kind, 2, 5000).view(np.uint16))
+    assert not np.array_equal(a.view(np.uint16), nbw.make_data(kind, 2, 5000).view(np.uint16))
     assert np.all(np.isfinite(a.astype(np.float32)))
-  g = nb.make_data("gradients", 0, 3 * 10**5)
+  g = nbw.make_data("gradients", 0, 3 * 10**5)
   # Real gradients: heavier tails than a Gaussian of the same spread.
   f = g.astype(np.float64)
   kurt = np.mean((f - f.mean()) ** 4) / np.var(f) ** 2
@@ -94,7 +96,7 @@ def test_data_is_deterministic_and_distinct():
 
 def test_plan_budget_and_arguments():
   args = argparse.Namespace(grid="2:1,4;4:1", links=("none", "1"),
-                            collectives=nb.COLLECTIVES, data=nb.DATA)
+                            collectives=nbw.COLLECTIVES, data=nbw.DATA)
   settings = nb.plan(args, [None, "raw", "zipccl"])
   assert [s["procs"] for s in settings] == [2, 4]
   assert set(settings[0]["round_s"]) == {"1@none", "1@1", "4@none", "4@1"}
@@ -109,10 +111,10 @@ def test_plan_budget_and_arguments():
     nb.main(["--collectives", "psum,all_reduce", "--dry-run"])
   assert nb.main(["--smoke", "--dry-run"]) == 0
   # --chunks: variants "<codec>@v" of the compressing codecs
-  assert nb.codec_variant("zipccl@4") == ("zipccl", 4)
-  assert nb.codec_variant("zipccl@auto") == ("zipccl", "auto")
-  assert nb.codec_variant("zipccl") == ("zipccl", 1)
-  assert nb.codec_variant("raw") == ("raw", None) and nb.codec_variant("None") == (None, None)
+  assert nbw.codec_variant("zipccl@4") == ("zipccl", 4)
+  assert nbw.codec_variant("zipccl@auto") == ("zipccl", "auto")
+  assert nbw.codec_variant("zipccl") == ("zipccl", 1)
+  assert nbw.codec_variant("raw") == ("raw", None) and nbw.codec_variant("None") == (None, None)
   assert nb.main(["--smoke", "--dry-run", "--chunks", "1,auto,4", "--tag", "c4"]) == 0
   for bad in (["--chunks", "0"], ["--chunks", "x"], ["--tag", "a/b"]):
     with pytest.raises(SystemExit):
@@ -146,7 +148,7 @@ def test_report_from_samples(tmp_path):
   args = argparse.Namespace(grid="2:16", links=("1",), rounds=3, data=("gaussian",),
                             collectives=("all_gather",), budget=60.0, smoke=True, pin="auto",
                             out=str(tmp_path))
-  doc = nb.summarize(args, results, [None, "raw", "zipccl", "zipccl@4"], "", 12.0, [])
+  doc = nbr.summarize(args, results, [None, "raw", "zipccl", "zipccl@4"], "", 12.0, [])
   (row,) = doc["rows"]
   # Median over rounds (x1.00, 1.01, 1.02) of the slowest process (pid 1: +0.1).
   assert row["times"]["raw"] == pytest.approx(0.010 * 1.11)
@@ -158,7 +160,7 @@ def test_report_from_samples(tmp_path):
   assert row["model"]["zipccl@4"] == pytest.approx(cm.model_time(
       "all_gather", "bfloat16", 8 * 2**20, 2, cal, "zipccl", chunks=4))
   assert doc["wrong_results"] == 1
-  nb.write_report(args, doc)
+  nbr.write_report(args, doc)
   md = next(tmp_path.glob("netns_smoke.md")).read_text()
   assert "**1 wrong results**" in md and "| 2 | 1 Gbit/s | 16 | 0.70 (0.71) |" in md
   assert json.loads(next(tmp_path.glob("netns_smoke.json")).read_text())["rows"]

@@ -27,6 +27,7 @@ def test_replay_counts_slots_reruns_and_the_hindsight_bound(monkeypatch):
   assert r["wire_vs_ladder"] == planned / ladder
   assert r["hindsight_vs_ladder"] == hindsight / ladder
   assert (r["overflows"], r["plan_changes"]) == (1, 1)
+  assert (r["overflow_steps"], r["change_steps"]) == ([3], [4])
 
 
 def test_plan_replay_suite_smoke(tmp_path):
