@@ -28,6 +28,17 @@ os.environ["ZIPCCL_CALIBRATION"] = os.path.join(
 from jax.sharding import AxisType  # noqa: E402
 
 
+@pytest.fixture
+def no_global_calibration(monkeypatch, tmp_path):
+  """No process-wide calibration before or after the test, and an empty cache path
+  (the cost-model and calibration tests)."""
+  from zipccl_jax import costmodel as cm
+  cm.set_calibration(None)
+  monkeypatch.setenv(cm.ENV_VAR, str(tmp_path / "nothing-here.json"))
+  yield
+  cm.set_calibration(None)
+
+
 @pytest.fixture(scope="session")
 def mesh8():
   """1-D mesh of the 8 CPU devices, axis "x"."""
