@@ -17,7 +17,7 @@ reduce-scatter) drop into FSDP training, are lossless, and move fewer bytes.
   that sums the bfloat16 gradients in rank order with float32 accumulation.
   optax.adamw updates the float32 shards locally.
 - The step is jitted with `zipccl_jax.jit`: every collective moves a slot planned
-  from the sizes its first call measured, validated after each step (a step that
+  from the sizes its first calls measured, validated after each step (a step that
   outgrows its plan runs again, exactly). `--ladder` uses `jax.jit` instead: each
   call agrees on its size at run time.
 - It trains twice from the same state, with `--codec` (default the library's

@@ -120,6 +120,7 @@ def _compiled_step(example, codec, planned):
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
   import zipccl_jax
+  from zipccl_jax._src import planned_slots
   cfg = example.Config(**example.QUICK)
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), (example.AXIS,),
                            axis_types=(jax.sharding.AxisType.Auto,))
@@ -131,7 +132,8 @@ def _compiled_step(example, codec, planned):
   step = example.make_train_step(cfg, units, mesh, codec, opt_state)
   if planned:
     step = zipccl_jax.jit(step)
-    step(shards, opt_state, batch)   # measures and plans
+    for _ in range(planned_slots.MEASURE_STEPS):   # measures, then plans
+      step(shards, opt_state, batch)
     return units, step.compiled(shards, opt_state, batch).as_text(), step
   return units, jax.jit(step).lower(shards, opt_state, batch).compile().as_text(), None
 

@@ -17,10 +17,19 @@ import zipccl_jax as zc
 from tests.gate_clock import phase_clock
 from tests.reference import assert_bits_equal
 from zipccl_jax._src import ffi as zffi
+from zipccl_jax._src import planned_slots
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 N = 8
 RING = [(i, (i + 1) % N) for i in range(N)]
+MEASURE_STEPS = planned_slots.MEASURE_STEPS
+
+
+@pytest.fixture(autouse=True)
+def _one_measuring_step(monkeypatch):
+  """The tests script the planner step by step from the plan of one measuring step;
+  `test_the_first_plan_measures_several_steps` runs the default (MEASURE_STEPS)."""
+  monkeypatch.setattr(planned_slots, "MEASURE_STEPS", 1)
 
 
 def _five(mesh, **kw):
@@ -531,6 +540,39 @@ def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch
   assert h.comparisons() == []
   with pytest.raises(TypeError, match="compare_raw must be a bool"):
     zc.jit(_five(mesh8), compare_raw=1)
+
+
+def test_the_first_plan_measures_several_steps(monkeypatch):
+  """The first MEASURE_STEPS calls run the measuring program; the first plan takes
+  each site's largest size with the headroom `window_target` gives their spread and
+  trend (at least HEADROOM): a steady site 2% above its size, a rising one above its
+  largest by twice its rise over a window."""
+  monkeypatch.setattr(planned_slots, "MEASURE_STEPS", MEASURE_STEPS)
+  assert MEASURE_STEPS == 3
+  rungs, raw_row = tuple(128 * u for u in range(1, 200)), 200 * 128
+  sizes = iter([[100, 100], [100, 103], [100, 106], [100, 106]])
+  runs = []
+  f = zc.jit(lambda v: v)
+
+  def run(state, plan, args, kwargs):
+    state.sites = [(_SIGNATURE, rungs, raw_row) for _ in range(2)]
+    runs.append(plan)
+    return args[0], next(sizes), [0, 0]
+
+  monkeypatch.setattr(f, "_run", run)
+  x = jnp.zeros(3)
+  state = lambda: f._state(f._key((x,), {}))   # pylint: disable=protected-access
+  for _ in range(2):
+    f(x)
+    assert state().plan is None and not f.is_planned(x)
+  f(x)
+  assert f.is_planned(x)
+  # window_target: twice the rise of the second half's mean over the first's, that
+  # rise doubled to a whole window
+  headroom = 2 * 2 * ((103 + 106) / 2 / 100 - 1)
+  assert state().plan == (102 * 128, math.ceil(106 * (1 + headroom)) * 128)
+  f(x)
+  assert runs == [None, None, None, state().plan]
 
 
 def test_shrinks_wait_until_they_pay_for_their_compile_unless_a_grow_compiles(monkeypatch):

@@ -11,23 +11,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_replay_counts_slots_reruns_and_the_hindsight_bound(monkeypatch):
-  """One site, rungs every 128 bytes up to a raw row of 1280: a measuring step, then
-  4 steps on a 640-byte slot, the third of which overflows (its slot and its raw
-  re-run move), then 2 steps on a 768-byte slot."""
+  """One site, rungs every 128 bytes up to a raw row of 1280: a measuring step (raw
+  words), then 3 steps on a 640-byte slot, the third of which overflows (its slot and
+  its raw re-run move), then 2 steps on a 768-byte slot."""
   monkeypatch.setattr(plan_replay, "WINDOW", 3)
   rungs, raw = [128 * u for u in range(1, 10)], 1280
   step = lambda plan, used: {"wrapper": 1, "plan": plan, "used": [used], "raw": [raw], "rungs": [rungs]}
   log = [step(None, 4), step([640], 4), step([640], 5), step([640], 6), step([768], 6), step([768], 5),
          {"wrapper": 2, "plan": None, "used": [], "raw": [], "rungs": []}]   # another wrapper: ignored
   r = plan_replay.replay(log)
-  ladder = 512 + 640 + 768 + 768 + 640                  # the rung at or above each used size
-  planned = 640 + 640 + (640 + raw) + 768 + 768
-  hindsight = 3 * 768 + 2 * 768                          # windows [4, 5, 6] and [6, 5]
-  assert r["steps"] == 5 and r["sites"] == 1
+  ladder = 512 + 512 + 640 + 768 + 768 + 640            # the rung at or above each used size
+  planned = raw + 640 + 640 + (640 + raw) + 768 + 768    # the measuring step moves raw words
+  hindsight = 3 * 640 + 3 * 768                          # windows [4, 4, 5] and [6, 6, 5]
+  assert r["steps"] == 6 and r["measuring_steps"] == 1 and r["sites"] == 1
   assert r["wire_vs_ladder"] == planned / ladder
   assert r["hindsight_vs_ladder"] == hindsight / ladder
   assert (r["overflows"], r["plan_changes"]) == (1, 1)
-  assert (r["overflow_steps"], r["change_steps"]) == ([3], [4])
+  assert (r["overflow_steps"], r["change_steps"]) == ([4], [5])
 
 
 def test_plan_replay_suite_smoke(tmp_path):
@@ -37,6 +37,9 @@ def test_plan_replay_suite_smoke(tmp_path):
   assert res.returncode == 0, res.stderr[-3000:]
   doc = json.loads((tmp_path / "plan_replay.json").read_text())
   moe = doc["results"]["moe"]
-  assert moe["steps"] == 8 and moe["sites"] > 0   # the harness measures in a call of its own
+  # the harness's measuring calls of its own, then the 8 training steps
+  from zipccl_jax._src import planned_slots
+  assert moe["steps"] == planned_slots.MEASURE_STEPS + 8
+  assert moe["measuring_steps"] >= planned_slots.MEASURE_STEPS and moe["sites"] > 0
   assert moe["wire_vs_ladder"] >= 1 and moe["hindsight_vs_ladder"] >= 1
   assert "| moe |" in (tmp_path / "plan_replay.md").read_text()

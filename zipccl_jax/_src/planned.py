@@ -19,10 +19,11 @@ sees the same maxima and takes the same decision:
     rung above the used size plus a grown headroom (`MAX_HEADROOM`), for the next
     steps (each plan compiled once, cached).
 
-The first call for given argument shapes measures: a program that encodes at each
-site (to record the used size) and moves the raw words, so its results are exact;
-the plan is then the rung above each site's used size plus `HEADROOM`. Plans can be
-saved and loaded (`save_plans` / `load_plans`), so a restart starts planned.
+The first MEASURE_STEPS calls for given argument shapes measure: a program that
+encodes at each site (to record the used size) and moves the raw words, so its
+results are exact; the plan is then the rung above each site's largest used size
+plus a headroom from their spread and trend (planned_slots.py). Plans can be saved
+and loaded (`save_plans` / `load_plans`), so a restart starts planned.
 
 One step is in flight at a time: the wrapper returns a step's outputs once it has
 validated them (a host that runs ahead would have to discard every later step that
@@ -300,10 +301,22 @@ class Planned:
     gate.decide([mine] if blobs is None else [np.frombuffer(b, np.float64) for b in blobs])
 
   def _measure(self, state: _State, args, kwargs):
-    """The first step: the measuring program (raw moves, exact); plans from its sizes."""
+    """One of the first MEASURE_STEPS steps: the measuring program (raw moves, exact);
+    after the last, the first plan from their sizes (`window_target`)."""
     out, used, _ = self._run(state, None, args, kwargs)
     state.count_sites()
-    state.new_plan(tuple(_slot_for(u, rungs, HEADROOM) for u, (_, rungs, _) in zip(used, state.sites)))
+    state.window.append(used[:len(state.sites)])
+    if len(state.window) < slots.MEASURE_STEPS:
+      return out
+    plan = []
+    for k, (_, rungs, _) in enumerate(state.sites):
+      sizes = [u[k] for u in state.window if u[k] >= 0]
+      if not sizes:
+        plan.append(RAW)
+        continue
+      top, headroom = window_target(sizes, HEADROOM)
+      plan.append(_slot_for(top, rungs, max(HEADROOM, headroom) if len(sizes) > 1 else HEADROOM))
+    state.new_plan(tuple(plan))
     return out
 
   def _planned_step(self, state: _State, plan, args, kwargs):
@@ -490,6 +503,11 @@ class Planned:
                            state.grows[k] if state.grows else 0))
     return out
 
+  def is_planned(self, *args, **kwargs) -> bool:
+    """Whether calls with these arguments have a plan (done measuring): the next runs
+    the plan, or raw words, not the measuring program."""
+    return self._state(self._key(args, kwargs)).plan is not None
+
   def comparisons(self, *args, **kwargs) -> list:
     """The timed comparisons between the plan and raw words (`planned_gate.Comparison`)
     for these arguments (the last ones called, with none), oldest first."""
@@ -518,8 +536,9 @@ def jit(fun: Callable, *, compare_raw: bool = True, **jit_kwargs) -> Planned:
   Every compressed collective inside `fun` (at any depth: shard_map, grad, scan,
   vmap, remat, buckets) moves a static slot from a plan instead of the slot
   ladder: encode, cut to the planned slot, one XLA collective, decode. The first
-  call with given argument shapes measures (exact results, raw words on the wire)
-  and plans; later calls run the planned program and validate it after the step
+  3 calls with given argument shapes measure (exact results, raw words on the
+  wire; `is_planned` tells when they are done) and plan from the sizes they saw;
+  later calls run the planned program and validate it after the step
   (one host read, plus one exchange between processes); a step whose rows did not
   fit is re-run with a grown plan, so results are always those of codec="raw".
 
@@ -531,13 +550,13 @@ def jit(fun: Callable, *, compare_raw: bool = True, **jit_kwargs) -> Planned:
       those of codec="raw" either way. False: always the plan.
     **jit_kwargs: `jax.jit`'s keyword arguments. Donated arguments
       (donate_argnums / donate_argnames) are donated by the steps that cannot run
-      again: the measuring step (first call, re-runs, probes) and steps of raw
+      again: the measuring steps (the first calls, re-runs, probes) and steps of raw
       words (the plan has no compressed site, or the comparison chose raw words).
       A step of a plan with a compressed site keeps them, for the re-run an
       overflow needs; a caller must treat donated arguments as consumed either way.
 
   Returns:
-    A callable like `jax.jit(fun)`, with `.lower`, `.site_stats()`,
+    A callable like `jax.jit(fun)`, with `.lower`, `.is_planned()`, `.site_stats()`,
     `.comparisons()`, `.save_plans(path)` and `.load_plans(path)`.
   """
   return Planned(fun, jit_kwargs, compare_raw)

@@ -16,6 +16,14 @@ from zipccl_jax._src.planned_sites import RAW
 # each window the site then fits (planned.py, `Planned._replan_from_window`).
 HEADROOM = 0.02
 MAX_HEADROOM = 0.25
+# The first plan comes from MEASURE_STEPS steps of the measuring program (raw words
+# on the wire), not one: one step's sizes say nothing of how they move, and early in
+# training they drift (the examples' sites rose 2-4% in their first 20 steps, which
+# one step plus HEADROOM missed: 7 re-runs in three 200-step runs). Three steps give
+# the spread and a trend (the rise from the first step to the mean of the next two)
+# that `window_target` turns into headroom: 2 re-runs in the same runs, for the same
+# bytes within 1% (benchmarks/plan_replay.py).
+MEASURE_STEPS = 3
 # Sizes drift during training (gradients early on grow less compressible, later
 # more), so after SHRINK_WINDOW steps without an overflow each site's slot follows
 # the window's sizes (planned.py, `Planned._replan_from_window`): it grows before it overflows, or
