@@ -19,6 +19,12 @@ on). From that record, per example:
 The record needs no change to the library: a process started by this script
 (`--record`) wraps `Planned.__call__` before it runs the example. Steps run on
 shared-memory CPU devices: this measures sizes, not time.
+
+A step's sizes do not depend on the plan (its results do not), so a record also
+answers what another planner would have done with the same run, in seconds:
+
+    python benchmarks/plan_replay.py --keep DIR        # train, keep the records
+    python benchmarks/plan_replay.py --replan DIR      # the current planner on them
 """
 from __future__ import annotations
 
@@ -52,7 +58,7 @@ WINDOW = 25   # steps per window of the hindsight bound (planned_slots.SHRINK_WI
 
 def record(out: str, argv: list) -> None:
   """Runs the example `argv` with every zipccl_jax.jit call recorded into `out`."""
-  from zipccl_jax._src import planned
+  from zipccl_jax._src import planned, planned_slots
   log = []
   call = planned.Planned.__call__
 
@@ -64,7 +70,8 @@ def record(out: str, argv: list) -> None:
     result = call(self, *args, **kwargs)
     log.append({"wrapper": id(self), "plan": list(before) if before is not None else None,
                 "used": list(state.used or []), "raw": [s[2] for s in state.sites or ()],
-                "rungs": [list(s[1]) for s in state.sites or ()]})
+                "rungs": [list(s[1]) for s in state.sites or ()],
+                "rows": [planned_slots.site_rows(s[0]) for s in state.sites or ()]})
     return result
 
   planned.Planned.__call__ = recorded
@@ -88,10 +95,15 @@ def _rung(used_units: int, rungs: list, raw: int) -> int:
   return raw if slot == planned_slots.RAW else slot
 
 
+def _training_steps(log: list) -> list:
+  """The entries of the training step's wrapper (the last one with sites)."""
+  wrapper = [e["wrapper"] for e in log if e["raw"]][-1]
+  return [e for e in log if e["wrapper"] == wrapper]
+
+
 def replay(log: list) -> dict:
   """The record of one example's run -> wire ratios, overflows and plan changes."""
-  wrapper = [e["wrapper"] for e in log if e["raw"]][-1]   # the training step's wrapper
-  steps = [e for e in log if e["wrapper"] == wrapper]
+  steps = _training_steps(log)
   raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
   n = len(raws)
   planned_b = ladder_b = 0
@@ -130,6 +142,40 @@ def replay(log: list) -> dict:
           "planned_mib_per_step": planned_b / max(len(used_by_step), 1) / 2**20}
 
 
+def replan(log: list, step_s: float, compile_s: float) -> list:
+  """The record `log` replayed through the current planner, for `replay`: a
+  zipccl_jax.jit whose program is scripted to report each step's recorded sizes (an
+  overflow's re-run: the same step's; the sizes do not depend on the plan, as the
+  steps' results do not), with the clocks the shrink rule reads at step_s per step
+  and compile_s per compile. No training: seconds per record."""
+  import jax.numpy as jnp
+  import zipccl_jax as zc
+  steps = _training_steps(log)
+  raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
+  rows = steps[-1].get("rows") or [1] * len(raws)
+  n = len(raws)
+  sizes = [e["used"][:n] for e in steps if len(e["used"]) >= n]
+  sites = [(("replayed", "", "", (r, 0), (), False), tuple(g), raw) for r, g, raw in zip(rows, rungs, raws)]
+  at = [0]
+
+  def run(state, plan, args, kwargs):
+    state.sites = sites
+    state.window_s, state.compile_s = step_s * (len(state.window) + 1), compile_s
+    return args[0], sizes[at[0]], [0] * n
+
+  f = zc.jit(lambda v: v, compare_raw=False)
+  f._run = run   # pylint: disable=protected-access
+  x = jnp.zeros(1)
+  out = []
+  for k, used in enumerate(sizes):
+    at[0] = k
+    before = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+    f(x)
+    out.append({"wrapper": 1, "plan": None if before is None else list(before), "used": used,
+                "raw": raws, "rungs": rungs})
+  return out
+
+
 def run_example(name: str, steps: int, tmp: str) -> dict:
   out = os.path.join(tmp, f"{name}.json")
   script, *args = RUNS[name]
@@ -148,9 +194,9 @@ def _at(steps: list) -> str:
   return f"{len(steps)}: {', '.join(map(str, steps))}" if steps else "0"
 
 
-def report(results: dict, args) -> str:
+def report(results: dict, args, what: str = "") -> str:
   info = common.machine_info()
-  lines = [f"# Planned slots vs the ladder's rungs in training ({info['date']})", "",
+  lines = [f"# Planned slots vs the ladder's rungs in training ({what or info['date']})", "",
            f"{info['cpu']}, {info['usable_cores']} cores; jax {info['versions'].get('jax')}. "
            f"Each example trains {args.steps} steps under `zipccl_jax.jit` (entropy codec); "
            "the ladder's bytes are, per step and call site, the first rung at or above the "
@@ -168,8 +214,9 @@ def report(results: dict, args) -> str:
             "planned / ladder counts a re-run step's slots and its raw re-run. The hindsight "
             f"bound takes, per {WINDOW}-step window and site, the rung of the window's largest "
             "size: no plan held for a window moves less.", "",
-            f"Reproduce: `python benchmarks/plan_replay.py --examples {','.join(results)} "
-            f"--steps {args.steps}`"]
+            "Reproduce: `python benchmarks/plan_replay.py " + (
+                f"--replan {args.replan}`" if getattr(args, "replan", None) else
+                f"--examples {','.join(results)} --steps {args.steps}`")]
   return "\n".join(lines)
 
 
@@ -183,6 +230,15 @@ def main(argv=None) -> int:
   ap.add_argument("--steps", type=int, default=200)
   ap.add_argument("--quick", action="store_true", help="30 steps (a smoke run)")
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+  ap.add_argument("--keep", metavar="DIR", help="write the runs' records (<example>.json) to DIR")
+  ap.add_argument("--replan", metavar="DIR",
+                  help="no training: replay the records in DIR (from --keep) through the current "
+                       "planner and print the table (a what-if of a planning change)")
+  ap.add_argument("--step-s", type=float, default=0.9,
+                  help="--replan: the seconds of a step the shrink rule sees (default: a step "
+                       "over 1 Gbit/s)")
+  ap.add_argument("--compile-s", type=float, default=5.0,
+                  help="--replan: the seconds of a compile the shrink rule sees")
   args = ap.parse_args(argv)
   if args.quick:
     args.steps = 30
@@ -190,8 +246,23 @@ def main(argv=None) -> int:
   bad = [x for x in names if x not in RUNS]
   if bad or not names:
     ap.error(f"--examples must name some of {sorted(RUNS)}, got {args.examples!r}")
-  with tempfile.TemporaryDirectory() as tmp:
-    results = {name: run_example(name, args.steps, tmp) for name in names}
+  if args.replan:
+    results = {}
+    for name in names:
+      path = Path(args.replan) / f"{name}.json"
+      if path.exists():
+        results[name] = replay(replan(json.loads(path.read_text()), args.step_s, args.compile_s))
+    if not results:
+      ap.error(f"--replan: no record of {names} in {args.replan}")
+    print(report(results, args, f"replanned from {args.replan} (step {args.step_s} s, "
+                                f"compile {args.compile_s} s)"))
+    return 0
+  if args.keep:
+    os.makedirs(args.keep, exist_ok=True)
+    results = {name: run_example(name, args.steps, args.keep) for name in names}
+  else:
+    with tempfile.TemporaryDirectory() as tmp:
+      results = {name: run_example(name, args.steps, tmp) for name in names}
   common.write_report(args.out, "plan_replay", report(results, args),
                       {"steps": args.steps, "machine": common.machine_info(), "results": results})
   return 0

@@ -272,8 +272,9 @@ class Variant:
   step: object            # the compiled executable
   state: object
   compile_s: float
-  sent: float             # bytes one device sends per step, no fallback (HLO model)
-  sent_fallback: float    # ... when every fallback fires
+  sent: float | None      # bytes one device sends per step, no fallback (HLO model;
+                          # a zipccl_jax.jit step's: read after training, `train_lockstep`)
+  sent_fallback: float | None   # ... when every fallback fires
   codec: dict = dataclasses.field(default_factory=dict)   # codec_bytes() of the step
   losses: list = dataclasses.field(default_factory=list)
   times: list = dataclasses.field(default_factory=list)
@@ -286,23 +287,17 @@ class Variant:
 def compile_variant(label: str, jitted, state, batch) -> Variant:
   """AOT-compiles `jitted(state, batch)` and reads its collectives' bytes from the HLO.
 
-  A zipccl_jax.jit step is planned here: its first calls measure and plan (on
-  copies of the state, which the measuring steps' donation consumes; the outputs
-  are dropped), and the step run is the wrapper itself, which validates every step.
-  compile_s is then the first call's time (measuring program compile + run) plus
-  the planned program's compile."""
+  A zipccl_jax.jit step measures here with its first call (on a copy of the state,
+  which the measuring step's donation consumes; the outputs are dropped); its next
+  calls, the training's first steps, measure on and plan (measuring calls on one
+  batch would see one size), and the step run is the wrapper itself, which
+  validates every step. compile_s is then the first call's time (measuring program
+  compile + run) plus the planned program's compile, and the bytes are those of
+  the plan in force after training (`train_lockstep` reads them)."""
   t0 = time.perf_counter()
   if hasattr(jitted, "site_stats"):
     jax.block_until_ready(jitted(jax.tree.map(jnp.copy, state), batch))
-    first_s = time.perf_counter() - t0
-    while not jitted.is_planned(state, batch):
-      jax.block_until_ready(jitted(jax.tree.map(jnp.copy, state), batch))
-    t0 = time.perf_counter()
-    text = jitted.compiled(state, batch).as_text()
-    compile_s = first_s + time.perf_counter() - t0
-    hlo = zipccl_jax.hlo_wire_bytes(text)
-    return Variant(label, jitted, state, compile_s, hlo.common_sent, hlo.fallback_sent,
-                   codec_bytes(text))
+    return Variant(label, jitted, state, time.perf_counter() - t0, None, None, None)
   compiled = jitted.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
   text = compiled.as_text()
@@ -339,6 +334,13 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
     if log_every and (i + 1) % log_every == 0 or i + 1 == len(batches):
       say(f"  step {i + 1:>4}/{len(batches)}  " + "  ".join(
           f"{v.label} {v.losses[-1]:.4f} ({v.times[-1] * 1e3:.0f} ms)" for v in variants))
+  for v in variants:
+    if v.sent is None:   # a zipccl_jax.jit step: the bytes of its last plan
+      t0 = time.perf_counter()
+      text = v.step.compiled(v.state, batches[0]).as_text()
+      v.compile_s += time.perf_counter() - t0
+      hlo = zipccl_jax.hlo_wire_bytes(text)
+      v.sent, v.sent_fallback, v.codec = hlo.common_sent, hlo.fallback_sent, codec_bytes(text)
   for v in variants:   # zipccl_jax.jit's timed comparisons of its plan with raw words
     for c in comparisons(v):
       say(f"  {v.label}: step {c.step}, planned {c.planned_s * 1e3:.1f} ms/step, "

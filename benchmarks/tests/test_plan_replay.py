@@ -30,6 +30,25 @@ def test_replay_counts_slots_reruns_and_the_hindsight_bound(monkeypatch):
   assert (r["overflow_steps"], r["change_steps"]) == ([4], [5])
 
 
+def test_replan_runs_the_current_planner_on_recorded_sizes():
+  """A record's sizes through the planner: MEASURE_STEPS measuring steps, a plan from
+  them, an overflow where the sizes jump (re-planned, the step counted once), and the
+  recorded sizes unchanged."""
+  from zipccl_jax._src import planned_slots
+  rungs, raw = [128 * u for u in range(1, 40)], 40 * 128
+  sizes = [10] * 6 + [14] + [14] * 5
+  log = [{"wrapper": 1, "plan": None, "used": [u], "raw": [raw], "rungs": [rungs], "rows": [8]}
+         for u in sizes]
+  out = plan_replay.replan(log, step_s=1.0, compile_s=5.0)
+  m = planned_slots.MEASURE_STEPS
+  assert [e["used"] for e in out] == [[u] for u in sizes]
+  assert all(e["plan"] is None for e in out[:m]) and out[m]["plan"] == [11 * 128]
+  r = plan_replay.replay(out)
+  assert (r["steps"], r["measuring_steps"]) == (len(sizes), m)
+  assert r["overflow_steps"] == [7] and r["change_steps"] == [8]
+  assert out[7]["plan"][0] >= 14 * 128
+
+
 def test_plan_replay_suite_smoke(tmp_path):
   cmd = [sys.executable, str(ROOT / "benchmarks" / "plan_replay.py"), "--examples", "moe",
          "--steps", "8", "--out", str(tmp_path)]
@@ -37,9 +56,10 @@ def test_plan_replay_suite_smoke(tmp_path):
   assert res.returncode == 0, res.stderr[-3000:]
   doc = json.loads((tmp_path / "plan_replay.json").read_text())
   moe = doc["results"]["moe"]
-  # the harness's measuring calls of its own, then the 8 training steps
+  # the harness's measuring call of its own, then the 8 training steps, the first of
+  # which measure on
   from zipccl_jax._src import planned_slots
-  assert moe["steps"] == planned_slots.MEASURE_STEPS + 8
+  assert moe["steps"] == 1 + 8
   assert moe["measuring_steps"] >= planned_slots.MEASURE_STEPS and moe["sites"] > 0
   assert moe["wire_vs_ladder"] >= 1 and moe["hindsight_vs_ladder"] >= 1
   assert "| moe |" in (tmp_path / "plan_replay.md").read_text()

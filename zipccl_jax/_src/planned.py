@@ -315,7 +315,7 @@ class Planned:
         plan.append(RAW)
         continue
       top, headroom = window_target(sizes, HEADROOM)
-      plan.append(_slot_for(top, rungs, max(HEADROOM, headroom) if len(sizes) > 1 else HEADROOM))
+      plan.append(_slot_for(top, rungs, max(HEADROOM, headroom)))
     state.new_plan(tuple(plan))
     return out
 
