@@ -299,11 +299,15 @@ def compile_variant(label: str, jitted, state, batch) -> Variant:
     jax.block_until_ready(jitted(jax.tree.map(jnp.copy, state), batch))
     return Variant(label, jitted, state, time.perf_counter() - t0, None, None, None)
   compiled = jitted.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t0
-  text = compiled.as_text()
+  v = Variant(label, compiled, state, time.perf_counter() - t0, None, None, None)
+  _read_bytes(v, compiled.as_text())
+  return v
+
+
+def _read_bytes(v: Variant, text: str) -> None:
+  """A variant's bytes from its compiled step's HLO text."""
   hlo = zipccl_jax.hlo_wire_bytes(text)
-  return Variant(label, compiled, state, compile_s, hlo.common_sent, hlo.fallback_sent,
-                 codec_bytes(text))
+  v.sent, v.sent_fallback, v.codec = hlo.common_sent, hlo.fallback_sent, codec_bytes(text)
 
 
 def comparisons(v: Variant) -> list:
@@ -339,8 +343,7 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
       t0 = time.perf_counter()
       text = v.step.compiled(v.state, batches[0]).as_text()
       v.compile_s += time.perf_counter() - t0
-      hlo = zipccl_jax.hlo_wire_bytes(text)
-      v.sent, v.sent_fallback, v.codec = hlo.common_sent, hlo.fallback_sent, codec_bytes(text)
+      _read_bytes(v, text)
   for v in variants:   # zipccl_jax.jit's timed comparisons of its plan with raw words
     for c in comparisons(v):
       say(f"  {v.label}: step {c.step}, planned {c.planned_s * 1e3:.1f} ms/step, "

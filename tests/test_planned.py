@@ -118,7 +118,7 @@ def test_a_step_that_does_not_fit_is_replanned_and_rerun_exactly(mesh8):
 def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
   """Sizes that fall (data growing more compressible) shrink the plan after a window
   of SHRINK_WINDOW fitting steps, with no re-run, once they pay for their compile
-  (`_shrinks_pay`, its rule tested on scripted clocks below); results equal
+  (the break-even rule, tested on scripted clocks below); results equal
   codec="raw" before, at and after the change."""
   from zipccl_jax._src import planned
   monkeypatch.setattr(planned, "SHRINK_WINDOW", 3)
@@ -133,11 +133,11 @@ def test_plans_shrink_after_a_window_that_needs_less(mesh8, monkeypatch):
   narrow = _gauss(1)
   _assert_all_equal(f(wide), raw(wide), "measured")
   first = f.site_stats()[0]
-  monkeypatch.setattr(planned.Planned, "_shrinks_pay", staticmethod(lambda state, shrunk: False))
+  monkeypatch.setattr(planned_slots, "saved_share", lambda *a: 0.0)            # never pays
   for i in range(3):
     _assert_all_equal(f(narrow), raw(narrow), f"narrow step {i}")
   assert f.site_stats()[0].slot_bytes == first.slot_bytes and f.site_stats()[0].shrinks == 0
-  monkeypatch.setattr(planned.Planned, "_shrinks_pay", staticmethod(lambda state, shrunk: True))
+  monkeypatch.setattr(planned_slots, "saved_share", lambda *a: float("inf"))   # pays at once
   for i in range(3):
     _assert_all_equal(f(narrow), raw(narrow), f"narrow step {3 + i}")
   shrunk = f.site_stats()[0]

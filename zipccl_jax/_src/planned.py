@@ -133,10 +133,11 @@ class _State:
     self.programs: dict = {}
     # seconds: this process's clocks, and the largest over the processes (agreed in
     # the step's exchange, in CLOCK_UNIT_S), from which every process decides alike
-    self.own = {"window": 0.0, "compile": 0.0}
+    self.own_window_s = 0.0
+    self.own_compile_s = 0.0
     self.compile_s = 0.0   # the first run of the last new program (trace, compile, one step)
     self.window_s = 0.0    # the steps of the current window, call to validated outputs
-    self.forgone_s = 0.0   # the step time the pending shrinks would have saved (`_shrinks_pay`)
+    self.forgone_s = 0.0   # the step time the pending shrinks would have saved
     self.gate = gate_lib.Gate()   # planned or raw words, timed (planned_gate.py)
 
   def count_sites(self) -> int:
@@ -150,7 +151,7 @@ class _State:
   def new_window(self) -> None:
     """Starts a window of sizes (`Planned._replan_from_window`)."""
     self.window = []
-    self.window_s = self.own["window"] = 0.0
+    self.window_s = self.own_window_s = 0.0
 
   def new_plan(self, plan: tuple) -> None:
     """Takes `plan`, with a window of its own and no shrink pending."""
@@ -385,7 +386,8 @@ class Planned:
     """After SHRINK_WINDOW fitting steps under one plan, each site's slot follows the
     window's sizes (`window_target`): it grows when less than half its headroom is
     left, and shrinks when the window needs a slot smaller by SHRINK_MIN x raw row
-    (when nothing grows, once they pay for their compile: `_shrinks_pay`)."""
+    (when nothing grows, once they pay for their compile: the ski-rental break-even
+    of planned_slots.py)."""
     n = len(state.sites)
     state.window.append(used[:n])
     if len(state.window) < SHRINK_WINDOW:
@@ -407,26 +409,22 @@ class Planned:
         state.grows[k] += 1
       elif plan[k] - slot >= SHRINK_MIN * raw_row:
         shrunk[k] = slot
-    if shrunk and (new != list(plan) or self._shrinks_pay(state, shrunk)):
-      for k, slot in shrunk.items():
-        new[k] = slot
-        state.shrinks[k] += 1
-    elif not shrunk:
+    if shrunk:
+      # The step time the shrinks would have saved since they became due, this window
+      # included (a window's: its steps' time x the share of the plan's bytes they
+      # save), against the last compile's time. Agreed inputs: every process decides
+      # alike.
+      state.forgone_s += state.window_s * slots.saved_share(state.sites, plan, shrunk)
+      if new != list(plan) or state.forgone_s >= state.compile_s:
+        for k, slot in shrunk.items():
+          new[k] = slot
+          state.shrinks[k] += 1
+    else:
       state.forgone_s = 0.0   # nothing pending (sizes rose again)
     state.new_plan(tuple(new))
     if RAW in state.plan:
       state.windows_since_probe += 1
       state.remeasure = state.windows_since_probe >= state.probe_every
-
-  @staticmethod
-  def _shrinks_pay(state: _State, shrunk: dict) -> bool:
-    """Whether the window's shrinks (site -> smaller slot) go ahead: the step time they
-    would have saved since they became due, the window just ended included, has
-    reached the last compile's time (the ski-rental break-even: planned_slots.py).
-    A window's saving: its steps' time x the share of the plan's bytes the shrinks
-    save. Every input is agreed between the processes, so they all decide alike."""
-    state.forgone_s += state.window_s * slots.saved_share(state.sites, state.plan, shrunk)
-    return state.forgone_s >= state.compile_s
 
   def _run(self, state: _State, plan, args, kwargs):
     """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
@@ -437,9 +435,9 @@ class Planned:
     jax.block_until_ready(out)
     now = time.perf_counter()
     if compiles:   # the first run of a program: its trace, compile and one step
-      state.own["compile"] = now - start
+      state.own_compile_s = now - start
     else:
-      state.own["window"] += now - start
+      state.own_window_s += now - start
     table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
     n = len(state.sites)
     state.window_s, state.compile_s = (t * CLOCK_UNIT_S for t in table[2 * n:2 * n + 2])
@@ -470,7 +468,8 @@ class Planned:
     mine[1] = n
     t = np.asarray(table[:2 * n], np.int32)
     mine[2:2 + t.size] = t
-    mine[2 + 2 * n:] = [min(round(state.own[c] / CLOCK_UNIT_S), 2**31 - 1) for c in ("window", "compile")]
+    mine[2 + 2 * n:] = [min(round(t / CLOCK_UNIT_S), 2**31 - 1)
+                        for t in (state.own_window_s, state.own_compile_s)]
     blobs = self._exchange_blobs(mine)
     if blobs is None:
       return mine[2:].tolist()

@@ -35,7 +35,7 @@ SHRINK_MIN = 0.01
 # A shrink (a plan change that only saves bytes) compiles the whole step again: 4.5 s
 # for the MoE example's step on one core, the time of 150 of its steps, while it
 # saves a few % of the bytes for as long as the run goes on, which nobody knows.
-# That is the ski-rental problem, and its break-even rule is used (`Planned._shrinks_pay`):
+# That is the ski-rental problem, and its break-even rule is used (`Planned._replan_from_window`):
 # a window's shrinks wait until the step time they would have saved since they
 # became due reaches the last compile's time, so the compiles shrinks cause cost at
 # most twice what the best choice in hindsight costs (for a saving that holds
