@@ -56,9 +56,14 @@ Table* table(int64_t ledger, std::string* err) {
 }
 
 // One thread: the values are a site's few rows (an encoder's stats, the statuses).
+// Elementwise (column = kElementwise): value column j into slot[stride * j].
 __global__ void record_kernel(int32_t* slot, const int32_t* value, int64_t count, int64_t column,
-                              int64_t width) {
-  atomicMax_system(slot, worst(value, count, column, width));
+                              int64_t width, int64_t stride) {
+  if (column != kElementwise) {
+    atomicMax_system(slot, worst(value, count, column, width));
+    return;
+  }
+  for (int64_t j = 0; j < width; ++j) atomicMax_system(slot + stride * j, worst(value, count, j, width));
 }
 
 }  // namespace
@@ -95,9 +100,10 @@ ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Remaining
   }
   int64_t width = 1;
   if (ffi::Error e = zm::column_width(values, column, &width); e.failure()) return e;
-  if (slot < 0 || slot + (int64_t)values.size() > zm::kCudaSlots)
+  const int64_t span = zm::slots_spanned(values.size(), column, width);
+  if (slot < 0 || slot + span > zm::kCudaSlots)
     return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
-                                       std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +
+                                       std::to_string(slot + span) + ") must lie in [0, " +
                                        std::to_string(zm::kCudaSlots) + ") on CUDA");
   std::string err;
   zm::Table* tab = zm::table(ledger, &err);
@@ -106,7 +112,8 @@ ffi::Error MailboxCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Remaining
   for (size_t i = 0; i < values.size() && e == cudaSuccess; ++i) {
     auto v = values.get<ffi::Buffer<ffi::S32>>(i);
     zm::record_kernel<<<1, 1, 0, stream>>>(tab->device + slot + i, v->typed_data(), (int64_t)v->element_count(),
-                                           i == 0 ? column : -1, width);
+                                           column == zm::kElementwise ? column : i == 0 ? column : -1, width,
+                                           (int64_t)values.size());
     e = cudaGetLastError();
   }
   if (e == cudaSuccess && out->untyped_data() != x.untyped_data() && x.size_bytes())
@@ -125,5 +132,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCuda, MailboxCudaImpl,
                                   .Ret<ffi::AnyBuffer>()                     // x's bytes
                                   .Attr<int64_t>("ledger")
                                   .Attr<int64_t>("slot")
-                                  .Attr<int64_t>("column"),                  // -1, or value 0's column
+                                  .Attr<int64_t>("column"),                  // -1, value 0's column, or -2
                               {ffi::Traits::kCmdBufferCompatible});

@@ -9,7 +9,12 @@
 //                     v_0 = max(0, max over r of value0[r, column]) when column >= 0:
 //                           value 0 read as rows of its last axis (W elements,
 //                           0 <= column < W), e.g. an encoder's stats s32[R, 4],
-//                           whose column 2 is a row's used size.
+//                           whose column 2 is a row's used size;
+//                   or, when column = -2 (kElementwise), every value has the same last
+//                   dimension E and each of its columns is recorded on its own:
+//                   table[ledger][slot + K j + i] = max(.., max(0, max over r of
+//                   value_i[r, j])) for j = 0 .. E - 1 (a segmented call's K = 2
+//                   values used s32[L] and status s32[L], one pair of slots per site).
 //
 // A planned call site records, in one call after its decode, the largest used size
 // of its encoded rows (units of 128 bytes, slot 2 site: the encoder's stats with
@@ -44,6 +49,8 @@ namespace mailbox {
 constexpr const char* kMailboxTarget = "zipccl_mailbox";
 // A ledger holds at most this many slots (2 per call site).
 constexpr int64_t kMaxSlots = 1 << 20;
+// `column` of a call whose values are recorded column by column (the contract above).
+constexpr int64_t kElementwise = -2;
 
 // Records value into table[ledger][slot] (max); false when slot is out of range.
 bool record(int64_t ledger, int64_t slot, int32_t value);
@@ -64,14 +71,30 @@ inline int32_t worst(const int32_t* p, int64_t n, int64_t column, int64_t width)
 }
 // The row width of value 0 (its last dimension; 1 when column < 0) into *width, or
 // the error naming `column` when it is not below that width. Both handlers' check.
+// With column = kElementwise: E, the last dimension every value must share.
 inline xla::ffi::Error column_width(const xla::ffi::RemainingArgs& values, int64_t column, int64_t* width) {
   *width = 1;
-  if (column < 0) return xla::ffi::Error::Success();
-  auto dims = values.get<xla::ffi::Buffer<xla::ffi::S32>>(0)->dimensions();
-  *width = dims.size() == 0 ? 1 : dims.back();
-  if (column < *width) return xla::ffi::Error::Success();
+  if (column == -1) return xla::ffi::Error::Success();
+  auto last = [&](size_t i) {
+    auto dims = values.get<xla::ffi::Buffer<xla::ffi::S32>>(i)->dimensions();
+    return dims.size() == 0 ? (int64_t)1 : (int64_t)dims.back();
+  };
+  *width = last(0);
+  if (column == kElementwise) {
+    for (size_t i = 1; i < values.size(); ++i)
+      if (last(i) != *width)
+        return xla::ffi::Error::InvalidArgument(std::string(kMailboxTarget) + ": with column -2 every value " +
+                                                "must have value 0's last dimension " + std::to_string(*width));
+    return xla::ffi::Error::Success();
+  }
+  if (column >= 0 && column < *width) return xla::ffi::Error::Success();
   return xla::ffi::Error::InvalidArgument(std::string(kMailboxTarget) + ": column " + std::to_string(column) +
-                                          " must be below value 0's last dimension " + std::to_string(*width));
+                                          " must be -1, -2 or below value 0's last dimension " +
+                                          std::to_string(*width));
+}
+// The number of table slots a call records: K values, or K * E elementwise.
+inline int64_t slots_spanned(size_t values, int64_t column, int64_t width) {
+  return column == kElementwise ? (int64_t)values * width : (int64_t)values;
 }
 // The ledger's table (-1: never recorded), emptied.
 std::vector<int32_t> take(int64_t ledger);

@@ -58,15 +58,22 @@ ffi::Error MailboxCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs values, ffi::Resu
   }
   int64_t width = 1;
   if (ffi::Error e = zipccl::mailbox::column_width(values, column, &width); e.failure()) return e;
-  if (slot < 0 || slot + (int64_t)values.size() > zipccl::mailbox::kMaxSlots)
+  const int64_t span = zipccl::mailbox::slots_spanned(values.size(), column, width);
+  if (slot < 0 || slot + span > zipccl::mailbox::kMaxSlots)
     return ffi::Error::InvalidArgument(t + ": slots [" + std::to_string(slot) + ", " +
-                                       std::to_string(slot + (int64_t)values.size()) + ") must lie in [0, " +
+                                       std::to_string(slot + span) + ") must lie in [0, " +
                                        std::to_string(zipccl::mailbox::kMaxSlots) + ")");
-  for (size_t i = 0; i < values.size(); ++i) {
+  const int64_t k = (int64_t)values.size();
+  for (int64_t i = 0; i < k; ++i) {
     auto v = values.get<ffi::Buffer<ffi::S32>>(i);
-    const int64_t col = i == 0 ? column : -1;
-    zipccl::mailbox::record(ledger, slot + (int64_t)i,
-                            zipccl::mailbox::worst(v->typed_data(), (int64_t)v->element_count(), col, width));
+    const int32_t* p = v->typed_data();
+    const int64_t n = (int64_t)v->element_count();
+    if (column == zipccl::mailbox::kElementwise) {
+      for (int64_t j = 0; j < width; ++j)
+        zipccl::mailbox::record(ledger, slot + k * j + i, zipccl::mailbox::worst(p, n, j, width));
+    } else {
+      zipccl::mailbox::record(ledger, slot + i, zipccl::mailbox::worst(p, n, i == 0 ? column : -1, width));
+    }
   }
   if (out->untyped_data() != x.untyped_data() && x.size_bytes())
     std::memcpy(out->untyped_data(), x.untyped_data(), x.size_bytes());
@@ -82,4 +89,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclMailboxCpu, MailboxCpuImpl,
                                   .Ret<ffi::AnyBuffer>()         // x's bytes
                                   .Attr<int64_t>("ledger")
                                   .Attr<int64_t>("slot")
-                                  .Attr<int64_t>("column"));     // -1, or value 0's column
+                                  .Attr<int64_t>("column"));     // -1, value 0's column, or -2 (elementwise)

@@ -13,6 +13,7 @@
 #include "entropy_cpu.h"
 #include "handler_common.h"
 #include "mailbox.h"
+#include "segments.h"
 #include "transport.h"
 
 void register_entropy(nanobind::module_& m);  // module_entropy.cc
@@ -65,6 +66,9 @@ NB_MODULE(_zipccl_cpu, m) {
     d[zipccl::transport::kAgreeTarget] = encapsulate(ZipcclAgreeCpu);
     d[zipccl::transport::kBitcastCopyTarget] = encapsulate(ZipcclBitcastCopyCpu);
     d[zipccl::transport::kRowUnpackTarget] = encapsulate(ZipcclRowUnpackCpu);
+    d[zipccl::transport::kRowPackTarget] = encapsulate(ZipcclRowPackCpu);
+    d[zipccl::segments::kEncodeTarget] = encapsulate(ZipcclSegmentsEncodeCpu);
+    d[zipccl::segments::kDecodeTarget] = encapsulate(ZipcclSegmentsDecodeCpu);
     d[zipccl::transport::kRowSumTarget] = encapsulate(ZipcclRowSumCpu);
     d[zipccl::mailbox::kMailboxTarget] = encapsulate(ZipcclMailboxCpu);
     return d;

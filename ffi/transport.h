@@ -33,6 +33,11 @@
 //                      element size, the same leading dimensions, sum w_k <= T:
 //                      y_k[r, :] = x[r, o_k : o_k + w_k], o_k = w_0 + .. + w_(k-1)
 //                      (a bucket's rows cut back into its leaves' rows)
+//   zipccl_row_pack:   K >= 1 operands x_k [..., w_k] of one element size and the
+//                      same leading dimensions -> y [..., T], T = sum w_k, of
+//                      x_0's type: y[r, o_k : o_k + w_k] = x_k[r, :] (row_unpack's
+//                      inverse: leaves' rows side by side, as bytes, so that no
+//                      NaN payload is canonicalised; CPU only)
 //   zipccl_row_sum:    x [..., N, M] bf16 / f16 / f32, N >= 1 -> y f32 [..., M]:
 //                      y[b, j] = (..((v(x[b,0,j]) + v(x[b,1,j])) + v(x[b,2,j])) ..)
 //                      + v(x[b,N-1,j]): float32 adds in row order (round to
@@ -85,6 +90,7 @@ constexpr const char* kUsedMaxTarget = "zipccl_used_max";
 constexpr const char* kAgreeTarget = "zipccl_agree";
 constexpr const char* kBitcastCopyTarget = "zipccl_bitcast_copy";
 constexpr const char* kRowUnpackTarget = "zipccl_row_unpack";
+constexpr const char* kRowPackTarget = "zipccl_row_pack";
 constexpr const char* kRowSumTarget = "zipccl_row_sum";
 // agree: at most this many rungs (the ladder has <= 32 + 4; the CUDA kernel
 // takes them by value).
@@ -374,3 +380,4 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclAgreeCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclBitcastCopyCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowUnpackCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowSumCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ZipcclRowPackCpu);

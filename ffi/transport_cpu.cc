@@ -145,6 +145,41 @@ ffi::Error RowUnpackCpuImpl(ffi::AnyBuffer x, ffi::RemainingRets pieces) {
   return ffi::Error::Success();
 }
 
+// Leaves' rows side by side (zipccl_row_pack, ffi/transport.h).
+ffi::Error RowPackCpuImpl(ffi::RemainingArgs xs, ffi::Result<ffi::AnyBuffer> y) {
+  const char* t = zipccl::transport::kRowPackTarget;
+  const size_t es = ffi::ByteWidth(y->element_type());
+  uint64_t rows, total;
+  zipccl::handler::split_dims(y->dimensions(), &rows, &total);
+  if (y->dimensions().size() == 0 || xs.size() == 0)
+    return zipccl::handler::invalid(t, "expected at least one operand and a result with a row axis");
+  uint64_t sum = 0;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    auto x = xs.get<ffi::AnyBuffer>(k);
+    if (x.has_error()) return zipccl::handler::invalid(t, "operand " + zipccl::handler::str(k) + " is not a buffer");
+    uint64_t r, w;
+    zipccl::handler::split_dims(x->dimensions(), &r, &w);
+    if (x->dimensions().size() != y->dimensions().size() || r != rows || ffi::ByteWidth(x->element_type()) != es)
+      return zipccl::handler::invalid(t, "operand " + zipccl::handler::str(k) +
+                                             " must have the result's leading dimensions and element size");
+    sum += w;
+  }
+  if (sum != total)
+    return zipccl::handler::invalid(t, "the operands' widths add up to " + zipccl::handler::str(sum) +
+                                           ", the result holds " + zipccl::handler::str(total));
+  uint8_t* out = static_cast<uint8_t*>(y->untyped_data());
+  uint64_t off = 0;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    ffi::AnyBuffer x = *xs.get<ffi::AnyBuffer>(k);
+    const uint64_t w = (uint64_t)x.dimensions()[x.dimensions().size() - 1];
+    const uint8_t* in = static_cast<const uint8_t*>(x.untyped_data());
+    if (w)
+      for (uint64_t r = 0; r < rows; ++r) std::memcpy(out + (r * total + off) * es, in + r * w * es, w * es);
+    off += w;
+  }
+  return ffi::Error::Success();
+}
+
 inline float as_float(uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
@@ -252,6 +287,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowUnpackCpu, RowUnpackCpuImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()   // x [..., T]
                                   .RemainingRets());       // y_k [..., w_k]
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclRowPackCpu, RowPackCpuImpl,
+                              ffi::Ffi::Bind()
+                                  .RemainingArgs()          // x_k [..., w_k]
+                                  .Ret<ffi::AnyBuffer>());  // y [..., sum w_k]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ZipcclUsedMaxCpu, UsedMaxCpuImpl,
                               ffi::Ffi::Bind()

@@ -22,6 +22,7 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src.codecs import base
 
 RAW = -1                 # a site's plan: move the raw words (no codec)
+ELEMENTWISE = -2         # `record`'s column: every value's columns recorded apart
 
 _local = threading.local()
 
@@ -55,7 +56,10 @@ def record(x, values, ledger: int, slot: int, column: int = -1):
   the mailbox table[ledger][slot + i] for each i (ffi/mailbox.h): x's consumers wait
   for the record. column >= 0: values[0] is read as rows of its last axis and
   max(0, its column `column`) is recorded (an encoder's stats s32[R, 4], column 2:
-  the largest used size, with no reduction op of its own)."""
+  the largest used size, with no reduction op of its own). column ELEMENTWISE:
+  the values share a last dimension E and column j of value i goes to
+  table[ledger][slot + K j + i] (a segmented group's used sizes and statuses,
+  one pair of slots per site: segments.py)."""
   _ffi.register()
   out = base.result_type(x.shape, x.dtype, x)
   return jax.ffi.ffi_call("zipccl_mailbox", out, input_output_aliases={0: 0},

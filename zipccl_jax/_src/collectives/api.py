@@ -16,6 +16,7 @@ from jax import lax
 
 from zipccl_jax._src import compat
 from zipccl_jax._src import options
+from zipccl_jax._src import segments
 from zipccl_jax._src.collectives import autodiff
 from zipccl_jax._src.collectives import buckets
 from zipccl_jax._src.collectives import impl
@@ -246,7 +247,10 @@ def compressed_psum(x, axis_name, *, codec: str | None = "auto", policy: str = "
   def run(rows):
     return autodiff.bpsum(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
-  return buckets.map_leaves(one, x, stats, (item, run, limit))
+  def segmented(rows):
+    return segments.run(rows, impl.Cfg(axes, n_peers, opts, stats, fn), autodiff.spsum)
+
+  return buckets.map_leaves(one, x, stats, (item, run, limit, segmented))
 
 
 @_with_options_doc

@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from zipccl_jax._src import compat
+from zipccl_jax._src import segments
 from zipccl_jax._src import transport
 from zipccl_jax._src.collectives import impl
 
@@ -171,8 +172,22 @@ def _bpp_bwd(cfg: impl.Cfg, cts):
   return bpp(_pvary_all(cts, cfg), cfg._replace(perm=inv, stats=False))[0]
 
 
+def _spsum_bwd(cfg: impl.Cfg, cts):
+  if compat.check_vma_enabled():
+    return _pvary_all(cts, cfg)
+  return spsum(cts, cfg._replace(stats=False))[0]
+
+
+def _segmented_psum(xs, cfg):
+  ys, sts = segments.psum_group(xs, cfg)
+  return tuple(ys), tuple(sts)
+
+
 bag = with_vjp(_bucketed(impl.ag_impl), _bag_bwd)
 brs = with_vjp(_bucketed(impl.rs_impl), _brs_bwd)
 bpsum = with_vjp(_bucketed(impl.psum_impl), _bpsum_bwd)
 ba2a = with_vjp(_bucketed(impl.a2a_impl), _ba2a_bwd)
 bpp = with_vjp(_bucketed(impl.pp_impl), _bpp_bwd)
+# Segmented twin (segments.py): the leaves' rows side by side in one planned transport,
+# every leaf coded on its own; its callers pass one group of `segments.run`.
+spsum = with_vjp(_segmented_psum, _spsum_bwd)

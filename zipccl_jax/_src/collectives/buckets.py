@@ -24,6 +24,7 @@ import numpy as np
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import options
+from zipccl_jax._src import segments
 from zipccl_jax._src import stats as stats_lib
 
 
@@ -67,26 +68,35 @@ def _bucket_groups(items, limit: int) -> list:
 def map_leaves(one, x, stats: bool, bucket=None):
   """Runs the collective on every leaf of x: `one(leaf) -> (y, stats)`.
 
-  bucket: None, or (item, run, limit): item(leaf) -> _Item, or None for a leaf that
-  is not bucketed (plain lax, empty); run(rows) runs the bucketed collective on a
-  tuple of rows and returns (the tuple of their results, the bucket's stats). The
-  buckets are the same with stats=True (the program must not change with stats):
-  every leaf of a bucket then reports the bucket's stats.
+  bucket: None, or (item, run, limit[, segmented]): item(leaf) -> _Item, or None for
+  a leaf that is not bucketed (plain lax, empty); run(rows) runs the bucketed
+  collective on a tuple of rows and returns (the tuple of their results, the
+  bucket's stats). The buckets are the same with stats=True (the program must not
+  change with stats): every leaf of a bucket then reports the bucket's stats.
+  segmented(rows) (under zipccl_jax.jit on CPU: segments.available()) moves the
+  rows of the leaves left to travel alone in shared transports, each leaf coded on
+  its own, and returns (result rows, stats) per leaf or None where it declines.
   """
   leaves, treedef = jax.tree_util.tree_flatten(x)
   outs = [None] * len(leaves)
   if bucket is not None and len(leaves) >= 2:
-    item, run, limit = bucket
+    item, run, limit = bucket[:3]
     items = [(i, it) for i, it in ((i, item(leaf)) for i, leaf in enumerate(leaves))
              if it is not None]
     by_index = dict(items)
+    alone = []
     for group in _bucket_groups(items, limit):
       if len(group) == 1:
+        alone.append(group[0])
         continue
       its = [by_index[i] for i in group]
       ys, st = run(tuple(it.rows for it in its))
       for i, it, r in zip(group, its, ys):
         outs[i] = (it.post(r), st)
+    if len(bucket) > 3 and len(alone) >= 2 and segments.available():
+      for i, o in zip(alone, bucket[3](tuple(by_index[i].rows for i in alone))):
+        if o is not None:
+          outs[i] = (by_index[i].post(o[0]), o[1])
   outs = [one(leaf) if o is None else o for leaf, o in zip(leaves, outs)]
   y = jax.tree_util.tree_unflatten(treedef, [o[0] for o in outs])
   if not stats:
