@@ -95,7 +95,8 @@ def decode(payload, codec_id: int, widths, slots, dtype, skip, fill):
 
 
 def _register(trace, plans, where: str, rows: int, check: bool):
-  """The group's call sites (None: a raw group, no sites): (first site, slot attributes)."""
+  """The group's call sites: (the first site to record at, None: nothing to record;
+  the segments' slot attributes)."""
   if not plans[0].compress:
     return None, [0] * len(plans)
   first, slots = None, []
@@ -104,7 +105,9 @@ def _register(trace, plans, where: str, rows: int, check: bool):
     k, slot = planned_sites.site(trace, signature, p.rungs, p.raw_row)
     first = k if first is None else first
     slots.append(MEASURE if slot is None else 0 if slot == planned_sites.RAW else slot)
-  return first, slots
+  # Sites all planned raw record nothing, as a raw site alone does: a program of raw
+  # sites is not validated, and its records would stay in the table.
+  return (first if any(slots) else None), slots
 
 
 def _part(plan, slot: int, rows_sent: int, elements: int):
