@@ -133,6 +133,50 @@ def test_gradient_vmap_and_a_2d_mesh(mesh8, mesh4x2):
     _equal(f(xb), raw(xb), f"vmap step {step}")
 
 
+def _four(mesh, **kw):
+  """all_gather (tiled, and not), psum_scatter, all_to_all and psum of one pytree."""
+  kw = dict(policy="always", bucket_bytes=0, **kw)
+
+  def body(t):
+    return (zc.compressed_all_gather(t, "x", tiled=True, **kw),
+            zc.compressed_all_gather(t, "x", to="invarying", **kw),
+            zc.compressed_psum_scatter(t, "x", tiled=True, **kw),
+            zc.compressed_all_to_all(t, "x", 0, 0, tiled=True, **kw))
+
+  return lambda t: jax.shard_map(body, mesh=mesh, in_specs=P("x"),
+                                 out_specs=(P("x"), P(), P("x"), P("x")))(t)
+
+
+def test_gather_scatter_and_all_to_all_pytrees_share_collectives(mesh8):
+  rng = np.random.default_rng(8)
+  shapes = [(N * 64, 96), (N * 8, 1024), (N * 3, 5), (N * 256,), (N * 16, 640)]
+  tree = [(rng.standard_normal((N,) + s) * 1e-2).astype(BF16).reshape((N * s[0],) + s[1:]) for s in shapes]
+  tree.append((rng.standard_normal((N * 64, 64)) * 1e-2).astype(np.float32))
+  x = _shard(mesh8, tree)
+  f, raw = zc.jit(_four(mesh8)), jax.jit(_four(mesh8, codec="raw"))
+  for step in range(3):
+    _equal(f(x), raw(x), f"step {step}")
+  text = f.compiled(x).as_text()
+  # per collective and group (bf16 coded, bf16 raw, f32 coded): the all-gathers one
+  # all-gather, psum_scatter and all_to_all N - 1 permutes, however many leaves (XLA
+  # merges the two all-gathers, and the two all-to-alls: they move the same rows)
+  assert 3 <= _ops(text, "all-gather") <= 2 * 3
+  assert 3 * (N - 1) <= _ops(text, "collective-permute") <= 2 * 3 * (N - 1)
+  # the FSDP pattern: gather a parameter pytree, its gradient reduce-scattered
+  params = [v[: N * (v.shape[0] // N)] for v in tree[:3]]
+
+  def loss(ps, codec):
+    def body(p):
+      full = zc.compressed_all_gather(p, "x", tiled=True, codec=codec, policy="always", bucket_bytes=0)
+      return sum(jnp.sum(jnp.sin(v.astype(jnp.float32))) for v in full)[None]   # per device
+    return jnp.sum(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=P("x"))(ps))
+
+  g, want = zc.jit(jax.grad(lambda ps: loss(ps, "auto"))), jax.jit(jax.grad(lambda ps: loss(ps, "raw")))
+  xp = _shard(mesh8, params)
+  for step in range(2):
+    _equal(g(xp), want(xp), f"grad step {step}")
+
+
 def _encode_leaf(x):
   return [np.asarray(a) for a in jax.jit(entropy.encode_rows)(x)]
 

@@ -10,9 +10,10 @@ faster than linearly with a program's ops (1,600 custom calls compiled in 1.4 s,
 400 in 0.16 s), and leaf by leaf a 200-leaf psum holds ~900 custom calls and
 ~1,200 collective permutes; segmented it holds ~10 custom calls and N collectives.
 
-Where: a pytree psum under `zipccl_jax.jit` on a mesh whose devices are CPUs (the
-targets have CPU handlers only; elsewhere and outside `zipccl_jax.jit` every leaf
-keeps its own transport). Leaves are grouped per (dtype, codec); the leaves a plan
+Where: a pytree psum, psum_scatter, all_to_all or all_gather under
+`zipccl_jax.jit` on a mesh whose devices are CPUs (the targets have CPU handlers
+only; elsewhere, for ppermute and outside `zipccl_jax.jit` every leaf keeps its own
+transport). Leaves are grouped per (dtype, codec); the leaves a plan
 moves raw form a group of their own (raw segments, no call site). A group's sites
 are numbered consecutively, so one mailbox record (`planned_sites.ELEMENTWISE`)
 writes every site's used size and decoder status.
@@ -38,7 +39,9 @@ from zipccl_jax._src.codecs import base
 
 ENCODE_TARGET = "zipccl_segments_encode"
 DECODE_TARGET = "zipccl_segments_decode"
-CODEC_IDS = (1, 2)      # the codecs the targets code (window, entropy; docs/format.md)
+# The codec modules the targets code, by the row header's codec id (docs/format.md):
+# a registered codec whose module is one of these codes the same bytes.
+CODEC_IDS = {"zipccl_jax._src.codecs.window": 1, "zipccl_jax._src.codecs.entropy": 2}
 MEASURE = -1            # a segment's slot in the measuring program
 
 
@@ -119,71 +122,146 @@ def _part(plan, slot: int, rows_sent: int, elements: int):
                          elements)
 
 
-def _psum_group(flats, plans, cfg):
-  """psum of the flat leaves flats[i] [n_i], one group: (results, stats per leaf)."""
+def _record(got, used, status, first):
+  if first is None:
+    return got
   trace = planned_sites.active()
+  return planned_sites.record(got, [used, status], trace.ledger, 2 * first, planned_sites.ELEMENTWISE)
+
+
+def _codec_id(plans) -> int:
+  # a raw group's segments are all copied: any codec that takes the dtype (window)
+  return CODEC_IDS[plans[0].codec.module] if plans[0].compress else 1
+
+
+def _a2a_phase(x, plans, cfg):
+  """The all-to-all of x [N, M] (row j for peer j, a segment per leaf): the received
+  rows [N, M] (row i from peer i) and the segments' slots. The own row is neither
+  coded nor sent: the decoder copies it from x."""
   n_peers, axes = cfg.n_peers, cfg.axes
-  check = cfg.opts.check_decode
   ms = [p.m for p in plans]
-  dtype = flats[0].dtype
-  rows = [jnp.pad(f, (0, n_peers * m - f.size)).reshape(n_peers, m) if n_peers * m != f.size
-          else f.reshape(n_peers, m) for f, m in zip(flats, ms)]
-  x = pack(rows)                                       # [N, M]: leaf i's row j in segment i
-  cid = plans[0].codec.CODEC_ID if plans[0].compress else CODEC_IDS[0]
   me = lax.axis_index(axes).astype(jnp.int32)
   mine = (jnp.arange(n_peers) == me).astype(jnp.uint8)
-  # the reduce-scatter: every leaf's row j goes to peer j; the own row stays here
-  gplans = [plan_lib.with_ladder(p, p.chunks, all_to_all=False) if p.compress else p for p in plans]
-  k1, s1 = _register(trace, plans, "an all_to_all", n_peers, check)
-  payload, used = encode(x, cid, ms, s1, mine)
+  first, slots = _register(planned_sites.active(), plans, "an all_to_all", n_peers, cfg.opts.check_decode)
+  payload, used = encode(x, _codec_id(plans), ms, slots, mine)
   moved = transport.a2a_slot(payload, payload.shape[1], axes, me)
-  got, status = decode(moved, cid, ms, s1, dtype, mine, x)
-  if k1 is not None:
-    got = planned_sites.record(got, [used, status], trace.ledger, 2 * k1, planned_sites.ELEMENTWISE)
-  mine_sum = transport.ordered_sum(got, dtype)[None]   # [1, M]: this device's sums
-  # the all-gather of the sums
-  k2, s2 = _register(trace, gplans, "an all_gather", 1, check)
-  payload, used = encode(mine_sum, cid, ms, s2, jnp.zeros((1,), jnp.uint8))
-  moved = compat.all_gather_invariant(payload[0], axes)
-  got, status = decode(moved, cid, ms, s2, dtype, mine, mine_sum)
-  if k2 is not None:
-    got = planned_sites.record(got, [used, status], trace.ledger, 2 * k2, planned_sites.ELEMENTWISE)
-  pieces = transport.unpack(got, ms) if len(ms) > 1 else (got,)
-  ys = [p.reshape(-1)[:f.size] if p.size != f.size else p.reshape(-1) for p, f in zip(pieces, flats)]
-  sts = [None] * len(flats)
-  if cfg.stats:
-    sent = n_peers - 1 if n_peers > 1 and transport.a2a_by_permutes() else n_peers
-    sts = [stats_lib.make_stats("psum", p.name, (_part(p, a, sent, n_peers * (n_peers - 1) * p.m),
-                                                 _part(g, b, 1, n_peers * g.m)))
-           for p, g, a, b in zip(plans, gplans, s1, s2)]
+  got, status = decode(moved, _codec_id(plans), ms, slots, x.dtype, mine, x)
+  return _record(got, used, status, first), slots
+
+
+def _gather_phase(row, plans, cfg):
+  """The all-gather of row [1, M] (a segment per leaf): [N, M] typed invariant, row i
+  from peer i (the own row copied, not decoded), and the segments' slots."""
+  ms = [p.m for p in plans]
+  first, slots = _register(planned_sites.active(), plans, "an all_gather", 1, cfg.opts.check_decode)
+  payload, used = encode(row, _codec_id(plans), ms, slots, jnp.zeros((1,), jnp.uint8))
+  moved = compat.all_gather_invariant(payload[0], cfg.axes)
+  mine = (jnp.arange(cfg.n_peers) == lax.axis_index(cfg.axes)).astype(jnp.uint8)
+  got, status = decode(moved, _codec_id(plans), ms, slots, row.dtype, mine, row)
+  return _record(got, used, status, first), slots
+
+
+def _a2a_rows_sent(n_peers: int) -> int:
+  """Rows of an all-to-all phase handed to XLA per device (on CPU the own row stays)."""
+  return n_peers - 1 if n_peers > 1 and transport.a2a_by_permutes() else n_peers
+
+
+def _a2a_parts(plans, slots, cfg):
+  n = cfg.n_peers
+  return [_part(p, s, _a2a_rows_sent(n), n * (n - 1) * p.m) for p, s in zip(plans, slots)]
+
+
+def _gather_parts(plans, slots, cfg):
+  return [_part(p, s, 1, cfg.n_peers * p.m) for p, s in zip(plans, slots)]
+
+
+def _split(y, plans):
+  """y [..., M] cut into the segments' [..., m_i]."""
+  return transport.unpack(y, [p.m for p in plans]) if len(plans) > 1 else (y,)
+
+
+def _stats(cfg, name, plans, *parts):
+  if not cfg.stats:
+    return [None] * len(plans)
+  return [stats_lib.make_stats(name, p.name, tuple(ps)) for p, *ps in zip(plans, *parts)]
+
+
+# Each collective, for one group: (rows of its leaves, plans, cfg) -> (results, stats).
+# Rows and results are the buckets' (buckets.Item): psum and all_gather flat [n_i]
+# -> [n_i] and [N, n_i]; psum_scatter and all_to_all [N, m_i] -> [m_i] and [N, m_i].
+
+
+def _psum(flats, plans, cfg):
+  n_peers = cfg.n_peers
+  rows = [jnp.pad(f, (0, n_peers * p.m - f.size)).reshape(n_peers, p.m) if n_peers * p.m != f.size
+          else f.reshape(n_peers, p.m) for f, p in zip(flats, plans)]
+  got, s1 = _a2a_phase(pack(rows), plans, cfg)
+  gplans = [plan_lib.with_ladder(p, p.chunks, all_to_all=False) if p.compress else p for p in plans]
+  got, s2 = _gather_phase(transport.ordered_sum(got, flats[0].dtype)[None], gplans, cfg)
+  ys = [y.reshape(-1)[:f.size] if y.size != f.size else y.reshape(-1)
+        for y, f in zip(_split(got, plans), flats)]
+  return ys, _stats(cfg, "psum", plans, _a2a_parts(plans, s1, cfg), _gather_parts(gplans, s2, cfg))
+
+
+def _psum_scatter(rows, plans, cfg):
+  got, s1 = _a2a_phase(pack(rows), plans, cfg)
+  ys = _split(transport.ordered_sum(got, rows[0].dtype), plans)
+  return list(ys), _stats(cfg, "psum_scatter", plans, _a2a_parts(plans, s1, cfg))
+
+
+def _all_to_all(rows, plans, cfg):
+  got, s1 = _a2a_phase(pack(rows), plans, cfg)
+  return list(_split(got, plans)), _stats(cfg, "all_to_all", plans, _a2a_parts(plans, s1, cfg))
+
+
+def _all_gather(flats, plans, cfg):
+  got, s1 = _gather_phase(pack([f[None] for f in flats]), plans, cfg)
+  ys = [compat.pvary(y, cfg.axes) if cfg.to == "varying" else y for y in _split(got, plans)]
+  return ys, _stats(cfg, "all_gather", plans, _gather_parts(plans, s1, cfg))
+
+
+# kind -> (the group's function, the planner's collective name, all_to_all ladder)
+_KINDS = {"psum": (_psum, "psum", True), "psum_scatter": (_psum_scatter, "psum_scatter", True),
+          "all_to_all": (_all_to_all, "all_to_all", True), "all_gather": (_all_gather, "all_gather", False)}
+
+
+def _plan(kind: str, row, cfg):
+  """The plan of a leaf's rows, and whether the targets can move it (no chunks, a
+  codec they code)."""
+  _, collective, a2a = _KINDS[kind]
+  m = -(-row.size // cfg.n_peers) if kind == "psum" else row.shape[-1]
+  p = plan_lib.plan(cfg.fn, row.dtype, m, cfg.opts, collective=collective, n_peers=cfg.n_peers,
+                    all_to_all=a2a)
+  return p, not p.parts and (not p.compress or p.codec.module in CODEC_IDS)
+
+
+def group(kind: str, rows, cfg):
+  """The segmented collective `kind` of leaves' rows, the forward pass of its
+  autodiff twin: one transport (set) per (dtype, codec); a leaf the targets cannot
+  code (a transposed call planned otherwise than its forward) moves raw words.
+  Returns (results, stats) per leaf."""
+  fun = _KINDS[kind][0]
+  plans = [p if ok else p._replace(compress=False) for p, ok in (_plan(kind, r, cfg) for r in rows)]
+  groups = {}
+  for i, (r, p) in enumerate(zip(rows, plans)):
+    groups.setdefault((np.dtype(r.dtype).name, p.codec.name if p.compress else None), []).append(i)
+  ys, sts = [None] * len(rows), [None] * len(rows)
+  for members in groups.values():
+    got, st = fun([rows[i] for i in members], [plans[i] for i in members], cfg)
+    for i, y, t in zip(members, got, st):
+      ys[i], sts[i] = y, t
   return ys, sts
 
 
-def _psum_plan(flat, cfg):
-  return plan_lib.plan(cfg.fn, flat.dtype, -(-flat.size // cfg.n_peers), cfg.opts, collective="psum",
-                       n_peers=cfg.n_peers, all_to_all=True)
-
-
-def psum_group(flats, cfg):
-  """The segmented psum of one group's flat leaves (`run`'s groups), the forward
-  pass of `autodiff.spsum`: (results, stats per leaf)."""
-  return _psum_group(flats, [_psum_plan(f, cfg) for f in flats], cfg)
-
-
-def run(rows, cfg, collective):
-  """The leaves rows[i] (flat [n_i]) moved by segmented transports, grouped per
-  (dtype, codec): collective(tuple of a group's rows, cfg) -> (results, stats).
+def run(kind: str, rows, cfg, twin):
+  """The rows of leaves (buckets.Item's) that the targets can move, moved by
+  twin(tuple of rows, cfg) -> (results, stats) (the differentiable `group`).
   Returns (result, stats) per leaf, None for a leaf left to its own transport (a
   chunked plan, or a codec the targets do not code)."""
-  groups = {}
-  for i, r in enumerate(rows):
-    p = _psum_plan(r, cfg)
-    if p.parts or (p.compress and p.codec.CODEC_ID not in CODEC_IDS):
-      continue
-    groups.setdefault((np.dtype(r.dtype).name, p.codec.name if p.compress else None), []).append(i)
+  take = [i for i, r in enumerate(rows) if _plan(kind, r, cfg)[1]]
   outs = [None] * len(rows)
-  for members in groups.values():
-    ys, sts = collective(tuple(rows[i] for i in members), cfg)
-    for i, y, st in zip(members, ys, sts):
+  if take:
+    ys, sts = twin(tuple(rows[i] for i in take), cfg)
+    for i, y, st in zip(take, ys, sts):
       outs[i] = (y, st)
   return outs

@@ -137,7 +137,10 @@ def compressed_all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
   def run(rows):
     return autodiff.bag(rows, impl.Cfg(axes, n_peers, opts, stats, fn, to=to))
 
-  return buckets.map_leaves(one, x, stats, (item, run, limit))
+  def segmented(rows):
+    return segments.run("all_gather", rows, impl.Cfg(axes, n_peers, opts, stats, fn, to=to), autodiff.sag)
+
+  return buckets.map_leaves(one, x, stats, (item, run, limit, segmented))
 
 
 @_with_options_doc
@@ -198,7 +201,10 @@ def compressed_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: 
   def run(rows):    # [N, m] each: row j for peer j, as impl.rows_for_peers(x, 0, False) sees it
     return autodiff.brs(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
-  return buckets.map_leaves(one, x, stats, (item, run, limit))
+  def segmented(rows):
+    return segments.run("psum_scatter", rows, impl.Cfg(axes, n_peers, opts, stats, fn), autodiff.srs)
+
+  return buckets.map_leaves(one, x, stats, (item, run, limit, segmented))
 
 
 @_with_options_doc
@@ -248,7 +254,7 @@ def compressed_psum(x, axis_name, *, codec: str | None = "auto", policy: str = "
     return autodiff.bpsum(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
   def segmented(rows):
-    return segments.run(rows, impl.Cfg(axes, n_peers, opts, stats, fn), autodiff.spsum)
+    return segments.run("psum", rows, impl.Cfg(axes, n_peers, opts, stats, fn), autodiff.spsum)
 
   return buckets.map_leaves(one, x, stats, (item, run, limit, segmented))
 
@@ -306,7 +312,10 @@ def compressed_all_to_all(x, axis_name, split_axis: int, concat_axis: int, *,
   def run(rows):    # [N, m] each in and out: row i from peer i
     return autodiff.ba2a(rows, impl.Cfg(axes, n_peers, opts, stats, fn))
 
-  return buckets.map_leaves(one, x, stats, (item, run, limit))
+  def segmented(rows):
+    return segments.run("all_to_all", rows, impl.Cfg(axes, n_peers, opts, stats, fn), autodiff.sa2a)
+
+  return buckets.map_leaves(one, x, stats, (item, run, limit, segmented))
 
 
 @_with_options_doc

@@ -172,22 +172,47 @@ def _bpp_bwd(cfg: impl.Cfg, cts):
   return bpp(_pvary_all(cts, cfg), cfg._replace(perm=inv, stats=False))[0]
 
 
+bag = with_vjp(_bucketed(impl.ag_impl), _bag_bwd)
+brs = with_vjp(_bucketed(impl.rs_impl), _brs_bwd)
+bpsum = with_vjp(_bucketed(impl.psum_impl), _bpsum_bwd)
+ba2a = with_vjp(_bucketed(impl.a2a_impl), _ba2a_bwd)
+bpp = with_vjp(_bucketed(impl.pp_impl), _bpp_bwd)
+
+
+# Segmented twins (segments.py): a group of leaves' rows side by side in one planned
+# transport, every leaf coded on its own; their callers pass one group of
+# `segments.run`. Their transposes are segmented collectives too.
+
+
+def _segmented(kind):
+  def run(xs, cfg):
+    ys, sts = segments.group(kind, xs, cfg)
+    return tuple(ys), tuple(sts)
+  return run
+
+
+def _sag_bwd(cfg: impl.Cfg, cts):
+  if cfg.to == "invarying":
+    me = lax.axis_index(cfg.axes)
+    return tuple(lax.dynamic_index_in_dim(c, me, 0, keepdims=False) for c in cts)
+  return srs(_pvary_all(cts, cfg), cfg._replace(stats=False))[0]
+
+
+def _srs_bwd(cfg: impl.Cfg, cts):
+  return sag(_pvary_all(cts, cfg), cfg._replace(stats=False, to="varying"))[0]
+
+
 def _spsum_bwd(cfg: impl.Cfg, cts):
   if compat.check_vma_enabled():
     return _pvary_all(cts, cfg)
   return spsum(cts, cfg._replace(stats=False))[0]
 
 
-def _segmented_psum(xs, cfg):
-  ys, sts = segments.psum_group(xs, cfg)
-  return tuple(ys), tuple(sts)
+def _sa2a_bwd(cfg: impl.Cfg, cts):
+  return sa2a(_pvary_all(cts, cfg), cfg._replace(stats=False))[0]
 
 
-bag = with_vjp(_bucketed(impl.ag_impl), _bag_bwd)
-brs = with_vjp(_bucketed(impl.rs_impl), _brs_bwd)
-bpsum = with_vjp(_bucketed(impl.psum_impl), _bpsum_bwd)
-ba2a = with_vjp(_bucketed(impl.a2a_impl), _ba2a_bwd)
-bpp = with_vjp(_bucketed(impl.pp_impl), _bpp_bwd)
-# Segmented twin (segments.py): the leaves' rows side by side in one planned transport,
-# every leaf coded on its own; its callers pass one group of `segments.run`.
-spsum = with_vjp(_segmented_psum, _spsum_bwd)
+sag = with_vjp(_segmented("all_gather"), _sag_bwd)
+srs = with_vjp(_segmented("psum_scatter"), _srs_bwd)
+spsum = with_vjp(_segmented("psum"), _spsum_bwd)
+sa2a = with_vjp(_segmented("all_to_all"), _sa2a_bwd)
