@@ -11,8 +11,8 @@ disagreement on every process, or (stats) identical programs and exact results.
 CASE: codec (zipccl vs entropy), chunks (1 vs 2), calibration (a calibration in
 force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
 the same program, exact results); with the prefix "planned_" the step runs under
-zipccl_jax.jit for three steps ("planned_same": every process alike, the report
-adds the plan's slots; "planned_gate": the processes' clocks disagree on whether
+zipccl_jax.jit for three steps ("planned_same": every process alike, with a pytree
+psum whose leaves share transports, the report adds the plan's slots; "planned_gate": the processes' clocks disagree on whether
 the plan or raw words is faster, the report adds the comparisons). exchange_absent:
 the last process skips an exchange between processes
 (compat.exchange_across_processes, 3 s timeout) that the others make.
@@ -49,7 +49,10 @@ def _call(jax, zc, case: str, first: bool):
   def body(x):
     outs = [zc.compressed_all_gather(x, "x", tiled=True, stats=stats, **kw),
             zc.compressed_psum(x, "x", stats=stats, **kw)]
-    return [o[0] if stats else o for o in outs]
+    outs = [o[0] if stats else o for o in outs]
+    if case == "same":   # a pytree whose leaves share transports (segments.py)
+      outs += zc.compressed_psum([x, x[:, :2048] * 0.5], "x", bucket_bytes=0, **kw)
+    return outs
 
   return body
 
@@ -67,11 +70,15 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   x = np.random.default_rng(5).standard_normal((n * 8, 4096)).astype(ml_dtypes.bfloat16)
   xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
   planned = case.startswith("planned_")
+  specs = [P("x"), P()] + ([P(), P()] if case == "planned_same" else [])
   f = (zc.jit if planned else jax.jit)(jax.shard_map(
-      _call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
-  raw = jax.jit(jax.shard_map(lambda v: [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"),
-                                         zc.compressed_psum(v, "x", codec="raw")],
-                              mesh=mesh, in_specs=P("x"), out_specs=[P("x"), P()]))
+      _call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=specs))
+
+  def want(v):
+    outs = [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"), zc.compressed_psum(v, "x", codec="raw")]
+    return outs + (zc.compressed_psum([v, v[:, :2048] * 0.5], "x", codec="raw") if len(specs) > 2 else [])
+
+  raw = jax.jit(jax.shard_map(want, mesh=mesh, in_specs=P("x"), out_specs=specs))
   from zipccl_jax._src import planned as planned_lib
   # measure, then planned steps: "planned_same" past two epochs of the exchange's keys
   steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
