@@ -21,14 +21,18 @@
 //       slot_i = -1: the raw words, and the segment encoded to measure it.
 //       used[i] = the largest used size (units of 128 bytes) of segment i over the
 //       rows not skipped (0 when slot_i = 0 or every row is skipped).
-//       Skipped rows (skip[r] != 0) are not coded; their payload is left unwritten.
+//       Raw segments are copied for every row; a skipped row's (skip[r] != 0) coded
+//       segments are not coded, their payload bytes left unwritten.
 //   zipccl_segments_decode: payload u8 [R, S], skip u8 [R], fill [F, M] of y's
 //       dtype (F = 0, or F dividing R); attributes codec, widths, slots as encoded
 //       -> y [R, M], status s32 [L]: segment i of row r decoded from its wire
 //       bytes (slot_i > 0; its status is the codec's: nonzero = failed, the
-//       segment all-one bits), or its raw words copied; a skipped row copies fill
-//       row r / (R / F) (left unwritten when F = 0). status[i] = the largest status
-//       of segment i over the rows.
+//       segment all-one bits), or its raw words copied (every row); a skipped
+//       row's coded segments copy their columns of fill row r / (R / F) (left
+//       unwritten when F = 0). status[i] = the largest status of segment i over
+//       the rows. (Raw segments take no fill: a transport's own row carries its
+//       raw words on the wire, so the result is typed like the payload on every
+//       platform, segments.decode_xla.)
 //
 // zipccl_row_pack (ffi/transport.h) makes x from the leaves' rows, zipccl_row_unpack
 // cuts y back into them.

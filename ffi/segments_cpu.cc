@@ -129,13 +129,12 @@ ffi::Error SegmentsEncodeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> skip, ffi::
   std::vector<uint8_t> buf(*std::max_element(l.max_nbytes.begin(), l.max_nbytes.end()));
   for (size_t i = 0; i < l.width.size(); ++i) u[i] = 0;
   for (uint64_t r = 0; r < l.rows; ++r) {
-    if (sk[r]) continue;  // not needed by the caller: unwritten
     const uint8_t* row = xb + r * l.m * l.esize;
     uint8_t* wire = out + r * l.wire;
     for (size_t i = 0; i < l.width.size(); ++i) {
       const uint8_t* seg = row + l.col[i] * l.esize;
-      if (l.slot[i] <= 0) std::memcpy(wire + l.wire_off[i], seg, l.wire_len[i]);
-      if (l.slot[i] == 0) continue;
+      if (l.slot[i] <= 0) std::memcpy(wire + l.wire_off[i], seg, l.wire_len[i]);   // every row
+      if (l.slot[i] == 0 || sk[r]) continue;  // a skipped row's coded segments: unwritten
       const uint64_t units = encode_one(l, seg, l.width[i], buf.data()) / zipccl::kAlign;
       u[i] = std::max<int32_t>(u[i], (int32_t)std::min<uint64_t>(units, 0x7FFFFFFF));
       if (l.slot[i] > 0) std::memcpy(wire + l.wire_off[i], buf.data(), l.wire_len[i]);
@@ -167,18 +166,16 @@ ffi::Error SegmentsDecodeImpl(ffi::Buffer<ffi::U8> payload, ffi::Buffer<ffi::U8>
   for (size_t i = 0; i < l.width.size(); ++i) st[i] = 0;
   for (uint64_t r = 0; r < l.rows; ++r) {
     uint8_t* out = yb + r * row_bytes;
-    if (sk[r]) {  // the caller's own row: copied from fill, never decoded
-      if (row_bytes && group) std::memcpy(out, fb + (r / group) * row_bytes, row_bytes);
-      continue;
-    }
     const uint8_t* wire = in + r * l.wire;
     for (size_t i = 0; i < l.width.size(); ++i) {
       uint8_t* seg = out + l.col[i] * l.esize;
-      if (l.slot[i] <= 0) {
+      if (l.slot[i] <= 0) {   // raw words, of every row
         std::memcpy(seg, wire + l.wire_off[i], l.wire_len[i]);
-        continue;
+      } else if (sk[r]) {     // the caller's own row: copied from fill, never decoded
+        if (group) std::memcpy(seg, fb + ((r / group) * l.m + l.col[i]) * l.esize, l.width[i] * l.esize);
+      } else {
+        st[i] = std::max(st[i], decode_one(l, wire + l.wire_off[i], l.wire_len[i], l.width[i], seg));
       }
-      st[i] = std::max(st[i], decode_one(l, wire + l.wire_off[i], l.wire_len[i], l.width[i], seg));
     }
   }
   return ffi::Error::Success();

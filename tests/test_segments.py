@@ -183,8 +183,9 @@ def _encode_leaf(x):
 
 def test_targets_code_each_segment_as_the_leaf_alone():
   """zipccl_segments_encode / _decode: a coded segment's wire bytes are the per-leaf
-  encoder's first slot bytes; raw segments are the words; used sizes per segment;
-  a cut segment fails to decode (all-one bits, nonzero status); skipped rows."""
+  encoder's first slot bytes; raw segments are the words (of every row); used sizes
+  per segment; a cut segment fails to decode (all-one bits, nonzero status); a
+  skipped row's coded segments take fill."""
   rng = np.random.default_rng(5)
   widths = [4096, 6000, 300, 2048]
   x = (rng.standard_normal((3, sum(widths))) * 1e-2).astype(BF16)
@@ -192,7 +193,7 @@ def test_targets_code_each_segment_as_the_leaf_alone():
   used = [int(_encode_leaf(p)[1][:, 2].max()) * 128 for p in parts]
   slots = [used[0] + 256, 0, segments.MEASURE, used[3] - 128]   # coded, raw, measured, cut
   skip = np.array([0, 0, 1], np.uint8)
-  enc = jax.jit(lambda v, s: segments.encode(v, 2, widths, slots, s))
+  enc = jax.jit(lambda v, s: segments.encode_target(v, 2, widths, slots, s))
   payload, got_used = (np.asarray(a) for a in enc(x, skip))
   assert payload.shape == (3, segments.wire_width(widths, slots, 2))
   assert list(got_used) == [used[0] // 128, 0, used[2] // 128, used[3] // 128]
@@ -201,22 +202,71 @@ def test_targets_code_each_segment_as_the_leaf_alone():
     np.testing.assert_array_equal(payload[r, offs[0]:offs[1]], _encode_leaf(parts[0])[0][r, :slots[0]])
     np.testing.assert_array_equal(payload[r, offs[1]:offs[2]].view(np.uint16), parts[1][r].view(np.uint16))
   fill = np.full((1, sum(widths)), 7, BF16)
-  dec = jax.jit(lambda p, s, f: segments.decode(p, 2, widths, slots, jnp.bfloat16, s, f))
+  dec = jax.jit(lambda p, s, f: segments.decode_target(p, 2, widths, slots, jnp.bfloat16, s, f))
   y, status = (np.asarray(a) for a in dec(payload, skip, fill))
   yw, xw = y.view(np.uint16), x.view(np.uint16)
   ok = np.concatenate([np.arange(0, widths[0] + widths[1] + widths[2])])
   np.testing.assert_array_equal(yw[:2, ok], xw[:2, ok])
   assert (yw[:2, -widths[3]:] == 0xFFFF).all() and status[3] > 0 and (status[:3] == 0).all()
-  np.testing.assert_array_equal(yw[2], fill[0].view(np.uint16))   # the skipped row
+  # the skipped row: its coded segments from fill, its raw ones from the wire
+  o = np.cumsum([0] + widths)
+  want = np.concatenate([fill[0, :o[1]], x[2, o[1]:o[3]], fill[0, o[3]:]]).view(np.uint16)
+  np.testing.assert_array_equal(yw[2], want)
   with pytest.raises(Exception, match="zipccl_segments_encode: widths add up to"):
-    jax.jit(lambda v: segments.encode(v, 2, [4096], [0], jnp.zeros(3, jnp.uint8)))(x)
+    jax.jit(lambda v: segments.encode_target(v, 2, [4096], [0], jnp.zeros(3, jnp.uint8)))(x)
   with pytest.raises(Exception, match=r"slots\[0\] = .* exceeds the segment's max_nbytes"):
-    jax.jit(lambda v: segments.encode(v, 2, [sum(widths)], [1 << 24], jnp.zeros(3, jnp.uint8)))(x)
+    jax.jit(lambda v: segments.encode_target(v, 2, [sum(widths)], [1 << 24], jnp.zeros(3, jnp.uint8)))(x)
   with pytest.raises(Exception, match="zipccl_segments_decode: the entropy codec takes bfloat16 or float16"):
-    jax.jit(lambda p: segments.decode(p, 2, widths, slots, jnp.float32, jnp.zeros(3, jnp.uint8),
+    jax.jit(lambda p: segments.decode_target(p, 2, widths, slots, jnp.float32, jnp.zeros(3, jnp.uint8),
                                       jnp.zeros((0, sum(widths)), jnp.float32)))(payload)
   with pytest.raises(Exception, match="zipccl_segments_decode: payload must be"):
     dec(payload[:, :-128], skip, fill)
+
+
+@pytest.mark.parametrize("codec_id,dtype", [(2, BF16), (1, BF16), (1, np.float32)])
+def test_xla_composition_equals_the_targets(codec_id, dtype):
+  """encode_xla / decode_xla (the platforms with no segment targets): the targets'
+  bytes, used sizes, values and statuses, for coded, raw, measured and cut segments,
+  skipped rows and fills of F = 0, 1 and R rows."""
+  rng = np.random.default_rng(9)
+  widths = [4096, 6000, 300, 2048, 77]
+  x = (rng.standard_normal((4, sum(widths))) * 1e-2).astype(dtype)
+  skip = np.array([0, 1, 0, 0], np.uint8)
+  enc = jax.jit(lambda v, k, sl: segments.encode_target(v, codec_id, widths, sl, k), static_argnums=2)
+  enc_xla = jax.jit(lambda v, k, sl: segments.encode_xla(v, codec_id, widths, sl, k), static_argnums=2)
+  used = np.asarray(enc(x, skip, (-1,) * 5)[1]) * 128
+  slots = (int(used[0]) + 256, 0, -1, int(used[3]) - 128, 0)   # coded, raw, measured, cut, raw
+  (p1, u1), (p2, u2) = enc(x, skip, slots), enc_xla(x, skip, slots)
+  np.testing.assert_array_equal(np.asarray(u1), np.asarray(u2))
+  coded = np.asarray(slots) > 0
+  offs = np.cumsum([0] + [s if s > 0 else w * x.itemsize for w, s in zip(widths, slots)])
+  for r in range(4):   # a skipped row's coded segments are unspecified
+    for i in range(5):
+      if skip[r] and coded[i]:
+        continue
+      np.testing.assert_array_equal(np.asarray(p1)[r, offs[i]:offs[i + 1]], np.asarray(p2)[r, offs[i]:offs[i + 1]])
+  word = np.uint16 if dtype == BF16 else np.uint32
+  for f in (0, 1, 4):
+    fill = (x[:f] * 3).astype(dtype)
+    y1, s1 = jax.jit(lambda p, k, fl: segments.decode_target(p, codec_id, widths, slots, dtype, k, fl))(p1, skip, fill)
+    y2, s2 = jax.jit(lambda p, k, fl: segments.decode_xla(p, codec_id, widths, slots, dtype, k, fl))(p1, skip, fill)
+    np.testing.assert_array_equal(np.asarray(s1), np.asarray(s2))
+    assert np.asarray(s1)[3] > 0 and not np.asarray(s1)[[0, 1, 2, 4]].any()
+    rows = [0, 2, 3] if f == 0 else [0, 1, 2, 3]   # F = 0: skipped rows unwritten
+    np.testing.assert_array_equal(np.asarray(y1).view(word)[rows], np.asarray(y2).view(word)[rows])
+
+
+def test_planned_pytrees_on_the_xla_composition_equal_raw(mesh8, monkeypatch):
+  """The whole planned program as a platform without the CPU targets runs it (every
+  platform_dependent takes its default branch, on this CPU): equal to raw."""
+  from zipccl_jax._src import compat
+  monkeypatch.setattr(compat, "platform_dependent", lambda *a, cpu, default: default(*a))
+  tree = _shard(mesh8, _tree(10))
+  f, raw = zc.jit(_psum(mesh8)), jax.jit(_psum(mesh8, codec="raw"))
+  for step in range(3):
+    _equal(f(tree), raw(tree), f"psum step {step}")
+  text = f.compiled(tree).as_text()
+  assert "zipccl_segments" not in text and _ops(text, "all-gather") == 4
 
 
 def test_row_pack_inverts_row_unpack_and_mailbox_records_elementwise():

@@ -11,9 +11,13 @@ faster than linearly with a program's ops (1,600 custom calls compiled in 1.4 s,
 ~1,200 collective permutes; segmented it holds ~10 custom calls and N collectives.
 
 Where: a pytree psum, psum_scatter, all_to_all or all_gather under
-`zipccl_jax.jit` on a mesh whose devices are CPUs (the targets have CPU handlers
-only; elsewhere, for ppermute and outside `zipccl_jax.jit` every leaf keeps its own
-transport). Leaves are grouped per (dtype, codec); the leaves a plan
+`zipccl_jax.jit` (for ppermute, whose partial permutations mask senders and
+receivers per leaf, and outside `zipccl_jax.jit` every leaf keeps its own
+transport). The segment targets have CPU handlers; other platforms code each
+segment with the codec's own row custom call and XLA slices and concatenates
+(`encode_xla`, `decode_xla`: the same bytes), still one collective per phase.
+The platform is the traced mesh's (compat.platform_dependent): a planned program
+traced on a CPU mesh is a CPU program. Leaves are grouped per (dtype, codec); the leaves a plan
 moves raw form a group of their own (raw segments, no call site). A group's sites
 are numbered consecutively, so one mailbox record (`planned_sites.ELEMENTWISE`)
 writes every site's used size and decoder status.
@@ -36,6 +40,8 @@ from zipccl_jax._src import planned_sites
 from zipccl_jax._src import stats as stats_lib
 from zipccl_jax._src import transport
 from zipccl_jax._src.codecs import base
+from zipccl_jax._src.codecs import entropy
+from zipccl_jax._src.codecs import window
 
 ENCODE_TARGET = "zipccl_segments_encode"
 DECODE_TARGET = "zipccl_segments_decode"
@@ -46,15 +52,8 @@ MEASURE = -1            # a segment's slot in the measuring program
 
 
 def available() -> bool:
-  """Whether a call traced now may use segmented transports: under `zipccl_jax.jit`
-  on a mesh whose devices are known to be CPUs."""
-  if planned_sites.active() is None:
-    return False
-  try:
-    dev = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-  except (AttributeError, ValueError):  # pragma: no cover - older / future JAX
-    return False
-  return str(getattr(dev, "platform", "") or "").lower() == "cpu"
+  """Whether a call traced now uses segmented transports: under `zipccl_jax.jit`."""
+  return planned_sites.active() is not None
 
 
 def pack(xs):
@@ -77,24 +76,84 @@ def wire_width(widths, slots, itemsize: int) -> int:
   return sum(s if s > 0 else w * itemsize for w, s in zip(widths, slots))
 
 
-def encode(x, codec_id: int, widths, slots, skip):
-  """x [R, M] -> (payload u8[R, S], used s32[L]) (ffi/segments.h)."""
+def _bounds(widths):
+  offs = np.concatenate([[0], np.cumsum(widths)]).astype(int).tolist()
+  return list(zip(offs[:-1], offs[1:]))
+
+
+def encode_target(x, codec_id: int, widths, slots, skip):
+  """x [R, M] -> (payload u8[R, S], used s32[L]) by "zipccl_segments_encode" (CPU)."""
   _ffi.register()
-  rows = x.shape[0]
-  out = (base.result_type((rows, wire_width(widths, slots, x.dtype.itemsize)), jnp.uint8, x),
+  out = (base.result_type((x.shape[0], wire_width(widths, slots, x.dtype.itemsize)), jnp.uint8, x),
          base.result_type((len(widths),), jnp.int32, x))
-  return jax.ffi.ffi_call(ENCODE_TARGET, out, vmap_method="sequential")(
-      x, skip, **_attrs(codec_id, widths, slots))
+  return jax.ffi.ffi_call(ENCODE_TARGET, out, vmap_method="sequential")(x, skip, **_attrs(codec_id, widths, slots))
 
 
-def decode(payload, codec_id: int, widths, slots, dtype, skip, fill):
-  """payload u8[R, S] -> (y [R, M], status s32[L]) (ffi/segments.h)."""
+def decode_target(payload, codec_id: int, widths, slots, dtype, skip, fill):
+  """payload u8[R, S] -> (y [R, M], status s32[L]) by "zipccl_segments_decode" (CPU)."""
   _ffi.register()
-  rows = payload.shape[0]
-  out = (base.result_type((rows, sum(widths)), dtype, payload),
+  out = (base.result_type((payload.shape[0], sum(widths)), dtype, payload),
          base.result_type((len(widths),), jnp.int32, payload))
   return jax.ffi.ffi_call(DECODE_TARGET, out, vmap_method="sequential")(
       payload, skip, fill, **_attrs(codec_id, widths, slots))
+
+
+def encode(x, codec_id: int, widths, slots, skip):
+  """x [R, M] -> (payload u8[R, S], used s32[L]) (ffi/segments.h): the target on CPU
+  backends, `encode_xla` elsewhere."""
+  return compat.platform_dependent(x, skip, cpu=lambda v, k: encode_target(v, codec_id, widths, slots, k),
+                                   default=lambda v, k: encode_xla(v, codec_id, widths, slots, k))
+
+
+def decode(payload, codec_id: int, widths, slots, dtype, skip, fill):
+  """payload u8[R, S] -> (y [R, M], status s32[L]) (ffi/segments.h): the target on CPU
+  backends, `decode_xla` elsewhere."""
+  return compat.platform_dependent(
+      payload, skip, fill, cpu=lambda p, k, f: decode_target(p, codec_id, widths, slots, dtype, k, f),
+      default=lambda p, k, f: decode_xla(p, codec_id, widths, slots, dtype, k, f))
+
+
+def _codec_module(codec_id: int):
+  return {1: window, 2: entropy}[codec_id]
+
+
+def encode_xla(x, codec_id: int, widths, slots, skip):
+  """`encode` by the codec's row custom call on each segment, XLA slices and one
+  concatenate: the same bytes (skipped rows aside, unspecified in both), for the
+  platforms the segment targets have no handler on (a GPU compiles slices fast)."""
+  codec = _codec_module(codec_id)
+  rows = x.shape[0]
+  pieces, used = [], []
+  for (a, b), s in zip(_bounds(widths), slots):
+    seg = x[:, a:b]
+    u = jnp.int32(0)
+    if s != 0:
+      payload, st = codec.encode_rows(seg, skip=skip)
+      u = jnp.max(jnp.where(skip == 0, st[:, transport.USED_COLUMN], 0), initial=0)
+    pieces.append(payload[:, :s] if s > 0 else transport.copy_as(seg, jnp.uint8, (rows, (b - a) * x.dtype.itemsize)))
+    used.append(u)
+  # typed varying as the target's results are (the branches' types must match)
+  return jnp.concatenate(pieces, axis=1), compat.pvary(jnp.stack(used), tuple(compat.varying_axes(x)))
+
+
+def decode_xla(payload, codec_id: int, widths, slots, dtype, skip, fill):
+  """`decode` as `encode_xla` does `encode`: the same results."""
+  codec = _codec_module(codec_id)
+  rows, item = payload.shape[0], np.dtype(dtype).itemsize
+  ys, status, off = [], [], 0
+  for (a, b), s in zip(_bounds(widths), slots):
+    n = s if s > 0 else (b - a) * item
+    wire, f = payload[:, off:off + n], fill[:, a:b]
+    off += n
+    if s > 0:
+      y, st = codec.decode_rows(wire, b - a, dtype, skip=skip, fill=f)
+      status.append(jnp.max(st))
+    else:   # raw words, of every row (no fill: ffi/segments.h)
+      y = transport.copy_as(wire, dtype, (rows, b - a))
+      status.append(jnp.int32(0))
+    ys.append(transport.bits(y))
+  return (transport.unbits(jnp.concatenate(ys, axis=1), dtype),
+          compat.pvary(jnp.stack(status), tuple(compat.varying_axes(payload))))
 
 
 def _register(trace, plans, where: str, rows: int, check: bool):
