@@ -18,17 +18,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
-
+from tests.jaxtest import smap
 from tests.reference import (BF16, DTYPES, F16, F32, assert_bits_equal, assert_same_or_both_nan,
                              bad_block, gaussian, ordered_sum, sprinkle_specials, uint)
 
 N = 8
 ALWAYS = dict(policy="always")
 
-
-def smap(mesh, in_specs, out_specs, **kw):
-  return lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs,
-                                         out_specs=out_specs, **kw))
 
 
 # ---- validation --------------------------------------------------------------------------

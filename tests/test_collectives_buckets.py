@@ -12,17 +12,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
-
+from tests.jaxtest import smap
 from tests.reference import (BF16, F16, F32, assert_bits_equal, assert_same_or_both_nan, gaussian,
                              sprinkle_specials)
 
 N = 8
 ALWAYS = dict(policy="always")
 
-
-def smap(mesh, in_specs, out_specs, **kw):
-  return lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs,
-                                         out_specs=out_specs, **kw))
 
 
 def _trace(mesh, f, x):

@@ -19,6 +19,7 @@ import zipccl_jax as zc
 from zipccl_jax._src import agreement
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import transport
+from tests.jaxtest import smap
 from tests.reference import BF16, F16, F32, assert_bits_equal, gaussian, ordered_sum
 
 N = 8
@@ -35,9 +36,6 @@ def trim_codecs():
   zc.codecs.unregister("trim_corrupt")
   zc.codecs.unregister("trim_skip")
 
-
-def smap(mesh, in_specs, out_specs):
-  return lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
 
 
 def blocks_with_tails(rows, cols, dtype, keep, seed=0):
