@@ -87,6 +87,17 @@ def test_planned_pytree_psum_shares_collectives_and_equals_raw(mesh8):
   assert _ops(text, "all-gather") == 4
   assert _ops(text, "conditional") == 0
   assert text.count('custom_call_target="zipccl_segments_encode"') == 8
+  # stats=True: the coded leaves' stats add up to their sites' slots x the rows each
+  # sends (N - 1 in the reduce-scatter on CPU, one in the all-gather)
+  g = zc.jit(lambda t: jax.shard_map(lambda v: zc.compressed_psum(v, "x", policy="always", bucket_bytes=0,
+                                                                   stats=True),
+                                     mesh=mesh8, in_specs=P("x"), out_specs=(P(), P()))(t))
+  for _ in range(2):
+    ys, sts = g(tree)
+  _equal(ys, raw(tree), "stats=True")
+  coded = sts["w"][:14] + sts["f32"][:2]
+  sent = sum((N - 1 if st.signature[0] == "an all_to_all" else 1) * st.slot_bytes for st in g.site_stats(tree))
+  assert sum(int(np.max(st.wire_bytes)) for st in coded) == sent
 
 
 def test_a_leaf_that_outgrows_its_slot_reruns_exactly(mesh8):
