@@ -468,9 +468,10 @@ def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
 
 def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):
   """planned_gate.Gate on scripted step times: after FIRST_COMPARE steps of the
-  chosen program, PAIRS pairs (a step of the plan, a step of raw words); the first
-  pair and pairs whose plan changed are left out; the gap doubles while the decision
-  holds and starts again when it flips."""
+  chosen program, PAIRS pairs (a step of the plan, a step of raw words), or
+  EARLY_PAIRS when every pair agrees in sign; the first pair and pairs whose plan
+  changed are left out; the gap doubles while the decision holds and starts again
+  when it flips."""
   from zipccl_jax._src import planned_gate as g
   monkeypatch.setattr(g, "PAIRS", 3)
   monkeypatch.setattr(g, "FIRST_COMPARE", 2)
@@ -499,8 +500,17 @@ def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):
   steps(other, 8, {P: 2.0, R: 1.0}, plan=lambda i: ("plan", i))
   assert other.comparisons == [] and other.chosen == P and other.phase is None
   # processes: the mean of their paired differences decides; ties go to raw words
-  assert g.Gate().decide([(1.0, 2.0, 1.0), (-3.0, 1.0, 4.0)]) == P
-  assert g.Gate().decide([(0.0, 1.0, 1.0)]) == R
+  assert g.Gate().decide([(1.0, 2.0, 1.0, 0.0), (-3.0, 1.0, 4.0, 0.0)]) == P
+  assert g.Gate().decide([(0.0, 1.0, 1.0, 0.0)]) == R
+  # the early checkpoint (EARLY_PAIRS pairs): stops when every process's every pair
+  # agrees in sign, else the comparison goes on to PAIRS pairs
+  monkeypatch.setattr(g, "EARLY_PAIRS", 2)
+  gate, cost = g.Gate(), {P: 2.0, R: 1.0}
+  assert steps(gate, 6, cost) == [P, P] + [P, R] * 2
+  assert gate.comparisons == [g.Comparison(6, 2.0, 1.0, 1.0, R)]
+  noisy = g.Gate()
+  noisy.times = [(2.0, ("plan",)), (1.0, ("raw",)), (2.0, ("plan",)), (1.0, ("raw",))]
+  assert noisy.decide([noisy.mine(), (-1.0, 1.0, 2.0, -1.0)]) is None and noisy.comparisons == []
 
 
 def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch):

@@ -26,6 +26,14 @@ processes exchange it: the plan runs on if the mean over the processes is below
 zero, else raw words (ties go to raw words, which need no validation). Every process
 takes the same decision from the same exchanged numbers.
 
+A comparison costs its steps of the slower program: 16 raw steps of a data-parallel
+step over 1 Gbit/s were ~2 s (130 ms each). So it stops early, after EARLY_PAIRS
+pairs, when every valid pair of every process has the same sign (a sign test: with
+no difference, 7 pairs agree by chance with probability 2 / 2^7 = 1.6% on one
+process); the processes exchange their numbers there too, so they stop alike. A
+difference of a few ms in a noisy step (the MoE example's) rarely passes it, and
+takes all PAIRS pairs.
+
 Schedule (steps of the function with given argument shapes): the first comparison
 starts after FIRST_COMPARE steps of the first plan; while the decision stays the
 same, the gap to the next comparison doubles, up to MAX_COMPARE; when it flips, the
@@ -47,6 +55,7 @@ RAW = "raw"
 # 16 pairs (32 steps): the median of 15 paired differences, which one burst of load
 # does not move.
 PAIRS = 16
+EARLY_PAIRS = 8      # the sign test's checkpoint (no early stop when >= PAIRS)
 FIRST_COMPARE = 25   # the first comparison follows the first plan's window
 MAX_COMPARE = 1600
 
@@ -105,23 +114,30 @@ class Gate:
     `program` (its plan; None: the measuring program). True when the comparison is
     complete: the caller exchanges `mine()` among the processes and calls `decide`."""
     self.times.append((seconds, program))
-    return len(self.times) == 2 * PAIRS
+    return len(self.times) in (2 * PAIRS, 2 * EARLY_PAIRS)
 
-  def mine(self) -> tuple[float, float, float]:
-    """This process's (median of plan - raw, median plan, median raw) seconds per
-    step over the comparison's valid pairs; NaN when none is valid."""
+  def mine(self) -> tuple[float, float, float, float]:
+    """This process's (median of plan - raw, median plan, median raw, sign) seconds
+    per step over the comparison's valid pairs, sign = +1 / -1 when every pair's
+    difference is positive / negative, else 0; NaN and 0 when no pair is valid."""
     planned, raw = self.times[0::2], self.times[1::2]
     pairs = [(planned[i][0], raw[i][0]) for i in range(1, len(raw))
              if planned[i][1] is not None and planned[i][1] == planned[i - 1][1]]
     if not pairs:
-      return float("nan"), float("nan"), float("nan")
-    return (statistics.median(p - r for p, r in pairs), statistics.median(p for p, _ in pairs),
-            statistics.median(r for _, r in pairs))
+      return float("nan"), float("nan"), float("nan"), 0.0
+    diffs = [p - r for p, r in pairs]
+    sign = 1.0 if min(diffs) > 0 else -1.0 if max(diffs) < 0 else 0.0
+    return (statistics.median(diffs), statistics.median(p for p, _ in pairs),
+            statistics.median(r for _, r in pairs), sign)
 
-  def decide(self, every: list) -> str:
-    """The program to run until the next comparison, from every process's `mine()`.
-    A comparison without a valid pair (the plan changed in every pair) keeps the
-    current choice and compares again after FIRST_COMPARE steps."""
+  def decide(self, every: list) -> str | None:
+    """The program to run until the next comparison, from every process's `mine()`;
+    None at the early checkpoint when the processes' pairs do not all agree in sign
+    (the comparison goes on). A comparison without a valid pair (the plan changed in
+    every pair) keeps the current choice and compares again after FIRST_COMPARE steps."""
+    early = EARLY_PAIRS < PAIRS and len(self.times) == 2 * EARLY_PAIRS
+    if early and {float(t[3]) for t in every} not in ({1.0}, {-1.0}):
+      return None
     diff, planned_s, raw_s = (statistics.fmean(float(t[i]) for t in every) for i in range(3))
     self.k, self.count = -1, 0
     if diff != diff:   # NaN: no valid pair anywhere
