@@ -45,9 +45,10 @@ from zipccl_jax._src.codecs import window
 
 ENCODE_TARGET = "zipccl_segments_encode"
 DECODE_TARGET = "zipccl_segments_decode"
-# The codec modules the targets code, by the row header's codec id (docs/format.md):
+# The codec modules the targets code, by their row header's codec id (docs/format.md):
 # a registered codec whose module is one of these codes the same bytes.
-CODEC_IDS = {"zipccl_jax._src.codecs.window": 1, "zipccl_jax._src.codecs.entropy": 2}
+CODECS = {window.CODEC_ID: window, entropy.CODEC_ID: entropy}
+CODEC_IDS = {m.__name__: i for i, m in CODECS.items()}
 MEASURE = -1            # a segment's slot in the measuring program
 
 
@@ -113,15 +114,11 @@ def decode(payload, codec_id: int, widths, slots, dtype, skip, fill):
       default=lambda p, k, f: decode_xla(p, codec_id, widths, slots, dtype, k, f))
 
 
-def _codec_module(codec_id: int):
-  return {1: window, 2: entropy}[codec_id]
-
-
 def encode_xla(x, codec_id: int, widths, slots, skip):
   """`encode` by the codec's row custom call on each segment, XLA slices and one
   concatenate: the same bytes (skipped rows aside, unspecified in both), for the
   platforms the segment targets have no handler on (a GPU compiles slices fast)."""
-  codec = _codec_module(codec_id)
+  codec = CODECS[codec_id]
   rows = x.shape[0]
   pieces, used = [], []
   for (a, b), s in zip(_bounds(widths), slots):
@@ -138,7 +135,7 @@ def encode_xla(x, codec_id: int, widths, slots, skip):
 
 def decode_xla(payload, codec_id: int, widths, slots, dtype, skip, fill):
   """`decode` as `encode_xla` does `encode`: the same results."""
-  codec = _codec_module(codec_id)
+  codec = CODECS[codec_id]
   rows, item = payload.shape[0], np.dtype(dtype).itemsize
   ys, status, off = [], [], 0
   for (a, b), s in zip(_bounds(widths), slots):
@@ -190,7 +187,7 @@ def _record(got, used, status, first):
 
 def _codec_id(plans) -> int:
   # a raw group's segments are all copied: any codec that takes the dtype (window)
-  return CODEC_IDS[plans[0].codec.module] if plans[0].compress else 1
+  return CODEC_IDS[plans[0].codec.module] if plans[0].compress else window.CODEC_ID
 
 
 def _a2a_phase(x, plans, cfg):

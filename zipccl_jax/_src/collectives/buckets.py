@@ -73,7 +73,7 @@ def map_leaves(one, x, stats: bool, bucket=None):
   collective on a tuple of rows and returns (the tuple of their results, the
   bucket's stats). The buckets are the same with stats=True (the program must not
   change with stats): every leaf of a bucket then reports the bucket's stats.
-  segmented(rows) (under zipccl_jax.jit on CPU: segments.available()) moves the
+  segmented(rows) (under zipccl_jax.jit: segments.available()) moves the
   rows of the leaves left to travel alone in shared transports, each leaf coded on
   its own, and returns (result rows, stats) per leaf or None where it declines.
   """
