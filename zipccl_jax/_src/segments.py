@@ -174,8 +174,7 @@ def _part(plan, slot: int, rows_sent: int, elements: int):
   if not plan.compress:
     return stats_lib.plain_part(rows_sent * plan.raw_row, plan.raw_row)
   rung = plan.rungs.index(slot) if slot > 0 else len(plan.rungs)
-  return transport._part(plan, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0), rows_sent,
-                         elements)
+  return transport.stats_part(plan, transport.planned_info(rung), rows_sent, elements)
 
 
 def _record(got, used, status, first):

@@ -448,8 +448,13 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
     # one record per site: the used size and the decoder statuses (positive on
     # failure: max > 0 marks a failed row)
     y = planned_sites.record(y, [used, status], trace.ledger, 2 * k, column)
-  # stats: the rung is static; used size and count live in the wrapper (site_stats)
-  return y, (jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0)
+  return y, planned_info(rung)
+
+
+def planned_info(rung: int) -> tuple:
+  """A planned site's stats info (`stats_part`): the rung is static; the used size
+  and count live in the wrapper (`site_stats`)."""
+  return jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0
 
 
 def skips_own_row(codec) -> bool:
@@ -457,7 +462,7 @@ def skips_own_row(codec) -> bool:
   return bool(getattr(codec, "SKIP_ROWS", False))
 
 
-def _part(plan, info, rows_sent: int, elements: int) -> stats.Part:
+def stats_part(plan, info, rows_sent: int, elements: int) -> stats.Part:
   """stats.Part of a ladder transport that sends rows_sent rows per device."""
   rung, agreed, count, errors, agree_bytes = info
   slots = tuple(rows_sent * s for s in plan.rungs) + (rows_sent * plan.raw_row,)
@@ -511,7 +516,7 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
     # rows handed to XLA per rung: on CPU the own row stays here (permutes)
     sent = n_peers - 1 if n_peers > 1 and a2a_by_permutes() else n_peers
-    return y, _part(p, info, sent, n_peers * coded * p.m)
+    return y, stats_part(p, info, sent, n_peers * coded * p.m)
 
   if plan.parts:
     return _chunked(rows, plan, one)
@@ -532,7 +537,7 @@ def gather_rows(row, axes, n_peers, plan, want_stats, check=False):
     # This device's own row of the result is its input: not decoded.
     y, info = _ladder(r, p, axes, want_stats, check, move=move, where="an all_gather",
                       after=after, own=(None, jnp.arange(n_peers) == lax.axis_index(axes), r))
-    return y, _part(p, info, 1, n_peers * p.m)
+    return y, stats_part(p, info, 1, n_peers * p.m)
 
   if plan.parts:
     return _chunked(row[None], plan, one)
@@ -562,7 +567,7 @@ def permute_row(row, axes, perm, n_peers, plan, want_stats, check=False):
                       sends=None if sends_tbl.all() else jnp.asarray(sends_tbl)[me],
                       recvs=None if recvs_tbl.all() else jnp.asarray(recvs_tbl)[me],
                       where="a ppermute", after=after)
-    return y, _part(p, info, 1, len(perm) * p.m)
+    return y, stats_part(p, info, 1, len(perm) * p.m)
 
   if not plan.compress:
     y, part = one(row[None], plan)
