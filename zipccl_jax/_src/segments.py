@@ -216,14 +216,9 @@ def _gather_phase(row, plans, cfg):
   return _record(got, used, status, first), slots
 
 
-def _a2a_rows_sent(n_peers: int) -> int:
-  """Rows of an all-to-all phase handed to XLA per device (on CPU the own row stays)."""
-  return n_peers - 1 if n_peers > 1 and transport.a2a_by_permutes() else n_peers
-
-
 def _a2a_parts(plans, slots, cfg):
   n = cfg.n_peers
-  return [_part(p, s, _a2a_rows_sent(n), n * (n - 1) * p.m) for p, s in zip(plans, slots)]
+  return [_part(p, s, transport.a2a_rows_sent(n), n * (n - 1) * p.m) for p, s in zip(plans, slots)]
 
 
 def _gather_parts(plans, slots, cfg):

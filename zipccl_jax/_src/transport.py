@@ -192,6 +192,12 @@ def a2a_by_permutes() -> bool:
   return compat.mesh_platform() == "cpu"
 
 
+def a2a_rows_sent(n_peers: int) -> int:
+  """Rows an all-to-all hands to XLA per device: N - 1 by permutes (the own row
+  stays here), N otherwise."""
+  return n_peers - 1 if n_peers > 1 and a2a_by_permutes() else n_peers
+
+
 def _permute_index(axes):
   """(axes in mesh order, index): index[t] is the ppermute index over those axes of
   the peer whose lax.axis_index(axes) is t.
@@ -515,7 +521,7 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     # elements the count covers: every participant's rows, less their own ones
     coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
     # rows handed to XLA per rung: on CPU the own row stays here (permutes)
-    sent = n_peers - 1 if n_peers > 1 and a2a_by_permutes() else n_peers
+    sent = a2a_rows_sent(n_peers)
     return y, stats_part(p, info, sent, n_peers * coded * p.m)
 
   if plan.parts:
