@@ -12,13 +12,16 @@ CASE: codec (zipccl vs entropy), chunks (1 vs 2), calibration (a calibration in
 force vs none), check_decode (off vs on), stats (stats=True on process 0 only:
 the same program, exact results); with the prefix "planned_" the step runs under
 zipccl_jax.jit for three steps ("planned_same": every process alike, with a pytree
-psum whose leaves share transports, the report adds the plan's slots; "planned_gate": the processes' clocks disagree on whether
+psum whose leaves share transports, the plans compiled ahead and slower to build on
+every process but the first; the report adds the plan's slots and per step whether
+a plan was in force; "planned_gate": the processes' clocks disagree on whether
 the plan or raw words is faster, the report adds the comparisons). exchange_absent:
 the last process skips an exchange between processes
 (compat.exchange_across_processes, 3 s timeout) that the others make.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -71,8 +74,12 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
   planned = case.startswith("planned_")
   specs = [P("x"), P()] + ([P(), P()] if case == "planned_same" else [])
-  f = (zc.jit if planned else jax.jit)(jax.shard_map(
-      _call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=specs))
+  # planned_same compiles its plans ahead, the other processes' builds slowed down;
+  # planned_gate's steps are scripted from the step after the plan
+  jit = (functools.partial(zc.jit, compile_ahead=case != "planned_gate") if planned else jax.jit)
+  f = jit(jax.shard_map(_call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=specs))
+  if case == "planned_same" and pid != 0:
+    _slow_builds_ahead()
 
   def want(v):
     outs = [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"), zc.compressed_psum(v, "x", codec="raw")]
@@ -84,8 +91,15 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
   if case == "planned_gate":
     steps = _disagreeing_clocks(f, pid)
-  for _ in range(steps):
+  ran = []   # per step: whether a plan was in force (the step ran it)
+  k, deadline = 0, time.monotonic() + 120
+  # planned_same: the fixed steps count from the plan's first (the switch is agreed,
+  # so every process leaves the measuring steps at the same step)
+  while k < steps and time.monotonic() < deadline:
     got = jax.block_until_ready(f(xg))
+    ran.append(bool(planned and f.is_planned(xg)))
+    k += 1 if ran[-1] or case != "planned_same" else 0
+  out["ran"] = ran
   want = raw(xg)
   if planned:
     out["slots"] = [s.slot_bytes for s in f.site_stats()]
@@ -99,6 +113,21 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   out["exact"] = all(
       np.asarray(a.addressable_data(0)).view(np.uint16).tobytes()
       == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
+
+
+def _slow_builds_ahead(seconds: float = 1.5) -> None:
+  """This process's builds on the worker thread take `seconds` longer: the processes
+  hold a plan compiled ahead at different steps, and must switch to it at the same."""
+  import threading
+  from zipccl_jax._src import planned
+  build = planned.Planned._build
+
+  def slow(wrapper, plan, args, kwargs):
+    if threading.current_thread() is not threading.main_thread():
+      time.sleep(seconds)
+    return build(wrapper, plan, args, kwargs)
+
+  planned.Planned._build = slow
 
 
 def _disagreeing_clocks(f, pid: int) -> int:

@@ -136,13 +136,18 @@ def test_stats_on_one_process_only_is_the_same_program(tmp_path):
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_planned_steps_agree_across_processes(tmp_path, nproc):
   """zipccl_jax.jit over processes: every process derives the same plan from the
-  exchanged sizes, and the planned steps equal codec="raw" (a pytree psum's leaves
-  in shared transports among them)."""
+  exchanged sizes and switches to it, compiled ahead, at the same step although
+  the processes' builds end at different times; the planned steps equal
+  codec="raw" (a pytree psum's leaves in shared transports among them)."""
   results = _diverge(tmp_path, nproc, "planned_same")
   for pid, r in enumerate(results):
     assert r["error"] is None and r["exact"] is True, (pid, r)
     assert r["slots"] == results[0]["slots"] and all(results[0]["slots"]), (pid, r)
     assert len(r["slots"]) == 1 + 2 + 2 * 2, (pid, r)   # gather, psum, the pytree's two leaves
+    # the plan compiled ahead (1.5 s slower on the other processes) was taken at the
+    # same step everywhere, after steps that measured on while it built
+    assert r["ran"] == results[0]["ran"] and r["ran"][-1], (pid, r)
+    assert r["ran"][:3] == [False] * 3, (pid, r)
     # 2 epochs + 4 exchanges (one per step, one before the first planned step): the
     # epochs before the last are deleted, so fewer than an epoch's keys are left
     assert 0 < r["store_keys"] <= 64 * nproc, (pid, r)

@@ -71,7 +71,8 @@ def train_linen(mesh, codec, fsdp, planned=False, steps=STEPS, compute_dtype=Non
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  jitted = zc.jit(step) if planned else jax.jit(step)
+  # planned: plans take effect at the next step (built then), so these few steps run one
+  jitted = zc.jit(step, compile_ahead=False) if planned else jax.jit(step)
   losses = []
   for batch in _batches(steps=steps):
     params, opt_state, loss = jitted(params, opt_state, batch)

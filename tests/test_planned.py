@@ -3,6 +3,7 @@
 Every test compares raw words with codec="raw" (the oracle), and checks what the
 compiled program holds: no conditional, no agreement, one collective per call site.
 """
+import functools
 import math
 import re
 
@@ -18,6 +19,7 @@ from tests.gate_clock import phase_clock
 from tests.reference import assert_bits_equal
 from zipccl_jax._src import ffi as zffi
 from zipccl_jax._src import planned_slots
+from zipccl_jax._src.planned_sites import Trace
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 N = 8
@@ -28,8 +30,10 @@ MEASURE_STEPS = planned_slots.MEASURE_STEPS
 @pytest.fixture(autouse=True)
 def _one_measuring_step(monkeypatch):
   """The tests script the planner step by step from the plan of one measuring step;
-  `test_the_first_plan_measures_several_steps` runs the default (MEASURE_STEPS)."""
+  `test_the_first_plan_measures_several_steps` runs the default (MEASURE_STEPS). Plans take effect
+  at the next step, built when it needs them (compiling ahead: test_planned_ahead.py)."""
   monkeypatch.setattr(planned_slots, "MEASURE_STEPS", 1)
+  monkeypatch.setattr(zc, "jit", functools.partial(zc.jit, compile_ahead=False))
 
 
 def _five(mesh, **kw):
@@ -265,7 +269,7 @@ def test_cuda_export_has_no_conditional(mesh8):
   x = _gauss(8)
   f(x)
   state = next(iter(f._states.values()))   # pylint: disable=protected-access
-  prog = f._program(state, state.plan)      # pylint: disable=protected-access
+  prog = f._jitted(state.plan, Trace(0, state.plan))   # pylint: disable=protected-access
   targets = ["zipccl_zipccl_encode", "zipccl_zipccl_decode", "zipccl_entropy_encode",
              "zipccl_entropy_decode", "zipccl_mailbox", "zipccl_used_max", "zipccl_row_prefix",
              "zipccl_bitcast_copy", "zipccl_row_split", "zipccl_row_join", "zipccl_row_sum"]

@@ -1,6 +1,8 @@
 """zipccl_jax.jit's timed comparison of its plan with raw words (planned_gate.py):
 the gate on scripted step times, and the wrapper on a scripted clock, every step
 equal to codec="raw"."""
+import functools
+
 import jax
 import pytest
 
@@ -12,8 +14,10 @@ from zipccl_jax._src import planned_slots
 
 @pytest.fixture(autouse=True)
 def _one_measuring_step(monkeypatch):
-  """The wrapper's steps are scripted from the plan of one measuring step."""
+  """The wrapper's steps are scripted from the plan of one measuring step. Plans take effect
+  at the next step, built when it needs them (compiling ahead: test_planned_ahead.py)."""
   monkeypatch.setattr(planned_slots, "MEASURE_STEPS", 1)
+  monkeypatch.setattr(zc, "jit", functools.partial(zc.jit, compile_ahead=False))
 
 
 def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):

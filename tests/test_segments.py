@@ -4,6 +4,8 @@ its leaves in shared collectives, every leaf coded as the rows it would be alone
 The oracle is codec="raw" (raw words, the same rank-ordered sums), compared word
 for word; the targets are checked against the per-leaf encoder byte for byte.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -26,8 +28,10 @@ N = 8
 
 @pytest.fixture(autouse=True)
 def _one_measuring_step(monkeypatch):
-  """One measuring step, then planned steps (as test_planned.py scripts them)."""
+  """One measuring step, then planned steps (as test_planned.py scripts them). Plans take effect
+  at the next step, built when it needs them (compiling ahead: test_planned_ahead.py)."""
   monkeypatch.setattr(planned_slots, "MEASURE_STEPS", 1)
+  monkeypatch.setattr(zc, "jit", functools.partial(zc.jit, compile_ahead=False))
 
 
 def _tree(seed, scale=1e-3, bits=False):

@@ -39,6 +39,17 @@ def backends_started() -> bool | None:
     return None
 
 
+def trace_context():
+  """The key of the calling thread's jax configuration that tracing depends on (its
+  thread-local settings included; jax.jit keys its cache with it), or None when this
+  JAX does not say. Two threads with equal keys trace a function alike."""
+  try:
+    from jax._src import config as _config  # pylint: disable=g-import-not-at-top
+    return _config.trace_context()
+  except (ImportError, AttributeError):  # pragma: no cover - future JAX
+    return None
+
+
 def tangent_mode(tangent) -> str:
   """How JAX will use the tangent a custom_jvp rule is called with.
 

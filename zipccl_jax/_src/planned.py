@@ -50,6 +50,7 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import planned_gate as gate_lib
 from zipccl_jax._src import planned_io
+from zipccl_jax._src import planned_programs as programs_lib
 from zipccl_jax._src import planned_slots as slots
 from zipccl_jax._src.planned_sites import RAW, Trace, tracing
 from zipccl_jax._src.planned_slots import (HEADROOM, MAX_HEADROOM, SHRINK_MIN, SHRINK_WINDOW,
@@ -94,7 +95,8 @@ class SiteStats:
   Attributes:
     site: index in trace order.
     signature: (transport, codec, dtype, rows shape, chunk) of the site.
-    slot_bytes: the planned slot per row (None: raw).
+    slot_bytes: the planned slot per row (None: raw), of the newest plan: the one the
+      calls run, or the one compiling ahead that they will.
     used_bytes: the largest used size of a row in the last step (over all processes).
     raw_bytes: the raw row size.
     replans: how often the site's plan grew after a step did not fit it.
@@ -130,10 +132,24 @@ class _State:
     self.remeasure = False
     self.probe_every = 1
     self.windows_since_probe = 0
-    self.programs: dict = {}
+    self.programs = programs_lib.Programs()
+    self.checked: set = set()   # plans whose program the processes compared (`_checked`)
+    # A plan compiling ahead (planned_programs.py) and whether every process holds
+    # its program (agreed in the step's exchange); the steps meanwhile run `plan`,
+    # or the measuring program (plan None). ahead_base_s: a step's own time before
+    # the compile started, ahead_cost_s what the steps since took beyond it (the
+    # compile's cost to the steps: `_switch`); None: not measured (the steps
+    # meanwhile run another program). cost_measured: own_compile_s is such a cost.
+    self.next: tuple | None = None
+    self.next_key = None   # its program's key in `programs`
+    self.next_ready = False
+    self.ahead_base_s: float | None = None
+    self.ahead_cost_s = 0.0
+    self.cost_measured = False
     # seconds: this process's clocks, and the largest over the processes (agreed in
     # the step's exchange, in CLOCK_UNIT_S), from which every process decides alike
     self.own_window_s = 0.0
+    self.own_window_n = 0    # the steps own_window_s sums
     self.own_compile_s = 0.0
     self.compile_s = 0.0   # the first run of the last new program (trace, compile, one step)
     self.window_s = 0.0    # the steps of the current window, call to validated outputs
@@ -152,6 +168,7 @@ class _State:
     """Starts a window of sizes (`Planned._replan_from_window`)."""
     self.window = []
     self.window_s = self.own_window_s = 0.0
+    self.own_window_n = 0
 
   def new_plan(self, plan: tuple) -> None:
     """Takes `plan`, with a window of its own and no shrink pending."""
@@ -166,13 +183,16 @@ class Planned:
 
   _clock = staticmethod(time.perf_counter)   # the gate's clock (seconds)
 
-  def __init__(self, fun: Callable, jit_kwargs: dict, compare_raw: bool = True):
-    if not isinstance(compare_raw, bool):
-      raise TypeError(f"zipccl_jax.jit: compare_raw must be a bool, got {compare_raw!r}")
+  def __init__(self, fun: Callable, jit_kwargs: dict, compare_raw: bool = True,
+               compile_ahead: bool = True):
+    for name, value in (("compare_raw", compare_raw), ("compile_ahead", compile_ahead)):
+      if not isinstance(value, bool):
+        raise TypeError(f"zipccl_jax.jit: {name} must be a bool, got {value!r}")
     if jit_kwargs.get("static_argnames"):
       raise ValueError("zipccl_jax.jit: static_argnames is not supported; use static_argnums")
     self._fun = fun
     self._compare_raw = compare_raw
+    self._compile_ahead = compile_ahead
     self._jit_kwargs = dict(jit_kwargs)
     # Donation holds for the programs no re-run can need the inputs of (`_compresses`).
     self._donate = {k: self._jit_kwargs.pop(k) for k in ("donate_argnums", "donate_argnames")
@@ -197,39 +217,47 @@ class Planned:
     avals = tuple([_aval(x) for x in leaves])
     return treedef, avals, static
 
-  def _program(self, state: _State, plan):
-    prog = state.programs.get(plan)
-    if prog is None:
-      trace = Trace(self._ledger, plan)
+  def _jitted(self, plan, trace: Trace):
+    """jax.jit of `fun` traced under `plan` (its sites registered into `trace`)."""
+    def traced(*args, **kwargs):
+      with tracing(trace):
+        return self._fun(*args, **kwargs)
 
-      def traced(*args, **kwargs):
-        with tracing(trace):
-          out = self._fun(*args, **kwargs)
-        state.sites = list(trace.sites)
-        return out
+    traced.__name__ = self.__name__
+    donate = {} if _compresses(plan) else self._donate
+    return jax.jit(traced, **self._jit_kwargs, **donate)
 
-      traced.__name__ = self.__name__
-      donate = {} if _compresses(plan) else self._donate
-      prog = state.programs[plan] = jax.jit(traced, **self._jit_kwargs, **donate)
-    return prog
+  def _build(self, plan, args, kwargs) -> programs_lib.Program:
+    """Traces, lowers and compiles the program of `plan` (on any thread)."""
+    trace = Trace(self._ledger, plan)
+    start = time.perf_counter()
+    compiled = self._jitted(plan, trace).lower(*args, **kwargs).compile()
+    return programs_lib.Program(compiled, list(trace.sites), time.perf_counter() - start)
 
-  def _checked(self, state: _State, plan, args, kwargs):
-    """The jitted program of `plan`. Before its first run, the processes compare what
-    they traced (sites and plan): processes whose programs differ would issue
-    collectives of different sizes, which gloo aborts on and NCCL may hang in, so
-    they must fail here, on every process, before any runs. (The trace is jax.jit's
-    own, cached: the call that follows does not trace again, and steady-state calls
-    take jax.jit's dispatch path.)"""
-    prog = self._program(state, plan)
-    key = ("checked", plan)
-    if key not in state.programs:
-      prog.lower(*args, **kwargs)   # traces: state.sites
-      mine = np.asarray([_fingerprint(state.sites, plan), len(state.sites)], np.int32)
+  def _specs(self, args, kwargs) -> tuple:
+    """The arguments as a compile ahead takes them (`planned_programs.spec`)."""
+    return (tuple(a if i in self._static else jax.tree.map(programs_lib.spec, a)
+                  for i, a in enumerate(args)), jax.tree.map(programs_lib.spec, kwargs))
+
+  def _call(self, program: programs_lib.Program, args, kwargs):
+    return program.call(*[a for i, a in enumerate(args) if i not in self._static], **kwargs)
+
+  def _checked(self, state: _State, plan, args, kwargs) -> tuple[programs_lib.Program, bool]:
+    """(the program of `plan`, whether it was built now, on this thread). Before its
+    first run, the processes compare what they traced (sites and plan): processes
+    whose programs differ would issue collectives of different sizes, which gloo
+    aborts on and NCCL may hang in, so they must fail here, on every process, before
+    any runs."""
+    key = (plan, programs_lib.layout(args, kwargs, self._static))
+    program, built = state.programs.get(key, lambda: self._build(plan, args, kwargs))
+    if plan not in state.checked:
+      mine = np.asarray([_fingerprint(program.sites, plan), len(program.sites)], np.int32)
       blobs = self._exchange_blobs(mine)
       if blobs is not None:
         self._check_same(np.frombuffer(b, np.int32) for b in blobs)
-      state.programs[key] = True
-    return prog
+      state.checked.add(plan)
+    state.sites = list(program.sites)
+    return program, built
 
   def _check_same(self, every) -> None:
     every = list(every)
@@ -251,21 +279,29 @@ class Planned:
     return state
 
   def lower(self, *args, **kwargs):
-    """Lowers the program the next call with these arguments runs (the measuring
-    program before the first call), like `jax.jit(fun).lower`."""
-    state = self._state(self._key(args, kwargs))
-    return self._program(state, state.plan).lower(*args, **kwargs)
+    """Lowers the program of the plan for these arguments, like `jax.jit(fun).lower`:
+    the one the next call runs, or the one compiling ahead (which the calls take once
+    every process holds it); the measuring program before a plan exists."""
+    plan = self._plan_ahead(self._state(self._key(args, kwargs)))
+    return self._jitted(plan, Trace(self._ledger, plan)).lower(*args, **kwargs)
 
   def compiled(self, *args, **kwargs):
-    """The compiled program the next call with these arguments runs (its `as_text()`
-    is the HLO, e.g. for `hlo_wire_bytes`)."""
+    """The compiled program of the plan for these arguments (as `lower` chooses it;
+    one compiling ahead is waited for). Its `as_text()` is the HLO, e.g. for
+    `hlo_wire_bytes`."""
     state = self._state(self._key(args, kwargs))
-    return self._checked(state, state.plan, args, kwargs).lower(*args, **kwargs).compile()
+    return self._checked(state, self._plan_ahead(state), args, kwargs)[0].call
+
+  @staticmethod
+  def _plan_ahead(state: _State):
+    return state.next if state.next is not None else state.plan
 
   # ---- one step -------------------------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
     state = self._state(self._key(args, kwargs))
+    if state.next is not None and state.next_ready:
+      self._switch(state, args, kwargs)
     plan = state.plan
     if plan is None:
       return self._measure(state, args, kwargs)
@@ -274,7 +310,8 @@ class Planned:
     timed = compressed and self._compare_raw and state.gate.phase is not None
     start = self._clock() if timed else 0.0
     if program == gate_lib.RAW:
-      out, ran = self._checked(state, (RAW,) * len(plan), args, kwargs)(*args, **kwargs), RAW
+      raw = (RAW,) * len(plan)
+      out, ran = self._call(self._checked(state, raw, args, kwargs)[0], args, kwargs), RAW
       if timed:
         jax.block_until_ready(out)
     elif state.remeasure:
@@ -287,12 +324,54 @@ class Planned:
       # jax.jit (no host read, no exchange, not waited for); it counts towards the
       # next probe of the raw sites (`_replan_from_window`), a step every process
       # takes at the same count.
-      out = self._checked(state, plan, args, kwargs)(*args, **kwargs)
+      out = self._call(self._checked(state, plan, args, kwargs)[0], args, kwargs)
       state.count_sites()
-      self._replan_from_window(state, [-1] * len(plan))
+      self._replan_from_window(state, [-1] * len(plan), args, kwargs)
     if timed and state.gate.timed(self._clock() - start, ran):
       self._decide(state.gate)
     return out
+
+  def _adopt(self, state: _State, plan: tuple, args, kwargs, *, meanwhile: str = "plan") -> None:
+    """Makes `plan` the plan of the next steps: at once when its program is built or
+    cannot be built ahead, else once every process holds it, built ahead
+    (planned_programs.py; `_switch`). The steps meanwhile run the current plan
+    (meanwhile="plan") or the measuring program ("measure": the current plan
+    overflowed)."""
+    runs = state.plan if meanwhile == "plan" else None
+    # the switch is agreed in the exchange of the steps meanwhile, which a plan of
+    # raw sites only does not make
+    agreed = runs is None or _compresses(runs)
+    key = (plan, programs_lib.layout(args, kwargs, self._static))
+    if plan == state.plan or not (self._compile_ahead and agreed) or state.programs.built(key):
+      state.next = None
+      state.new_plan(plan)
+      return
+    args, kwargs = self._specs(args, kwargs)
+    state.programs.ahead(key, lambda: self._build(plan, args, kwargs))
+    state.next, state.next_key, state.next_ready = plan, key, False
+    # the steps' own mean time so far under the program that runs on: what the
+    # steps during the compile took beyond it is its cost (`_switch`)
+    same = meanwhile == "plan" and state.own_window_n > 0
+    state.ahead_base_s = state.own_window_s / state.own_window_n if same else None
+    state.ahead_cost_s = 0.0
+    if runs is None:
+      state.plan = None
+    state.new_window()
+
+  def _switch(self, state: _State, args, kwargs) -> None:
+    """Every process holds the program of the plan built ahead: the steps take it from
+    this one on. The cost of its compile to the steps (the ski-rental rule's, in
+    `_replan_from_window`) is what the steps since it started took beyond their mean
+    time before it, when measured, else the last such cost, else its build time."""
+    plan, state.next = state.next, None
+    program, built = self._checked(state, plan, args, kwargs)
+    if built or (state.ahead_base_s is None and not state.cost_measured):
+      state.own_compile_s = program.build_s
+    elif state.ahead_base_s is not None:
+      state.own_compile_s, state.cost_measured = state.ahead_cost_s, True
+    # else: the last measured cost stands (the steps during this compile ran another
+    # program: an overflow's measuring steps)
+    state.new_plan(plan)
 
   def _decide(self, gate: gate_lib.Gate) -> None:
     """Ends a comparison of the plan with raw words: the same decision on every
@@ -306,6 +385,8 @@ class Planned:
     after the last, the first plan from their sizes (`window_target`)."""
     out, used, _ = self._run(state, None, args, kwargs)
     state.count_sites()
+    if state.next is not None:   # a plan is compiling ahead
+      return out
     state.window.append(used[:len(state.sites)])
     if len(state.window) < slots.MEASURE_STEPS:
       return out
@@ -317,7 +398,7 @@ class Planned:
         continue
       top, headroom = window_target(sizes, HEADROOM)
       plan.append(_slot_for(top, rungs, max(HEADROOM, headroom)))
-    state.new_plan(tuple(plan))
+    self._adopt(state, tuple(plan), args, kwargs)
     return out
 
   def _planned_step(self, state: _State, plan, args, kwargs):
@@ -332,7 +413,7 @@ class Planned:
             f"zipccl_jax.jit: {len(failed)} call site(s) of {self.__name__} received rows that "
             f"failed to decode although they fit their slots (sites {failed[:8]}): the payload "
             "was corrupted in transit. The step's outputs are discarded.")
-      self._replan_from_window(state, used)
+      self._replan_from_window(state, used, args, kwargs)
       return out
     # Some rows outgrew their slots: the outputs are discarded. Sites after the first
     # overflow saw cut (NaN) rows, so their sizes in this step say nothing; the step
@@ -347,7 +428,7 @@ class Planned:
         state.headroom[k] = min(MAX_HEADROOM, max(2 * state.headroom[k], excess))
         grown[k] = _slot_for(used[k], state.sites[k][1], state.headroom[k])
         state.replans[k] += 1
-    state.new_plan(self._grow_short(state, used, grown))
+    self._adopt(state, self._grow_short(state, used, grown), args, kwargs, meanwhile="measure")
     return out
 
   @staticmethod
@@ -377,18 +458,20 @@ class Planned:
         new[k] = _slot_for(used[k], rungs, state.headroom[k])
     if tuple(new) != state.plan:
       state.probe_every = 1
-      state.new_plan(self._grow_short(state, used, new))
+      self._adopt(state, self._grow_short(state, used, new), args, kwargs)
     else:
       state.probe_every *= 2
     return out
 
-  def _replan_from_window(self, state: _State, used: list) -> None:
+  def _replan_from_window(self, state: _State, used: list, args, kwargs) -> None:
     """After SHRINK_WINDOW fitting steps under one plan, each site's slot follows the
     window's sizes (`window_target`): it grows when less than half its headroom is
     left, and shrinks when the window needs a slot smaller by SHRINK_MIN x raw row
     (when nothing grows, once they pay for their compile: the ski-rental break-even
     of planned_slots.py)."""
     n = len(state.sites)
+    if state.next is not None:   # a plan is compiling ahead: its window starts with it
+      return
     state.window.append(used[:n])
     if len(state.window) < SHRINK_WINDOW:
       return
@@ -421,7 +504,7 @@ class Planned:
           state.shrinks[k] += 1
     else:
       state.forgone_s = 0.0   # nothing pending (sizes rose again)
-    state.new_plan(tuple(new))
+    self._adopt(state, tuple(new), args, kwargs)
     if RAW in state.plan:
       state.windows_since_probe += 1
       state.remeasure = state.windows_since_probe >= state.probe_every
@@ -429,18 +512,23 @@ class Planned:
   def _run(self, state: _State, plan, args, kwargs):
     """One run of the program of `plan`: (outputs, used sizes, decode statuses) per
     site, maxed over the devices and processes."""
-    compiles = ("checked", plan) not in state.programs
+    program, built = self._checked(state, plan, args, kwargs)
     start = time.perf_counter()
-    out = self._checked(state, plan, args, kwargs)(*args, **kwargs)
+    out = self._call(program, args, kwargs)
     jax.block_until_ready(out)
-    now = time.perf_counter()
-    if compiles:   # the first run of a program: its trace, compile and one step
-      state.own_compile_s = now - start
+    step_s = time.perf_counter() - start
+    if built:   # built for this step: its trace, compile and one step
+      state.own_compile_s = program.build_s + step_s
     else:
-      state.own_window_s += now - start
+      state.own_window_s += step_s
+      state.own_window_n += 1
+      if state.next is not None and state.ahead_base_s is not None:
+        state.ahead_cost_s += max(0.0, step_s - state.ahead_base_s)
     table = self._exchange(state, plan, _ffi.mailbox_take(self._ledger))
     n = len(state.sites)
     state.window_s, state.compile_s = (t * CLOCK_UNIT_S for t in table[2 * n:2 * n + 2])
+    # every process holds the plan built ahead when none reported it missing
+    state.next_ready = state.next is not None and table[2 * n + 2] == 0
     used = [table[2 * k] if 2 * k < len(table) else -1 for k in range(n)]
     bad = [table[2 * k + 1] if 2 * k + 1 < len(table) else -1 for k in range(n)]
     state.used = used
@@ -459,17 +547,19 @@ class Planned:
 
   def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process (per site: used size, decode failures),
-    then their clocks (the window's steps, the last compile; CLOCK_UNIT_S), maxed
+    then their clocks (the window's steps, the last compile; CLOCK_UNIT_S) and
+    whether the plan compiling ahead is missing (1) or held (0), maxed
     elementwise; raises on every process when their sites or plans differ (they
     would move different collectives)."""
     n = len(state.sites or ())
-    mine = np.full(4 + 2 * n, -1, np.int32)
+    mine = np.full(5 + 2 * n, -1, np.int32)
     mine[0] = _fingerprint(state.sites or [], plan)
     mine[1] = n
     t = np.asarray(table[:2 * n], np.int32)
     mine[2:2 + t.size] = t
-    mine[2 + 2 * n:] = [min(round(t / CLOCK_UNIT_S), 2**31 - 1)
-                        for t in (state.own_window_s, state.own_compile_s)]
+    mine[2 + 2 * n:4 + 2 * n] = [min(round(t / CLOCK_UNIT_S), 2**31 - 1)
+                                 for t in (state.own_window_s, state.own_compile_s)]
+    mine[4 + 2 * n] = int(state.next is not None and not state.programs.ready(state.next_key))
     blobs = self._exchange_blobs(mine)
     if blobs is None:
       return mine[2:].tolist()
@@ -493,7 +583,8 @@ class Planned:
       return []
     out = []
     for k, (sig, _, raw_row) in enumerate(state.sites):
-      slot = state.plan[k] if state.plan is not None else RAW
+      plan = self._plan_ahead(state)
+      slot = plan[k] if plan is not None else RAW
       used = state.used[k] if state.used is not None and k < len(state.used) else -1
       out.append(SiteStats(k, sig, None if slot == RAW else slot,
                            None if used < 0 else used * _ALIGN, raw_row,
@@ -503,8 +594,9 @@ class Planned:
     return out
 
   def is_planned(self, *args, **kwargs) -> bool:
-    """Whether calls with these arguments have a plan (done measuring): the next runs
-    the plan, or raw words, not the measuring program."""
+    """Whether calls with these arguments have a plan in force: the next runs the plan,
+    or raw words, not the measuring program (which runs while the first plan, or the
+    plan grown after an overflow, is compiling ahead)."""
     return self._state(self._key(args, kwargs)).plan is not None
 
   def comparisons(self, *args, **kwargs) -> list:
@@ -516,9 +608,9 @@ class Planned:
   def save_plans(self, path: str) -> None:
     """Writes every plan made so far (JSON, docs/design.md "Plans"), so that a
     restart with `load_plans` starts planned; written atomically."""
-    planned_io.save(path, self.__name__, [(_key_text(k), s.sites, s.plan)
+    planned_io.save(path, self.__name__, [(_key_text(k), s.sites, self._plan_ahead(s))
                                           for k, s in self._states.items()
-                                          if s.plan is not None and s.sites is not None])
+                                          if self._plan_ahead(s) is not None and s.sites is not None])
 
   def load_plans(self, path: str) -> int:
     """Reads plans written by `save_plans`; each is used by the first call with the
@@ -529,7 +621,8 @@ class Planned:
     return len(loaded)
 
 
-def jit(fun: Callable, *, compare_raw: bool = True, **jit_kwargs) -> Planned:
+def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,
+        **jit_kwargs) -> Planned:
   """`jax.jit` with planned compressed collectives: no per-call agreement, no switch.
 
   Every compressed collective inside `fun` (at any depth: shard_map, grad, scan,
@@ -547,6 +640,14 @@ def jit(fun: Callable, *, compare_raw: bool = True, **jit_kwargs) -> Planned:
       words (which need no validation) and run the faster until the next
       comparison (`comparisons()`; docs/design.md, "Planned or raw"). Results are
       those of codec="raw" either way. False: always the plan.
+    compile_ahead: compile a new plan's program on a background thread while the
+      steps go on with the program they run (the current plan, or the measuring
+      program after an overflow), and switch every process to it at the same step
+      once all hold it (docs/design.md, "Compiling ahead"). `fun` is then traced on
+      that thread; when the caller's thread-local jax configuration differs from a
+      fresh thread's (a context manager such as `jax.default_matmul_precision`),
+      the program is built on the caller's thread when needed instead. False: every
+      program is built when a step first needs it.
     **jit_kwargs: `jax.jit`'s keyword arguments. Donated arguments
       (donate_argnums / donate_argnames) are donated by the steps that cannot run
       again: the measuring steps (the first calls, re-runs, probes) and steps of raw
@@ -558,4 +659,4 @@ def jit(fun: Callable, *, compare_raw: bool = True, **jit_kwargs) -> Planned:
     A callable like `jax.jit(fun)`, with `.lower`, `.is_planned()`, `.site_stats()`,
     `.comparisons()`, `.save_plans(path)` and `.load_plans(path)`.
   """
-  return Planned(fun, jit_kwargs, compare_raw)
+  return Planned(fun, jit_kwargs, compare_raw, compile_ahead)

@@ -1,0 +1,133 @@
+"""The compiled programs of `zipccl_jax.jit` for one argument signature: built on the
+caller's thread when a step needs one now, or ahead of need on a background thread
+while the steps go on with the program they run (docs/design.md, "Compiling ahead").
+
+Why ahead: a new plan (the first one, a grown one after an overflow, a shrink)
+compiles the whole step again, 3.6-5 s for the examples' steps on one core: the time
+of 4 data-parallel steps over 1 Gbit/s, or of 150 of the MoE example's. Compiled
+ahead, it costs the steps only the host time it takes from them (none on a host with
+an idle core; a step that waits on the wire leaves its core idle too), so plans can
+follow the sizes closely. `Planned` switches every process to the new program at the
+same step, after the step's exchange shows that every one of them holds it: programs
+with different collectives must never run side by side.
+
+Programs run as `jax.stages.Compiled` objects: jax.jit's cache does not hold what
+`.lower().compile()` built (the jit object would compile again at its next call),
+and a Compiled takes jax's fast dispatch path.
+
+A background trace sees the thread-local configuration of its own thread, not the
+caller's (`jax.default_matmul_precision`, `jax.experimental.enable_x64` and the like
+as context managers): when the caller's differs from the default, the program is
+built on the caller's thread when needed instead (`_ContextDiffers`).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+from zipccl_jax._src import compat
+
+
+class Program(NamedTuple):
+  """One compiled program of a plan."""
+  call: Any          # the jax.stages.Compiled: called with the non-static arguments
+  sites: list        # the call sites its trace registered (planned_sites.Trace.sites)
+  build_s: float     # seconds to trace, lower and compile it
+
+
+class _ContextDiffers(Exception):
+  """The caller's thread-local jax configuration is not the worker thread's."""
+
+
+_lock = threading.Lock()
+_executor: list = []   # [the worker], made on first use: one thread per process
+
+
+def _worker() -> concurrent.futures.ThreadPoolExecutor:
+  with _lock:
+    if not _executor:
+      _executor.append(concurrent.futures.ThreadPoolExecutor(
+          max_workers=1, thread_name_prefix="zipccl_jax-compile"))
+    return _executor[0]
+
+
+def spec(x):
+  """An argument leaf as a compile needs it: a jax.Array's shape, dtype, weak type and
+  sharding (when committed: an uncommitted array goes where the others are), not its
+  buffer (a step that donates it may delete it before a background compile reads
+  it); any other leaf as it is."""
+  if isinstance(x, jax.Array):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if x.committed else None,
+                                weak_type=bool(x.aval.weak_type))
+  return x
+
+
+def layout(args, kwargs, static: tuple) -> tuple:
+  """What a program is compiled for beyond the arguments' shapes and dtypes (which
+  key a `Planned` state): each jax.Array leaf's sharding and weak type. Training
+  loops change it once, from the initial state (placed by hand) to the first step's
+  outputs; a program built ahead for another layout is built again when needed.
+  An uncommitted array's device is not part of it (it goes where the others are)."""
+  dyn = [a for i, a in enumerate(args) if i not in static]
+  return tuple((x.committed and x.sharding, x.aval.weak_type) if isinstance(x, jax.Array) else None
+               for x in jax.tree_util.tree_leaves((dyn, kwargs)))
+
+
+class Programs:
+  """The programs of one argument signature, by (plan, `layout`): built, or being
+  built ahead."""
+
+  def __init__(self):
+    self._built: dict = {}
+    self._ahead: dict = {}   # key -> Future[Program]
+
+  def __contains__(self, key) -> bool:
+    return key in self._built or key in self._ahead
+
+  def get(self, key, build: Callable[[], Program]) -> tuple[Program, bool]:
+    """(the program of `key`, whether this call built it on this thread): the one
+    built, else the one built ahead (waited for; built here if the worker could
+    not), else build() here. An error of a trace or compile ahead raises here."""
+    program = self._built.get(key)
+    if program is not None:
+      return program, False
+    future = self._ahead.pop(key, None)
+    here = future is None
+    if future is not None:
+      try:
+        program = future.result()
+      except _ContextDiffers:
+        here = True
+    if here:
+      program = build()
+    self._built[key] = program
+    return program, here
+
+  def ahead(self, key, build: Callable[[], Program]) -> None:
+    """Starts build() on the worker thread, with the caller's jax configuration
+    required (`_ContextDiffers` otherwise)."""
+    if key in self:
+      return
+    context = compat.trace_context()
+
+    def run():
+      if context is None or compat.trace_context() != context:
+        raise _ContextDiffers()
+      return build()
+
+    self._ahead[key] = _worker().submit(run)
+
+  def built(self, key) -> bool:
+    """Whether a step took the program of `key` already (`get`): the same answer
+    on every process, unlike `ready`."""
+    return key in self._built
+
+  def ready(self, key) -> bool:
+    """Whether the program of `key` is built (or its build ended, in an error that
+    `get` raises): a step could switch to it without waiting."""
+    future = self._ahead.get(key)
+    return key in self._built or (future is not None and future.done())
+
