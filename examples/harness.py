@@ -316,6 +316,15 @@ def comparisons(v: Variant) -> list:
   return v.step.comparisons() if hasattr(v.step, "comparisons") else []
 
 
+def plan_changes(v: Variant) -> dict:
+  """A zipccl_jax.jit variant's re-plans (overflows), shrinks and grows, summed over its
+  call sites (empty for jax.jit variants)."""
+  if not hasattr(v.step, "site_stats"):
+    return {}
+  sites = v.step.site_stats()
+  return {k: sum(getattr(s, k) for s in sites) for k in ("replans", "shrinks", "grows")}
+
+
 def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None:
   """Runs every variant over `batches` in lockstep (rotating order), timing each step."""
   n = len(variants)
@@ -384,7 +393,9 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         step_ms=[1e3 * float(x) for x in slowest[j]],
         # zipccl_jax.jit's decisions between its plan and raw words (the same on
         # every process: they decide from exchanged times)
-        comparisons=[list(c) for c in comparisons(v)])
+        comparisons=[list(c) for c in comparisons(v)],
+        # zipccl_jax.jit's plan changes, summed over its call sites
+        plan_changes=plan_changes(v))
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
   exact = [k for k in VARIANTS if k not in ("raw", "lax") and k in labels] \
