@@ -101,7 +101,7 @@ def wire_ratios(n: int, codec: str = "zipccl") -> list:
       same = np.array_equal(np.asarray(y).view(np.uint16), np.asarray(y_raw).view(np.uint16))
       rung = [int(r) for r in np.asarray(s.rung).reshape(-1)]
       # which HLO switch is which transport: psum has the all-to-all one first (on
-      # CPU its rungs are collective permutes: transport.a2a_slot)
+      # CPU its rungs are collective permutes: row_ops.a2a_slot)
       order = {("all-to-all",): 0, ("collective-permute",): 0, ("all-gather",): len(rung) - 1}
       choice = [rung[order[c.opcodes]] for c in hlo[codec].conditionals]
       wire_hlo = hlo[codec].taken(choice) if s.compressed else hlo[codec].common

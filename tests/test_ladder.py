@@ -27,7 +27,7 @@ def test_ladder_rungs_are_close_and_static(min_nbytes, raw):
 
 
 def test_all_to_all_ladder_is_the_gather_ladder():
-  """All-to-all rungs compile to no kernel on CPU now (N - 1 permutes, transport.a2a_slot):
+  """All-to-all rungs compile to no kernel on CPU now (N - 1 permutes, row_ops.a2a_slot):
   they get the gathers' 1% ladder (they had 8 rungs 2% apart, then 5%, at most 12)."""
   raw = 131_072
   full, a2a = ladder_lib.ladder(90_112, raw), ladder_lib.ladder(90_112, raw, all_to_all=True)

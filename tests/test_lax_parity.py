@@ -236,7 +236,7 @@ def test_reverse_mode_still_compressed_and_hvp(mesh8):
   ops = zc.hlo_wire_bytes(grad_only.lower(x).compile().as_text()).ops
   raw = N * 4 * 512 * 4   # the cotangent block of one device, as uint32 words
   # the all-to-all transport's smallest rung: on CPU N - 1 permutes of compressed rows
-  # (transport.a2a_slot), fewer bytes than the N - 1 raw rows
+  # (row_ops.a2a_slot), fewer bytes than the N - 1 raw rows
   sent = sum(o.operand_bytes for o in ops if o.opcode == "collective-permute" and o.path == "common")
   assert 0 < sent < raw * (N - 1) // N, [(o.opcode, o.path, o.operand_bytes) for o in ops]
 

@@ -19,7 +19,7 @@ from zipccl_jax._src import ffi as zffi
 from zipccl_jax._src import planned_slots
 from zipccl_jax._src import planned_sites
 from zipccl_jax._src import segments
-from zipccl_jax._src import transport
+from zipccl_jax._src import row_ops
 from zipccl_jax._src.codecs import entropy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -291,7 +291,7 @@ def test_row_pack_inverts_row_unpack_and_mailbox_records_elementwise():
   packed = jax.jit(lambda *v: segments.pack(v))(*xs)
   np.testing.assert_array_equal(np.asarray(packed).view(np.uint16),
                                 np.concatenate([x.view(np.uint16) for x in xs], axis=1))
-  back = jax.jit(lambda v: transport.unpack(v, [5, 1, 9]))(packed)
+  back = jax.jit(lambda v: row_ops.unpack(v, [5, 1, 9]))(packed)
   for a, b in zip(back, xs):
     np.testing.assert_array_equal(np.asarray(a).view(np.uint16), b.view(np.uint16))
   ledger = 424242

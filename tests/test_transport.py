@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import zipccl_jax as zc
 from zipccl_jax._src import agreement
 from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src import row_ops
 from zipccl_jax._src import transport
 from tests.jaxtest import smap
 from tests.reference import BF16, F16, F32, assert_bits_equal, gaussian, ordered_sum
@@ -67,10 +68,9 @@ def expected_rung(max_used_bytes, rungs):
 @pytest.mark.parametrize("shape, slot", [((1, 1024), 128), ((3, 640), 384), ((2, 2, 256), 256),
                                          ((1, 0), 0), ((4, 513), 1)])
 def test_row_prefix_copies_exactly_the_slot(shape, slot):
-  from zipccl_jax._src import transport
   rng = np.random.default_rng(7)
   p = rng.integers(0, 256, size=shape, dtype=np.uint8)
-  got = np.asarray(jax.jit(lambda a: transport.row_prefix(a, slot))(jnp.asarray(p)))
+  got = np.asarray(jax.jit(lambda a: row_ops.row_prefix(a, slot))(jnp.asarray(p)))
   assert got.shape == shape[:-1] + (slot,)
   assert np.array_equal(got, p[..., :slot])
 
@@ -109,7 +109,7 @@ def _target(name, out, **attrs):
 def test_used_max_is_the_largest_used_size(rows):
   rng = np.random.default_rng(rows)
   st = rng.integers(-5, 1 << 20, size=(rows, 4), dtype=np.int32)
-  got = int(jax.jit(transport.used_max)(jnp.asarray(st)))
+  got = int(jax.jit(row_ops.used_max)(jnp.asarray(st)))
   assert got == (int(st[:, 2].max(initial=0)) if rows else 0)
   # the target directly, with leading dimensions: the max over all of them
   st3 = rng.integers(0, 1000, size=(2, 3, 4), dtype=np.int32)
@@ -206,17 +206,17 @@ def test_copy_as_keeps_every_bit(src, dst, shape):
                 [0x7FC00001, 0xFF800001, 0x7F800000, 0x80000000, 0x00000001])
     w[:min(len(w), 5)] = specials[:min(len(w), 5)]
   want_shape = x.shape if shape is None else shape
-  got = np.asarray(jax.jit(lambda a: transport.copy_as(a, dst, shape))(jnp.asarray(x)))
+  got = np.asarray(jax.jit(lambda a: row_ops.copy_as(a, dst, shape))(jnp.asarray(x)))
   assert got.dtype == np.dtype(dst) and got.shape == tuple(want_shape)
   assert got.tobytes() == x.tobytes()
   # the other backends' path (XLA bitcasts), which a GPU runs: the same bytes
-  other = np.asarray(jax.jit(lambda a: transport._bitcast(a, dst, tuple(want_shape)))(jnp.asarray(x)))  # pylint: disable=protected-access
+  other = np.asarray(jax.jit(lambda a: row_ops._bitcast(a, dst, tuple(want_shape)))(jnp.asarray(x)))  # pylint: disable=protected-access
   assert other.dtype == np.dtype(dst) and other.tobytes() == x.tobytes()
 
 
 def test_copy_as_rejects_another_byte_size():
   with pytest.raises(ValueError, match=r"copy_as: uint8\[5\] does not hold the 8 bytes of bfloat16\[4\]"):
-    transport.copy_as(jnp.zeros((4,), BF16), np.uint8, (5,))
+    row_ops.copy_as(jnp.zeros((4,), BF16), np.uint8, (5,))
   f = _target("zipccl_bitcast_copy", jax.ShapeDtypeStruct((3,), jnp.uint16))
   with pytest.raises(Exception, match=r"zipccl_bitcast_copy: y must have x's byte size 8, got 6 bytes"):
     jax.block_until_ready(f(jnp.zeros((4,), BF16)))

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
 from zipccl_jax._src import ffi as zffi
-from zipccl_jax._src import transport
+from zipccl_jax._src import row_ops
 from tests.reference import BF16, F32, assert_bits_equal, gaussian, ordered_sum
 
 ALWAYS = dict(policy="always")
@@ -68,7 +68,7 @@ def test_split_permute_join_is_the_all_to_all(mesh8):
   rng = np.random.default_rng(3)
   p = rng.integers(0, 256, size=(8 * 8, 1000), dtype=np.uint8)
   for slot in (896, 1000, 0):
-    f = jax.jit(jax.shard_map(lambda a, s=slot: (transport.a2a_slot(a, s, "x"),
+    f = jax.jit(jax.shard_map(lambda a, s=slot: (row_ops.a2a_slot(a, s, "x"),
                                                  lax.all_to_all(a[:, :s], "x", 0, 0, tiled=True)),
                               mesh=mesh8, in_specs=P("x"), out_specs=(P("x"), P("x"))))
     got, want = f(p)

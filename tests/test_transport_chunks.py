@@ -164,7 +164,7 @@ def test_gradients_with_chunks(mesh8):
   got, wb = loss(dict(policy="always", chunks=2))
   assert_bits_equal(got, loss(dict(codec="raw", policy="always"))[0], "grad C=2 vs raw")
   # two chunked transports: the gather forward, its psum_scatter backward
-  # (the psum_scatter's rungs are collective permutes on CPU: transport.a2a_slot)
+  # (the psum_scatter's rungs are collective permutes on CPU: row_ops.a2a_slot)
   assert sorted(c.opcodes for c in wb.conditionals) == [("all-gather",)] * 2 + [
       ("collective-permute",)] * 2
 

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import zipccl_jax as zc
-from zipccl_jax._src import transport
+from zipccl_jax._src import row_ops
 
 
 def _expected(x, widths):
@@ -29,7 +29,7 @@ def test_unpack_equals_slices(dtype, shape):
   x = rng.integers(0, np.iinfo(dtype).max, size=shape, dtype=dtype)
   total = shape[-1]
   widths = [5, 0, 11, 1, total - 20]                 # an empty piece, 3 words of padding
-  got = jax.jit(lambda v: transport.unpack(v, widths))(jnp.asarray(x))
+  got = jax.jit(lambda v: row_ops.unpack(v, widths))(jnp.asarray(x))
   for g, w in zip(got, _expected(x, widths)):
     assert g.dtype == x.dtype and g.shape == w.shape
     np.testing.assert_array_equal(np.asarray(g), w)
@@ -38,7 +38,7 @@ def test_unpack_equals_slices(dtype, shape):
 def test_unpack_under_vmap():
   x = np.arange(4 * 3 * 20, dtype=np.uint16).reshape(4, 3, 20)
   widths = [7, 13]
-  got = jax.jit(jax.vmap(lambda v: transport.unpack(v, widths)))(jnp.asarray(x))
+  got = jax.jit(jax.vmap(lambda v: row_ops.unpack(v, widths)))(jnp.asarray(x))
   for g, w in zip(got, _expected(x, widths)):
     np.testing.assert_array_equal(np.asarray(g), w)
 
@@ -50,7 +50,7 @@ def test_bad_shapes_are_errors_naming_the_target():
     return jax.jit(lambda v: jax.ffi.ffi_call("zipccl_row_unpack", outs,
                                               vmap_method="broadcast_all")(v))(x)
 
-  transport.unpack(x, [10])   # registers the targets
+  row_ops.unpack(x, [10])   # registers the targets
   with pytest.raises(Exception, match="zipccl_row_unpack: the results' widths add up to 11"):
     call([jax.ShapeDtypeStruct((2, 6), jnp.uint16), jax.ShapeDtypeStruct((2, 5), jnp.uint16)])
   with pytest.raises(Exception, match="zipccl_row_unpack: result 0 must have x's leading"):

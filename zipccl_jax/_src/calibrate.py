@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from zipccl_jax._src import transport
+from zipccl_jax._src import row_ops
 from zipccl_jax._src.calibration import (
     DTYPES, Calibration, CodecFit, LinkFit, _RESIDUAL_ALGOS, _platform_name,
     agree_across_processes, default_calibration, default_path, set_calibration)
@@ -180,12 +180,12 @@ def _measure_links(meter: _Meter, n_peers: int, row_sizes: Sequence[int], log,
                      lambda r: np.zeros(r // 2, bf16),
                      lambda v: coll.compressed_all_gather(v[0], axes, tiled=True, codec="raw")[None]),
       # The all-to-all the transport runs: on CPU N - 1 collective permutes
-      # (`transport.a2a_slot`), elsewhere lax.all_to_all. Timing lax.all_to_all on
+      # (`row_ops.a2a_slot`), elsewhere lax.all_to_all. Timing lax.all_to_all on
       # CPU fitted a link up to ~12% slower than the transport's (gloo, 10 Gbit/s,
       # 2 processes), and the raw transport's copy term cannot go below 0 to
       # correct it.
       "all_to_all": (lambda r: np.zeros((n_peers, r), np.uint8),
-                     lambda v: transport.a2a_slot(v[0], v.shape[-1], axes)[None],
+                     lambda v: row_ops.a2a_slot(v[0], v.shape[-1], axes)[None],
                      lambda r: np.zeros((n_peers, r // 2), bf16),
                      lambda v: coll.compressed_all_to_all(v[0], axes, 0, 0, tiled=True,
                                                         codec="raw")[None]),

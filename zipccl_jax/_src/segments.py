@@ -38,6 +38,7 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import plan as plan_lib
 from zipccl_jax._src import planned_sites
 from zipccl_jax._src import stats as stats_lib
+from zipccl_jax._src import row_ops
 from zipccl_jax._src import transport
 from zipccl_jax._src.codecs import base
 from zipccl_jax._src.codecs import entropy
@@ -126,8 +127,8 @@ def encode_xla(x, codec_id: int, widths, slots, skip):
     u = jnp.int32(0)
     if s != 0:
       payload, st = codec.encode_rows(seg, skip=skip)
-      u = jnp.max(jnp.where(skip == 0, st[:, transport.USED_COLUMN], 0), initial=0)
-    pieces.append(payload[:, :s] if s > 0 else transport.copy_as(seg, jnp.uint8, (rows, (b - a) * x.dtype.itemsize)))
+      u = jnp.max(jnp.where(skip == 0, st[:, row_ops.USED_COLUMN], 0), initial=0)
+    pieces.append(payload[:, :s] if s > 0 else row_ops.copy_as(seg, jnp.uint8, (rows, (b - a) * x.dtype.itemsize)))
     used.append(u)
   # typed varying as the target's results are (the branches' types must match)
   return jnp.concatenate(pieces, axis=1), compat.pvary(jnp.stack(used), tuple(compat.varying_axes(x)))
@@ -146,10 +147,10 @@ def decode_xla(payload, codec_id: int, widths, slots, dtype, skip, fill):
       y, st = codec.decode_rows(wire, b - a, dtype, skip=skip, fill=f)
       status.append(jnp.max(st))
     else:   # raw words, of every row (no fill: ffi/segments.h)
-      y = transport.copy_as(wire, dtype, (rows, b - a))
+      y = row_ops.copy_as(wire, dtype, (rows, b - a))
       status.append(jnp.int32(0))
-    ys.append(transport.bits(y))
-  return (transport.unbits(jnp.concatenate(ys, axis=1), dtype),
+    ys.append(row_ops.bits(y))
+  return (row_ops.unbits(jnp.concatenate(ys, axis=1), dtype),
           compat.pvary(jnp.stack(status), tuple(compat.varying_axes(payload))))
 
 
@@ -199,7 +200,7 @@ def _a2a_phase(x, plans, cfg):
   mine = (jnp.arange(n_peers) == me).astype(jnp.uint8)
   first, slots = _register(planned_sites.active(), plans, "an all_to_all", n_peers, cfg.opts.check_decode)
   payload, used = encode(x, _codec_id(plans), ms, slots, mine)
-  moved = transport.a2a_slot(payload, payload.shape[1], axes, me)
+  moved = row_ops.a2a_slot(payload, payload.shape[1], axes, me)
   got, status = decode(moved, _codec_id(plans), ms, slots, x.dtype, mine, x)
   return _record(got, used, status, first), slots
 
@@ -218,7 +219,7 @@ def _gather_phase(row, plans, cfg):
 
 def _a2a_parts(plans, slots, cfg):
   n = cfg.n_peers
-  return [_part(p, s, transport.a2a_rows_sent(n), n * (n - 1) * p.m) for p, s in zip(plans, slots)]
+  return [_part(p, s, row_ops.a2a_rows_sent(n), n * (n - 1) * p.m) for p, s in zip(plans, slots)]
 
 
 def _gather_parts(plans, slots, cfg):
@@ -227,7 +228,7 @@ def _gather_parts(plans, slots, cfg):
 
 def _split(y, plans):
   """y [..., M] cut into the segments' [..., m_i]."""
-  return transport.unpack(y, [p.m for p in plans]) if len(plans) > 1 else (y,)
+  return row_ops.unpack(y, [p.m for p in plans]) if len(plans) > 1 else (y,)
 
 
 def _stats(cfg, name, plans, *parts):

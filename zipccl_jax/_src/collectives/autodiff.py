@@ -17,7 +17,7 @@ from jax import lax
 
 from zipccl_jax._src import compat
 from zipccl_jax._src import segments
-from zipccl_jax._src import transport
+from zipccl_jax._src import row_ops
 from zipccl_jax._src.collectives import impl
 
 
@@ -124,15 +124,15 @@ pp = with_vjp(impl.pp_impl, _pp_bwd)
 
 
 def _pack(xs):
-  return transport.unbits(jnp.concatenate([transport.bits(v) for v in xs], axis=-1),
+  return row_ops.unbits(jnp.concatenate([row_ops.bits(v) for v in xs], axis=-1),
                           xs[0].dtype)
 
 
 def _unpack(y, xs):
   """Cuts y along its last axis into pieces as wide as the rows of xs (one custom
-  call on CPU: `transport.unpack`)."""
-  pieces = transport.unpack(transport.bits(y), [v.shape[-1] for v in xs])
-  return tuple(transport.unbits(p, y.dtype) for p in pieces)
+  call on CPU: `row_ops.unpack`)."""
+  pieces = row_ops.unpack(row_ops.bits(y), [v.shape[-1] for v in xs])
+  return tuple(row_ops.unbits(p, y.dtype) for p in pieces)
 
 
 def _bucketed(fwd):
