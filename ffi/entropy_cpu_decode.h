@@ -3,6 +3,7 @@
 // bounds-checked against the block and returns a DecodeStatus on malformed data).
 #pragma once
 
+#include "entropy_cpu_kindz.h"
 #include "entropy_cpu_planes.h"
 
 namespace zipccl {

@@ -3,6 +3,7 @@
 // streams and the choice of block kind; entropy_format.h is normative).
 #pragma once
 
+#include "entropy_cpu_kindz.h"
 #include "entropy_cpu_planes.h"
 #include "entropy_cpu_lengths.h"  // code_lengths_pick
 #include "entropy_cpu_pairs.h"  // the pair path (AVX2)
