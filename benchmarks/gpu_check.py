@@ -28,7 +28,10 @@ others' results):
   6. collectives  the five collectives x both codecs on a 1-device mesh, bit for bit
   7. ctiming  the time of one 64 MiB bf16 collective on that mesh: lax, codec="raw",
               both codecs (what a compressed call costs the GPU per call)
-`--only ctiming,timing` runs a subset of phases 3-7 (after the build and tests).
+  8. planned  K layers of a matmul and a compressed psum_scatter, under lax, the ladder
+              (jax.jit) and zipccl_jax.jit: step time, when the host's call returns, the
+              overhead per call over lax, conditionals in the HLO
+`--only ctiming,planned` runs a subset of phases 3-8 (after the build and tests).
 The table (markdown) and all numbers (JSON) go to benchmarks/results/ (or --out),
 and also to $OUT when that variable is set.
 
@@ -69,11 +72,11 @@ if __name__ == "__main__":
 
 if __package__:
   from benchmarks.gpu_check_codec import T0, backend_name, log, phase_identity, phase_timing
-  from benchmarks.gpu_check_collectives import phase_collectives, phase_ctiming
+  from benchmarks.gpu_check_collectives import phase_collectives, phase_ctiming, phase_planned
   from benchmarks.gpu_check_entropy import phase_entropy
 else:  # run as a script: its folder is on sys.path
   from gpu_check_codec import T0, backend_name, log, phase_identity, phase_timing  # type: ignore[no-redef]
-  from gpu_check_collectives import phase_collectives, phase_ctiming  # type: ignore[no-redef]
+  from gpu_check_collectives import phase_collectives, phase_ctiming, phase_planned  # type: ignore[no-redef]
   from gpu_check_entropy import phase_entropy  # type: ignore[no-redef]
 
 
@@ -186,7 +189,7 @@ def phase_tests(args) -> dict:
 # ---- driver --------------------------------------------------------------------------------------
 
 PHASES = {"identity": phase_identity, "timing": phase_timing, "entropy": phase_entropy,
-          "collectives": phase_collectives, "ctiming": phase_ctiming}
+          "collectives": phase_collectives, "ctiming": phase_ctiming, "planned": phase_planned}
 
 
 def run_phase_subprocess(name: str, args, timeout: int) -> dict:
@@ -319,6 +322,19 @@ def write_report(args, report: dict) -> None:
                    f"{'yes' if ok else 'NO'} |")
   elif ct:
     lines += ["", f"Collective timing failed: {ct.get('error', '?')}"]
+  pl = report.get("planned", {})
+  if pl.get("rows"):
+    lines += ["", "## Planned vs ladder between matmuls on the " + gpu, "",
+              f"Method: {pl.get('method')}. The host returns from a ladder step only once the device "
+              "reached its last conditional (XLA:GPU reads a branch index on the host); a planned step "
+              "returns after its validation.", "",
+              "| variant | step us | call returns after us | us per call over lax | conditionals | "
+              "bit-identical |", "|---|---|---|---|---|---|"]
+    for name, r in pl["rows"].items():
+      lines.append(f"| {name} | {r['step_us']:.1f} | {r['return_us']:.1f} | {r['per_call_over_lax_us']:+.1f} | "
+                   f"{r['conditionals']} | {'yes' if r['bit_identical'] else 'NO'} |")
+  elif pl:
+    lines += ["", f"Planned vs ladder failed: {pl.get('error', '?')}"]
   md = "\n".join(lines) + "\n"
   print("\n" + md, flush=True)
   dests = [args.out]
@@ -396,7 +412,8 @@ def main() -> int:
   if not args.skip_tests:
     report["tests"] = phase_tests(args)
   timeouts = {"identity": 600 if not args.quick else 300, "timing": 300,
-              "entropy": 600 if not args.quick else 300, "collectives": 300, "ctiming": 300}
+              "entropy": 600 if not args.quick else 300, "collectives": 300, "ctiming": 300,
+              "planned": 300}
   for name in only:
     report[name] = run_phase_subprocess(name, args, timeout=timeouts[name])
   write_report(args, report)

@@ -139,3 +139,81 @@ def phase_ctiming(args) -> dict:
           "method": f"median over {rounds} rounds of {reps} back-to-back jitted calls, {size / 2**20:g} MiB bf16"}
 
 
+
+
+# ---- phase 8: planned vs ladder per call, between matmuls ----------------------------------------
+
+
+def _steps_timed(jax, f, args, reps: int) -> tuple[float, float, object]:
+  """(median seconds from the call to its return, median seconds to its outputs, the last
+  outputs) over `reps` steps of f, each waited for, after one warm-up step."""
+  import statistics
+  out = jax.block_until_ready(f(*args))
+  back, done = [], []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    out = f(*args)
+    t1 = time.perf_counter()
+    jax.block_until_ready(out)
+    back.append(t1 - t0)
+    done.append(time.perf_counter() - t0)
+  return statistics.median(back), statistics.median(done), out
+
+
+def phase_planned(args) -> dict:
+  """The planned transport (zipccl_jax.jit) against the ladder (jax.jit) per call, on the GPU: a
+  step of K layers, each a matmul of a [B, D] bf16 activation with a [D, D] weight and a
+  compressed psum_scatter of the product (entropy codec, policy="always"; a 1-device mesh, so the
+  collective is the identity and the codec path runs), jitted three ways: lax, ladder, planned.
+
+  Per variant: the step's time (median of steps, each waited for), the time the host takes to
+  return from the call (a host that must read a conditional's branch index waits for the device
+  to reach it, so the ladder's call returns late; lax's returns at once; a planned step returns
+  after its validation, by design, so its return time is its step's), the overhead per call over
+  lax in us ((step - lax step) / K), and the conditionals of the compiled HLO (the ladder: one
+  per call; planned: none). The outputs must equal lax's bit for bit."""
+  import jax.numpy as jnp
+  import numpy as np
+  jax, zc, gpu, _ = setup_jax(args)
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array([gpu]), ("x",))
+  b, d, k = (64, 256, 4) if args.rehearse else (1024, 4096, 16)
+  reps = 10 if args.quick else 30
+  rng = np.random.default_rng(3)
+  x = jax.device_put(jnp.asarray(rng.standard_normal((b, d)) * 0.02, jnp.bfloat16), gpu)
+  w = jax.device_put(jnp.asarray(rng.standard_normal((k, d, d)) / np.sqrt(d), jnp.bfloat16), gpu)
+
+  def layers(codec):
+    def body(v, ws):
+      for i in range(k):
+        v = v @ ws[i]
+        v = (jax.lax.psum_scatter(v, "x", tiled=True) if codec is None else
+             zc.compressed_psum_scatter(v, "x", tiled=True, codec=codec, policy="always"))
+      return v
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+
+  variants = {"lax": jax.jit(layers(None)), "ladder": jax.jit(layers("entropy")),
+              "planned": zc.jit(layers("entropy"), compare_raw=False)}
+  planned = variants["planned"]
+  for _ in range(200):   # measuring steps, then until the plan compiled ahead is in force
+    if planned.is_planned(x, w):
+      break
+    jax.block_until_ready(planned(x, w))
+  rows, want = {}, None
+  for name, f in variants.items():
+    back, step, out = _steps_timed(jax, f, (x, w), reps)
+    text = (f.compiled(x, w) if name == "planned" else f.lower(x, w).compile()).as_text()
+    got = np.asarray(out).view(np.uint16)
+    want = got if want is None else want
+    rows[name] = {"step_us": step * 1e6, "return_us": back * 1e6,
+                  "conditionals": text.count("conditional("), "bit_identical": bool((got == want).all())}
+  for name, r in rows.items():
+    r["per_call_over_lax_us"] = (r["step_us"] - rows["lax"]["step_us"]) / k
+    log(f"  {name:8s} step {r['step_us']:9.1f} us  returns after {r['return_us']:9.1f} us  "
+        f"{r['per_call_over_lax_us']:+8.1f} us/call over lax  conditionals {r['conditionals']}")
+  ok = (all(r["bit_identical"] for r in rows.values()) and rows["planned"]["conditionals"] == 0
+        and planned.is_planned(x, w))
+  log(f"PLANNED: {'ok' if ok else 'FAILED'} (planned in force: {planned.is_planned(x, w)})")
+  return {"ok": ok, "rows": rows, "layers": k, "shape": [b, d],
+          "method": f"median of {reps} steps each waited for; {k} layers of a [{b}, {d}] @ [{d}, {d}] "
+                    "bf16 matmul and a psum_scatter on a 1-device mesh"}

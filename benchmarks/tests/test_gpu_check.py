@@ -85,6 +85,13 @@ def test_rehearsal_runs_every_gpu_phase_on_the_cpu(tmp_path):
       for op in ("encode", "decode")]
   assert all(r["bit_identical"] for r in en["rows"])
   assert "## Entropy codec" in md
+  # Planned vs ladder between matmuls: the ladder's calls are conditionals, the plan's are not.
+  pl = rep["planned"]
+  assert pl["ok"] is True and pl["exit"] == 0, pl.get("error")
+  rows = pl["rows"]
+  assert rows["ladder"]["conditionals"] >= pl["layers"] and rows["planned"]["conditionals"] == 0
+  assert all(r["bit_identical"] and r["step_us"] > 0 for r in rows.values())
+  assert "## Planned vs ladder" in md
   # The identity phase rotated the variants over its GPU-side calls.
   assert set(ident["variant_calls"]) == {str(g) for g in variants} and min(ident["variant_calls"].values()) > 20
 
