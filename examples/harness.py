@@ -292,8 +292,9 @@ def compile_variant(label: str, jitted, state, batch) -> Variant:
   calls, the training's first steps, measure on and plan (measuring calls on one
   batch would see one size), and the step run is the wrapper itself, which
   validates every step. compile_s is then the first call's time (measuring program
-  compile + run) plus the planned program's compile, and the bytes are those of
-  the plan in force after training (`train_lockstep` reads them)."""
+  compile + run) plus the time to take the last plan's program after training
+  (compiled ahead meanwhile, or now), and the bytes are those of that plan
+  (`train_lockstep` reads them)."""
   t0 = time.perf_counter()
   if hasattr(jitted, "site_stats"):
     jax.block_until_ready(jitted(jax.tree.map(jnp.copy, state), batch))

@@ -491,9 +491,8 @@ class Planned:
     state = self._state_of(args, kwargs)
     if state is None or state.sites is None:
       return []
-    out = []
+    out, plan = [], self._plan_ahead(state)
     for k, (sig, _, raw_row) in enumerate(state.sites):
-      plan = self._plan_ahead(state)
       slot = plan[k] if plan is not None else RAW
       used = state.used[k] if state.used is not None and k < len(state.used) else -1
       out.append(SiteStats(k, sig, None if slot == RAW else slot,
