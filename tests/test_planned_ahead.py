@@ -67,7 +67,10 @@ def test_the_first_plan_compiles_ahead_while_the_steps_measure(mesh8, monkeypatc
   _assert_all_equal(f(x), raw(x), "the step that sees the build ready")
   assert state.next_ready and not f.is_planned(x)
   _assert_all_equal(f(x), raw(x), "the first planned step")
-  assert f.is_planned(x) and state.next is None and held.ahead == [state.plan]
+  assert f.is_planned(x) and state.next is None and held.ahead[0] == state.plan
+  # with the plan, the raw-words program of the gate's comparisons builds ahead too
+  layout = planned_programs.layout((x,), {}, ())
+  assert ((planned_sites.RAW,) * 6, layout) in state.programs
   assert "conditional(" not in f.compiled(x).as_text()
 
 
@@ -93,26 +96,32 @@ def test_an_overflow_measures_while_the_grown_plan_compiles_ahead(mesh8, monkeyp
   held.release(f, state)
   for step in range(3):
     _assert_all_equal(f(y), raw(y), f"step {step} after the release")
-  assert f.is_planned(y) and state.plan != first and held.ahead == [state.plan]
+  assert f.is_planned(y) and state.plan != first and held.ahead[0] == state.plan
 
 
-def test_a_thread_local_configuration_builds_on_the_callers_thread(mesh8):
-  """Under a thread-local jax setting the worker thread would not see, the plan is
-  built on the caller's thread when a step takes it (programs_lib._ContextDiffers),
-  and the steps are exact."""
-  f = zc.jit(_five(mesh8))
+def test_the_callers_thread_local_configuration_goes_with_the_build(mesh8, monkeypatch):
+  """A thread-local jax setting (a context manager) holds for the build ahead too, and
+  the steps are exact; where the worker cannot take it (a JAX that does not say
+  what it is), the plan is built on the caller's thread when a step takes it
+  (programs_lib._ContextDiffers)."""
   raw = jax.jit(_five(mesh8, codec="raw"))
   x = _gauss(4)
-  with jax.default_matmul_precision("highest"):
-    f(x)
-    state = _state(f)
-    future = state.programs._ahead[state.next_key]   # pylint: disable=protected-access
-    with pytest.raises(planned_programs._ContextDiffers):   # pylint: disable=protected-access
-      future.result()
-    while not f.is_planned(x):
-      _assert_all_equal(f(x), raw(x), "measuring")
-    assert state.own_compile_s > 0
-    _assert_all_equal(f(x), raw(x), "planned")
+  for settings in ("taken", "unknown"):
+    if settings == "unknown":
+      monkeypatch.setattr(planned_programs.compat, "thread_local_config", lambda: None)
+    f = zc.jit(_five(mesh8))
+    with jax.default_matmul_precision("highest"), jax.default_device(jax.devices()[0]):
+      f(x)
+      state = _state(f)
+      future = state.programs._ahead[state.next_key]   # pylint: disable=protected-access
+      if settings == "taken":
+        assert future.result().sites
+      else:
+        with pytest.raises(planned_programs._ContextDiffers):   # pylint: disable=protected-access
+          future.result()
+      while not f.is_planned(x):
+        _assert_all_equal(f(x), raw(x), f"measuring ({settings})")
+      _assert_all_equal(f(x), raw(x), f"planned ({settings})")
 
 
 def test_an_error_in_a_build_ahead_raises_on_the_callers_thread(mesh8):

@@ -6,6 +6,8 @@ like plain JAX.
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
 from jax import lax
 
@@ -48,6 +50,39 @@ def trace_context():
     return _config.trace_context()
   except (ImportError, AttributeError):  # pragma: no cover - future JAX
     return None
+
+
+def thread_local_config() -> dict | None:
+  """The calling thread's jax settings made by context managers (e.g.
+  `jax.default_device`, `jax.default_matmul_precision`): name -> value, or None
+  when this JAX does not say."""
+  try:
+    from jax._src import config as _config  # pylint: disable=g-import-not-at-top
+    unset = _config.config_ext.unset
+    return {name: s.get_local() for name, s in _config.config_states.items()
+            if s.get_local() is not unset}
+  except (ImportError, AttributeError):  # pragma: no cover - future JAX
+    return None
+
+
+@contextlib.contextmanager
+def thread_local_config_applied(values: dict):
+  """Runs the block with `values` (`thread_local_config` of another thread) set on
+  this thread, as their context managers would, and restores this thread's after."""
+  from jax._src import config as _config  # pylint: disable=g-import-not-at-top
+  swapped = []
+  try:
+    for name, value in values.items():
+      state = _config.config_states[name]
+      swapped.append((state, state.swap_local(value)))
+      if state._update_thread_local_hook:  # pylint: disable=protected-access
+        state._update_thread_local_hook(value)  # pylint: disable=protected-access
+    yield
+  finally:
+    for state, prev in reversed(swapped):
+      state.set_local(prev)
+      if state._update_thread_local_hook:  # pylint: disable=protected-access
+        state._update_thread_local_hook(None if prev is _config.config_ext.unset else prev)  # pylint: disable=protected-access
 
 
 def tangent_mode(tangent) -> str:

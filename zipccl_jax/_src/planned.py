@@ -282,6 +282,14 @@ class Planned:
     # else: the last measured cost stands (the steps during this compile ran another
     # program: an overflow's measuring steps)
     state.new_plan(plan)
+    if self._compare_raw and _compresses(plan):
+      # the raw-words program the gate's first comparison runs (planned_gate.py), ahead
+      # too: built when that step needs it, it stalled the step for a whole compile.
+      # Each process waits for its own there (`Programs.get`): nothing to agree on.
+      raw = (RAW,) * len(plan)
+      specs = self._specs(args, kwargs)
+      state.programs.ahead((raw, programs_lib.layout(args, kwargs, self._static)),
+                           lambda: self._build(raw, *specs))
 
   def _decide(self, gate: gate_lib.Gate) -> None:
     """Ends a comparison of the plan with raw words: the same decision on every
@@ -553,9 +561,9 @@ def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,
       steps go on with the program they run (the current plan, or the measuring
       program after an overflow), and switch every process to it at the same step
       once all hold it (docs/design.md, "Compiling ahead"). `fun` is then traced on
-      that thread; when the caller's thread-local jax configuration differs from a
-      fresh thread's (a context manager such as `jax.default_matmul_precision`),
-      the program is built on the caller's thread when needed instead. False: every
+      that thread, under the caller's thread-local jax settings (context managers
+      such as `jax.default_device`); where those cannot be carried over, the
+      program is built on the caller's thread when needed instead. False: every
       program is built when a step first needs it.
     **jit_kwargs: `jax.jit`'s keyword arguments. Donated arguments
       (donate_argnums / donate_argnames) are donated by the steps that cannot run

@@ -16,9 +16,11 @@ Programs run as `jax.stages.Compiled` objects: jax.jit's cache does not hold wha
 and a Compiled takes jax's fast dispatch path.
 
 A background trace sees the thread-local configuration of its own thread, not the
-caller's (`jax.default_matmul_precision`, `jax.experimental.enable_x64` and the like
-as context managers): when the caller's differs from the default, the program is
-built on the caller's thread when needed instead (`_ContextDiffers`).
+caller's (`jax.default_device`, `jax.default_matmul_precision` and the like as
+context managers): the worker takes the caller's settings for the build
+(`compat.thread_local_config`), and when its trace context still differs from the
+caller's, the program is built on the caller's thread when needed instead
+(`_ContextDiffers`).
 """
 from __future__ import annotations
 
@@ -107,16 +109,18 @@ class Programs:
     return program, here
 
   def ahead(self, key, build: Callable[[], Program]) -> None:
-    """Starts build() on the worker thread, with the caller's jax configuration
-    required (`_ContextDiffers` otherwise)."""
+    """Starts build() on the worker thread, under the caller's thread-local jax
+    settings, with the caller's trace context required (`_ContextDiffers`
+    otherwise)."""
     if key in self:
       return
-    context = compat.trace_context()
+    context, local = compat.trace_context(), compat.thread_local_config()
 
     def run():
-      if context is None or compat.trace_context() != context:
-        raise _ContextDiffers()
-      return build()
+      with compat.thread_local_config_applied(local or {}):
+        if context is None or compat.trace_context() != context:
+          raise _ContextDiffers()
+        return build()
 
     self._ahead[key] = _worker().submit(run)
 
