@@ -205,6 +205,22 @@ def _comparisons(rows: list) -> list:
           "until the next comparison):", ""] + out + [""]
 
 
+def _left_out(rows: list) -> list:
+  """Lines naming the timed steps a variant's median leaves out: steps during which
+  another variant's program compiled ahead (examples/harness.py, `train_lockstep`)."""
+  out = []
+  for r in rows:
+    timed = r["steps"] - r["warmup"]
+    parts = [f"{c} {timed - x['timed_steps']}" + (" (all: the median keeps them)"
+                                                   if x["timed_steps"] == 0 else "")
+             for c, x in r["variants"].items()
+             if x.get("timed_steps", timed) < timed]
+    if parts:
+      out.append(f"- {r.get('example')}: timed steps left out of the median of {timed} "
+                 f"(another variant compiling ahead on the same cores): {', '.join(parts)}")
+  return out + [""] if out else []
+
+
 def _ratio(res, a, b, key="median_ms"):
   va, vb = res["variants"].get(a), res["variants"].get(b)
   if not va or not vb or not vb[key]:
@@ -222,7 +238,9 @@ def report(rows, args, stem: str) -> str:
            f"; malloc {'tuned (zipccl_jax.tune_host_allocator)' if args.malloc == 'tuned' else 'glibc defaults'}. "
            f"The variants train in lockstep from the same state, interleaved step by step; "
            f"step time = median over the steps after {args.warmup} warm-up steps of the slowest "
-           "process's time for that step (p25-p75 in brackets). 'sent' = bytes one device's "
+           "process's time for that step (p25-p75 in brackets), without the steps during which "
+           "another variant's program compiled ahead (listed under the table: such a build "
+           "shares the cores with every variant; a variant's own builds count). 'sent' = bytes one device's "
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step): a planned "
            "variant (zipccl_jax.jit), its planned slots, what it moves; a ladder variant "
            "(jax.jit), every call on its smallest rung, a lower bound that is not what it moved "
@@ -266,6 +284,7 @@ def report(rows, args, stem: str) -> str:
           + f"{_taken(v.get('zipccl', {}))} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
+    lines += _left_out([r for r in rows if r["procs"] == nproc and not r.get("error")])
     lines += _comparisons([r for r in rows if r["procs"] == nproc and not r.get("error")])
   if any(r.get("unshaped") for r in rows):
     lines += breakdown(rows, args)

@@ -280,6 +280,9 @@ class Variant:
   times: list = dataclasses.field(default_factory=list)
   wire: list = dataclasses.field(default_factory=list)      # stats.wire_bytes per step
   wire_raw: list = dataclasses.field(default_factory=list)  # their raw paths' bytes per step
+  # steps during which another variant's program compiled ahead (zipccl_jax.jit
+  # builds on a background thread, which takes a core from every variant)
+  disturbed: list = dataclasses.field(default_factory=list)
   fell_back: int = 0      # steps where some call took its uncompressed fallback
   fallbacks: dict = dataclasses.field(default_factory=dict)  # per call: steps it fell back
 
@@ -326,16 +329,29 @@ def plan_changes(v: Variant) -> dict:
   return {k: sum(getattr(s, k) for s in sites) for k in ("replans", "shrinks", "grows")}
 
 
+def _others_building(v: Variant, variants: list) -> bool:
+  """Whether a variant other than `v` has a program compiling ahead now."""
+  return any(w is not v and hasattr(w.step, "building") and w.step.building()
+             for w in variants)
+
+
 def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None:
-  """Runs every variant over `batches` in lockstep (rotating order), timing each step."""
+  """Runs every variant over `batches` in lockstep (rotating order), timing each step.
+
+  A step is marked disturbed when another variant's program was compiling ahead at
+  its start or end: that build shares the process's cores with the step (with one
+  pinned core, it doubles a short step's time). A variant's own builds ahead are
+  its cost and leave its steps unmarked."""
   n = len(variants)
   for i, batch in enumerate(batches):
     for k in range(n):
       v = variants[(i + k) % n]
+      busy = _others_building(v, variants)
       t0 = time.perf_counter()
       state, loss, stats = v.step(v.state, batch)
       jax.block_until_ready((state, loss))
       v.times.append(time.perf_counter() - t0)
+      v.disturbed.append(busy or _others_building(v, variants))
       v.state = state
       v.losses.append(float(local(loss)))
       leaves = _stats_leaves(stats)
@@ -372,6 +388,7 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
   steps = len(variants[0].times)
   labels = [v.label for v in variants]
   times = all_processes(np.array([v.times for v in variants], np.float64))      # [P, V, steps]
+  disturbed = all_processes(np.array([v.disturbed for v in variants], np.uint8)).any(axis=0)
   words = all_processes(np.array([v.losses for v in variants], np.float32).view(np.uint32))
   digests = all_processes(np.array([list(digest(params_of(v.state))) for v in variants],
                                    np.uint8))                                   # [P, V, 32]
@@ -381,7 +398,10 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
   out = dict(processes=nproc, devices=jax.device_count(), steps=steps, warmup=timed.start,
              variants={}, checks={})
   for j, v in enumerate(variants):
-    t = slowest[j, timed]
+    # the timed steps no other variant's build ahead disturbed on any process (all
+    # of them if every one was)
+    clean = np.flatnonzero(~disturbed[j, timed])
+    t = slowest[j, timed][clean] if clean.size else slowest[j, timed]
     out["variants"][v.label] = dict(
         median_ms=1e3 * statistics.median(t), p25_ms=1e3 * float(np.percentile(t, 25)),
         p75_ms=1e3 * float(np.percentile(t, 75)), min_ms=1e3 * float(t.min()),
@@ -392,6 +412,8 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         fallbacks=v.fallbacks, codec_bytes=v.codec,
         losses=[float(x) for x in words[0, j].view(np.float32)],
         step_ms=[1e3 * float(x) for x in slowest[j]],
+        disturbed_steps=[int(k) + 1 for k in np.flatnonzero(disturbed[j])],
+        timed_steps=int(clean.size),   # 0: every timed step was disturbed, the median keeps them
         # zipccl_jax.jit's decisions between its plan and raw words (the same on
         # every process: they decide from exchanged times)
         comparisons=[list(c) for c in comparisons(v)],
@@ -446,6 +468,12 @@ def print_report(title: str, res: dict) -> None:
       "on the compiled step if no call falls back; stats MiB = mean operand bytes per step "
       "of the calls with stats, on the path taken (CollectiveStats.wire_bytes); fallbacks = "
       "steps where some call with stats took its uncompressed path)")
+  timed = res["steps"] - res["warmup"]
+  left_out = {label: timed - v["timed_steps"] for label, v in vs.items() if v["timed_steps"] < timed}
+  if left_out:
+    say("  timed steps left out (another variant compiling ahead, which shares the cores): "
+        + ", ".join(f"{label} {k}/{timed}" + (" (all: the median keeps them)" if k == timed else "")
+                    for label, k in left_out.items()))
   for label, v in vs.items():
     if v["fallback_steps"]:
       say(f"  {label} fallbacks per call: " + ", ".join(

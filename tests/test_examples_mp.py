@@ -92,6 +92,48 @@ def test_the_identity_check_sees_a_difference():
   assert diff["checks"]["zipccl_first_loss_difference"] == "step 2: 0x3fc00000 vs 0x3fc00001"
 
 
+def test_steps_during_another_variants_build_ahead_are_left_out():
+  """train_lockstep marks a variant's steps during which another variant compiled
+  ahead (`building()`), not those during its own builds; summarize's medians leave
+  the marked steps out, and keep them all when every timed step is marked."""
+  import harness
+  import jax.numpy as jnp
+
+  class Step:   # a zipccl_jax.jit stand-in: builds ahead after its 2nd and 3rd steps
+    def __init__(self):
+      self.calls, self.busy = 0, False
+
+    def __call__(self, state, batch):
+      self.calls += 1
+      self.busy = self.calls in (2, 3)
+      return state, jnp.float32(1.0), {}
+
+    def building(self):
+      return self.busy
+
+  planned = harness.Variant("planned", Step(), (), 0.0, 1.0, 2.0)
+  plain = harness.Variant("raw", lambda state, batch: (state, jnp.float32(1.0), {}), (),
+                          0.0, 1.0, 2.0)
+  harness.train_lockstep([planned, plain], [None] * 5)
+  # the order alternates (planned first on even batches): raw's 3rd and 4th steps
+  # run while planned's build is in flight
+  assert planned.disturbed == [False] * 5
+  assert plain.disturbed == [False, False, True, True, False]
+  plain.times = [0.01, 0.01, 9.0, 9.0, 0.01]
+  planned.times = [0.02, 0.02, 0.02, 9.0, 9.0]
+  for v in (planned, plain):
+    v.state = (np.arange(4, dtype=np.float32),)
+  res = harness.summarize([planned, plain], warmup=1, params_of=lambda s: ())
+  assert res["variants"]["raw"]["median_ms"] == pytest.approx(10.0)
+  assert res["variants"]["raw"]["timed_steps"] == 2
+  assert res["variants"]["raw"]["disturbed_steps"] == [3, 4]
+  assert res["variants"]["planned"]["median_ms"] == pytest.approx(4510.0)   # its own count
+  plain.disturbed = [True] * 5
+  res = harness.summarize([planned, plain], warmup=1, params_of=lambda s: ())
+  assert res["variants"]["raw"]["timed_steps"] == 0
+  assert res["variants"]["raw"]["median_ms"] == pytest.approx(4505.0)
+
+
 def test_codec_bytes_counts_the_common_path_of_the_compiled_step():
   """harness.codec_bytes reads the encode/decode FFI calls of the compiled HLO.
 

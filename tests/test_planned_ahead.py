@@ -62,8 +62,9 @@ def test_the_first_plan_compiles_ahead_while_the_steps_measure(mesh8, monkeypatc
   assert [s.slot_bytes is not None for s in f.site_stats()] == [True] * 6   # the newest plan
   for step in range(3):   # the build is held: the steps keep measuring
     _assert_all_equal(f(x), raw(x), f"held step {step}")
-    assert not f.is_planned(x) and not state.next_ready
+    assert not f.is_planned(x) and not state.next_ready and f.building()
   held.release(f, state)
+  assert not f.building()
   _assert_all_equal(f(x), raw(x), "the step that sees the build ready")
   assert state.next_ready and not f.is_planned(x)
   _assert_all_equal(f(x), raw(x), "the first planned step")

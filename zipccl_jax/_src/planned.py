@@ -516,6 +516,13 @@ class Planned:
     plan grown after an overflow, is compiling ahead)."""
     return self._state(self._key(args, kwargs)).plan is not None
 
+  def building(self) -> bool:
+    """Whether a program of this function is compiling ahead now (queued or running
+    on the worker thread), for any argument shapes. Such a build takes a core from
+    whatever else the process runs, e.g. the other models of a benchmark that trains
+    several in lockstep (examples/harness.py leaves their steps out of its medians)."""
+    return any(s.programs.building() for s in self._states.values())
+
   def comparisons(self, *args, **kwargs) -> list:
     """The timed comparisons between the plan and raw words (`planned_gate.Comparison`)
     for these arguments (the last ones called, with none), oldest first."""
@@ -574,6 +581,6 @@ def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,
 
   Returns:
     A callable like `jax.jit(fun)`, with `.lower`, `.is_planned()`, `.site_stats()`,
-    `.comparisons()`, `.save_plans(path)` and `.load_plans(path)`.
+    `.comparisons()`, `.building()`, `.save_plans(path)` and `.load_plans(path)`.
   """
   return Planned(fun, jit_kwargs, compare_raw, compile_ahead)

@@ -124,6 +124,10 @@ class Programs:
 
     self._ahead[key] = _worker().submit(run)
 
+  def building(self) -> bool:
+    """Whether a build ahead is queued or running on the worker thread."""
+    return any(not f.done() for f in self._ahead.values())
+
   def built(self, key) -> bool:
     """Whether a step took the program of `key` already (`get`): the same answer
     on every process, unlike `ready`."""
