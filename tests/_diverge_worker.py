@@ -15,7 +15,9 @@ zipccl_jax.jit for three steps ("planned_same": every process alike, with a pytr
 psum whose leaves share transports, the plans compiled ahead and slower to build on
 every process but the first; the report adds the plan's slots and per step whether
 a plan was in force; "planned_gate": the processes' clocks disagree on whether
-the plan or raw words is faster, the report adds the comparisons). exchange_absent:
+the plan or raw words is faster, the report adds the comparisons;
+"planned_build_fails": the last process's builds ahead fail, the report adds the
+calls that returned). exchange_absent:
 the last process skips an exchange between processes
 (compat.exchange_across_processes, 3 s timeout) that the others make.
 """
@@ -80,6 +82,8 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   f = jit(jax.shard_map(_call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=specs))
   if case == "planned_same" and pid != 0:
     _slow_builds_ahead()
+  if case == "planned_build_fails" and pid == jax.process_count() - 1:
+    _fail_builds_ahead()
 
   def want(v):
     outs = [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"), zc.compressed_psum(v, "x", codec="raw")]
@@ -91,6 +95,8 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
   if case == "planned_gate":
     steps = _disagreeing_clocks(f, pid)
+  if case == "planned_build_fails":
+    steps = 10**6   # until the error (or the deadline: no error is reported)
   ran = []   # per step: whether a plan was in force (the step ran it)
   k, deadline = 0, time.monotonic() + 120
   # planned_same: the fixed steps count from the plan's first (the switch is agreed,
@@ -98,6 +104,7 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   while k < steps and time.monotonic() < deadline:
     got = jax.block_until_ready(f(xg))
     ran.append(bool(planned and f.is_planned(xg)))
+    out["calls"] = len(ran)   # the calls that returned, kept when one raises
     k += 1 if ran[-1] or case != "planned_same" else 0
   out["ran"] = ran
   want = raw(xg)
@@ -128,6 +135,21 @@ def _slow_builds_ahead(seconds: float = 1.5) -> None:
     return build(wrapper, plan, args, kwargs)
 
   planned.Planned._build = slow
+
+
+def _fail_builds_ahead() -> None:
+  """This process's builds on the worker thread fail (as a compile that runs out of
+  memory would), the others' succeed."""
+  import threading
+  from zipccl_jax._src import planned
+  build = planned.Planned._build
+
+  def fail(wrapper, plan, args, kwargs):
+    if threading.current_thread() is not threading.main_thread():
+      raise MemoryError("simulated: the compiler ran out of memory")
+    return build(wrapper, plan, args, kwargs)
+
+  planned.Planned._build = fail
 
 
 def _disagreeing_clocks(f, pid: int) -> int:

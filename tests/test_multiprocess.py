@@ -153,6 +153,21 @@ def test_planned_steps_agree_across_processes(tmp_path, nproc):
     assert 0 < r["store_keys"] <= 64 * nproc, (pid, r)
 
 
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_build_ahead_failing_on_one_process_stops_every_process(tmp_path, nproc):
+  """The last process's build of a plan compiled ahead fails (the others' succeed):
+  every process raises at the same step, that process with its build's error, the
+  others naming it, within seconds rather than the exchange's timeout."""
+  results = _diverge(tmp_path, nproc, "planned_build_fails")
+  for pid, r in enumerate(results[:-1]):
+    assert r["error"] and (f"failed to build ahead on process(es) [{nproc - 1}]"
+                           in r["error"]), (pid, r)
+  assert "MemoryError: simulated: the compiler ran out of memory" in results[-1]["error"]
+  for pid, r in enumerate(results):
+    assert r["calls"] == results[0]["calls"] >= 1, (pid, r)   # the same step everywhere
+    assert r["seconds"] < 30 + 30, (pid, r)   # start-up and compile included
+
+
 def test_processes_that_time_differently_take_one_decision(tmp_path):
   """zipccl_jax.jit's comparison of the plan with raw words (planned_gate.py): the
   processes' clocks disagree (process 0: raw faster; process 1: the plan), and both

@@ -210,7 +210,7 @@ class Planned:
 
   def __call__(self, *args, **kwargs):
     state = self._state(self._key(args, kwargs))
-    if state.next is not None and state.next_ready:
+    if state.next is not None and (state.next_ready or state.next_failed):
       self._switch(state, args, kwargs)
     plan = state.plan
     if plan is None:
@@ -258,7 +258,7 @@ class Planned:
       return
     args, kwargs = self._specs(args, kwargs)
     state.programs.ahead(key, lambda: self._build(plan, args, kwargs))
-    state.next, state.next_key, state.next_ready = plan, key, False
+    state.next, state.next_key, state.next_ready, state.next_failed = plan, key, False, []
     # the steps' own mean time so far under the program that runs on: what the
     # steps during the compile took beyond it is its cost (`_switch`)
     same = meanwhile == "plan" and state.own_window_n > 0
@@ -273,6 +273,14 @@ class Planned:
     this one on. The cost of its compile to the steps (the ski-rental rule's, in
     `_replan_from_window`) is what the steps since it started took beyond their mean
     time before it, when measured, else the last such cost, else its build time."""
+    if state.next_failed and not state.programs.failed(state.next_key):
+      # every process stops at this step, where the ones whose build failed raise
+      # its error (`Programs.get`, in `_checked`): the others would wait for them
+      # in the next exchange
+      raise RuntimeError(
+          f"zipccl_jax.jit: the program of a new plan for {self.__name__} failed to build "
+          f"ahead on process(es) {state.next_failed} (the error is raised there); every "
+          "process stops at this step")
     plan, state.next = state.next, None
     program, built = self._checked(state, plan, args, kwargs)
     if built or (state.ahead_base_s is None and not state.cost_measured):
@@ -466,9 +474,10 @@ class Planned:
   def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process (per site: used size, decode failures),
     then their clocks (the window's steps, the last compile; CLOCK_UNIT_S) and
-    whether the plan compiling ahead is missing (1) or held (0), maxed
-    elementwise; raises on every process when their sites or plans differ (they
-    would move different collectives)."""
+    whether the plan compiling ahead is missing (1), held (0) or failed to build
+    (2), maxed elementwise (the processes where it failed: `state.next_failed`);
+    raises on every process when their sites or plans differ (they would move
+    different collectives)."""
     n = len(state.sites or ())
     mine = np.full(5 + 2 * n, -1, np.int32)
     mine[0] = _fingerprint(state.sites or [], plan)
@@ -477,12 +486,16 @@ class Planned:
     mine[2:2 + t.size] = t
     mine[2 + 2 * n:4 + 2 * n] = [min(round(t / CLOCK_UNIT_S), 2**31 - 1)
                                  for t in (state.own_window_s, state.own_compile_s)]
-    mine[4 + 2 * n] = int(state.next is not None and not state.programs.ready(state.next_key))
+    mine[4 + 2 * n] = 0
+    if state.next is not None:
+      key = state.next_key
+      mine[4 + 2 * n] = 2 if state.programs.failed(key) else int(not state.programs.ready(key))
     blobs = self._exchange_blobs(mine)
-    if blobs is None:
-      return mine[2:].tolist()
-    every = [np.frombuffer(b, np.int32) for b in blobs]
-    self._check_same(every)
+    every = [mine] if blobs is None else [np.frombuffer(b, np.int32) for b in blobs]
+    if blobs is not None:
+      self._check_same(every)
+    if state.next is not None:
+      state.next_failed = [p for p, e in enumerate(every) if e[4 + 2 * n] == 2]
     return np.max(np.stack(every), axis=0)[2:].tolist()
 
   # ---- visibility and persistence -------------------------------------------------------------

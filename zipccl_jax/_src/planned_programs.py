@@ -133,6 +133,15 @@ class Programs:
     on every process, unlike `ready`."""
     return key in self._built
 
+  def failed(self, key) -> bool:
+    """Whether the build ahead of `key` ended in an error (which `get` raises); a
+    build the worker could not take (`_ContextDiffers`) is not one: `get` builds it."""
+    future = self._ahead.get(key)
+    if future is None or not future.done():
+      return False
+    error = future.exception()
+    return error is not None and not isinstance(error, _ContextDiffers)
+
   def ready(self, key) -> bool:
     """Whether the program of `key` is built (or its build ended, in an error that
     `get` raises): a step could switch to it without waiting."""

@@ -56,8 +56,9 @@ class State:
     self.windows_since_probe = 0
     self.programs = programs_lib.Programs()
     self.checked: set = set()   # plans whose program the processes compared (`_checked`)
-    # A plan compiling ahead (planned_programs.py) and whether every process holds
-    # its program (agreed in the step's exchange); the steps meanwhile run `plan`,
+    # A plan compiling ahead (planned_programs.py), whether every process holds its
+    # program and the processes where its build failed (both agreed in the step's
+    # exchange); the steps meanwhile run `plan`,
     # or the measuring program (plan None). ahead_base_s: a step's own time before
     # the compile started, ahead_cost_s what the steps since took beyond it (the
     # compile's cost to the steps: `_switch`); None: not measured (the steps
@@ -65,6 +66,7 @@ class State:
     self.next: tuple | None = None
     self.next_key = None   # its program's key in `programs`
     self.next_ready = False
+    self.next_failed: list = []
     self.ahead_base_s: float | None = None
     self.ahead_cost_s = 0.0
     self.cost_measured = False
