@@ -205,9 +205,11 @@ def _comparisons(rows: list) -> list:
           "until the next comparison):", ""] + out + [""]
 
 
-def _left_out(rows: list) -> list:
-  """Lines naming the timed steps a variant's median leaves out: steps during which
-  another variant's program compiled ahead (examples/harness.py, `train_lockstep`)."""
+def _timing(rows: list) -> list:
+  """Per example, the steps its medians cover (its own warm-up: an example's args may
+  set --steps and --warmup-steps) and those a variant's median left out: steps during
+  which another variant's program compiled ahead (examples/harness.py,
+  `train_lockstep`)."""
   out = []
   for r in rows:
     timed = r["steps"] - r["warmup"]
@@ -215,9 +217,9 @@ def _left_out(rows: list) -> list:
                                                    if x["timed_steps"] == 0 else "")
              for c, x in r["variants"].items()
              if x.get("timed_steps", timed) < timed]
-    if parts:
-      out.append(f"- {r.get('example')}: timed steps left out of the median of {timed} "
-                 f"(another variant compiling ahead on the same cores): {', '.join(parts)}")
+    out.append(f"- {r.get('example')}: median over steps {r['warmup'] + 1}-{r['steps']}"
+               + (f"; left out (another variant compiling ahead on the same cores): "
+                  f"{', '.join(parts)}" if parts else ""))
   return out + [""] if out else []
 
 
@@ -237,7 +239,7 @@ def report(rows, args, stem: str) -> str:
            f"is shared by all processes' traffic){'; processes pinned to cores' if args.pin else ''}"
            f"; malloc {'tuned (zipccl_jax.tune_host_allocator)' if args.malloc == 'tuned' else 'glibc defaults'}. "
            f"The variants train in lockstep from the same state, interleaved step by step; "
-           f"step time = median over the steps after {args.warmup} warm-up steps of the slowest "
+           f"step time = median over the steps after the warm-up (listed under the table) of the slowest "
            "process's time for that step (p25-p75 in brackets), without the steps during which "
            "another variant's program compiled ahead (listed under the table: such a build "
            "shares the cores with every variant; a variant's own builds count). 'sent' = bytes one device's "
@@ -284,7 +286,7 @@ def report(rows, args, stem: str) -> str:
           + f"{_taken(v.get('zipccl', {}))} | {fb}/{r['steps']} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
-    lines += _left_out([r for r in rows if r["procs"] == nproc and not r.get("error")])
+    lines += _timing([r for r in rows if r["procs"] == nproc and not r.get("error")])
     lines += _comparisons([r for r in rows if r["procs"] == nproc and not r.get("error")])
   if any(r.get("unshaped") for r in rows):
     lines += breakdown(rows, args)
@@ -380,29 +382,34 @@ def plot(rows, args, path: Path) -> bool:
   except ImportError:
     print("matplotlib is not installed: no plot (pip install -e .[bench])", file=sys.stderr)
     return False
-  colors = {"zipccl": "#1f77b4", "entropy": "#9467bd", "raw": "#7f7f7f", "lax": "#ff7f0e",
-            "auto": "#2ca02c"}
-  fig, axes = plt.subplots(1, len(args.procs), figsize=(5.5 * len(args.procs), 4), squeeze=False)
+  # a planned variant (zipccl_jax.jit) in the light shade of its ladder twin's colour
+  colors = {"zipccl": "#1f77b4", "planned": "#aec7e8", "entropy": "#9467bd",
+            "planned-entropy": "#c5b0d5", "auto": "#2ca02c", "planned-auto": "#98df8a",
+            "planned-raw": "#c7c7c7", "raw": "#7f7f7f", "lax": "#ff7f0e"}
+  fig, axes = plt.subplots(1, len(args.procs), figsize=(6.5 * len(args.procs), 4), squeeze=False)
   for ax, nproc in zip(axes[0], args.procs):
-    sel = [r for r in rows if r["procs"] == nproc and r["variants"]]
+    # step time / raw's: the examples' steps differ by 30x
+    sel = [r for r in rows if r["procs"] == nproc and r["variants"].get("raw")]
     labels = [r["example"].removeprefix("train_") for r in sel]
-    shown = [c for c in ("zipccl", "entropy", "raw", "lax", "auto") if any(c in r["variants"] for r in sel)]
-    width = 0.8 / max(len(shown), 1)
+    shown = [c for c in colors if any(c in r["variants"] for r in sel)]
+    width = 0.85 / max(len(shown), 1)
     for j, codec in enumerate(shown):
       xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(sel))]
-      med = [r["variants"].get(codec, {}).get("median_ms", 0) for r in sel]
-      lo = [m - r["variants"].get(codec, {}).get("p25_ms", m) for m, r in zip(med, sel)]
-      hi = [r["variants"].get(codec, {}).get("p75_ms", m) - m for m, r in zip(med, sel)]
+      base = [r["variants"]["raw"]["median_ms"] for r in sel]
+      med = [r["variants"].get(codec, {}).get("median_ms", 0) / b for r, b in zip(sel, base)]
+      lo = [m - r["variants"].get(codec, {}).get("p25_ms", m * b) / b for m, r, b in zip(med, sel, base)]
+      hi = [r["variants"].get(codec, {}).get("p75_ms", m * b) / b - m for m, r, b in zip(med, sel, base)]
       ax.bar(xs, med, width, yerr=[lo, hi], color=colors[codec], label=codec, capsize=2)
+    ax.axhline(1.0, color="#7f7f7f", lw=0.8, ls="--")
     for i, r in enumerate(sel):
-      top = max(v["p75_ms"] for v in r["variants"].values())
-      comp = [c for c in ("zipccl", "entropy", "auto") if r["variants"].get(c)]
-      if comp and r["variants"].get("raw"):
+      top = max(v["p75_ms"] for v in r["variants"].values()) / r["variants"]["raw"]["median_ms"]
+      comp = [c for c in colors if c not in ("raw", "lax", "planned-raw") and r["variants"].get(c)]
+      if comp:
         best = min(comp, key=lambda c: r["variants"][c]["median_ms"])
         ax.annotate(f"{best} {_ratio(r, best, 'raw')}x", (i, top), ha="center", va="bottom",
                     fontsize=8)
     ax.set_xticks(range(len(sel)), labels)
-    ax.set_ylabel("step time, ms (median, p25-p75)")
+    ax.set_ylabel("step time / raw's (median, p25-p75)")
     ax.set_title(f"{nproc} processes, {args.rate} (label: fastest compressed / raw)",
                  fontsize=10)
     ax.legend(fontsize=8)

@@ -61,15 +61,15 @@ def test_netns_train_lists_the_plan_or_raw_comparisons():
   assert nt._comparisons([row]) == []   # pylint: disable=protected-access
 
 
-def test_netns_train_lists_the_steps_left_out():
-  """The report names the timed steps a variant's median left out (another variant
-  compiling ahead), and says so when they were all of them."""
+def test_netns_train_lists_the_steps_timed_and_left_out():
+  """Under the table, each example's timed steps, and the steps a variant's median left
+  out (another variant compiling ahead), saying so when they were all of them."""
   from benchmarks import netns_train as nt
   row = {"example": "train_moe", "steps": 100, "warmup": 60, "variants": {
       "raw": {"timed_steps": 31}, "planned-auto": {"timed_steps": 40},
       "lax": {"timed_steps": 0}, "old": {}}}
-  assert nt._left_out([row]) == [   # pylint: disable=protected-access
-      "- train_moe: timed steps left out of the median of 40 (another variant compiling "
-      "ahead on the same cores): raw 9, lax 40 (all: the median keeps them)", ""]
+  assert nt._timing([row]) == [   # pylint: disable=protected-access
+      "- train_moe: median over steps 61-100; left out (another variant compiling ahead on "
+      "the same cores): raw 9, lax 40 (all: the median keeps them)", ""]
   row["variants"] = {"raw": {"timed_steps": 40}}
-  assert nt._left_out([row]) == []   # pylint: disable=protected-access
+  assert nt._timing([row]) == ["- train_moe: median over steps 61-100", ""]   # pylint: disable=protected-access
