@@ -78,8 +78,9 @@ def test_simt_emulator_catches_broken_entropy_kernels(tmp_path, old, new):
   to v3's: the emulator must fail."""
   cuda = tmp_path / "cuda"
   shutil.copytree(ROOT / "cuda", cuda)
-  parts = [cuda / name for name in ("entropy.cu", "entropy_encode.cuh", "entropy_decode.cuh",
-                                    "entropy_decode_rows.cuh", "entropy_device.cuh")]
+  parts = [cuda / name for name in ("entropy.cu", "entropy_encode.cuh", "entropy_encode_rows.cuh",
+                                    "entropy_decode.cuh", "entropy_decode_rows.cuh",
+                                    "entropy_device.cuh")]
   hits = [p for p in parts if old in p.read_text()]
   assert len(hits) == 1 and hits[0].read_text().count(old) == 1, \
       f"mutation anchor not found once in the entropy kernels: {old!r}"
