@@ -122,34 +122,34 @@ def _collectives(case: str, pid: int, out: dict) -> None:
       == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
 
 
-def _slow_builds_ahead(seconds: float = 1.5) -> None:
-  """This process's builds on the worker thread take `seconds` longer: the processes
-  hold a plan compiled ahead at different steps, and must switch to it at the same."""
+def _on_builds_ahead(before) -> None:
+  """before() runs ahead of each of this process's builds on the worker thread (the
+  builds on the caller's thread are left alone)."""
   import threading
   from zipccl_jax._src import planned
   build = planned.Planned._build
 
-  def slow(wrapper, plan, args, kwargs):
+  def wrapped(wrapper, plan, args, kwargs):
     if threading.current_thread() is not threading.main_thread():
-      time.sleep(seconds)
+      before()
     return build(wrapper, plan, args, kwargs)
 
-  planned.Planned._build = slow
+  planned.Planned._build = wrapped
+
+
+def _slow_builds_ahead(seconds: float = 1.5) -> None:
+  """This process's builds on the worker thread take `seconds` longer: the processes
+  hold a plan compiled ahead at different steps, and must switch to it at the same."""
+  _on_builds_ahead(lambda: time.sleep(seconds))
 
 
 def _fail_builds_ahead() -> None:
   """This process's builds on the worker thread fail (as a compile that runs out of
   memory would), the others' succeed."""
-  import threading
-  from zipccl_jax._src import planned
-  build = planned.Planned._build
+  def fail():
+    raise MemoryError("simulated: the compiler ran out of memory")
 
-  def fail(wrapper, plan, args, kwargs):
-    if threading.current_thread() is not threading.main_thread():
-      raise MemoryError("simulated: the compiler ran out of memory")
-    return build(wrapper, plan, args, kwargs)
-
-  planned.Planned._build = fail
+  _on_builds_ahead(fail)
 
 
 def _disagreeing_clocks(f, pid: int) -> int:
