@@ -386,7 +386,7 @@ def plot(rows, args, path: Path) -> bool:
   colors = {"zipccl": "#1f77b4", "planned": "#aec7e8", "entropy": "#9467bd",
             "planned-entropy": "#c5b0d5", "auto": "#2ca02c", "planned-auto": "#98df8a",
             "planned-raw": "#c7c7c7", "raw": "#7f7f7f", "lax": "#ff7f0e"}
-  fig, axes = plt.subplots(1, len(args.procs), figsize=(6.5 * len(args.procs), 4), squeeze=False)
+  fig, axes = plt.subplots(1, len(args.procs), figsize=(6.5 * len(args.procs), 4.6), squeeze=False)
   for ax, nproc in zip(axes[0], args.procs):
     # step time / raw's: the examples' steps differ by 30x
     sel = [r for r in rows if r["procs"] == nproc and r["variants"].get("raw")]
@@ -395,10 +395,12 @@ def plot(rows, args, path: Path) -> bool:
     width = 0.85 / max(len(shown), 1)
     for j, codec in enumerate(shown):
       xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(sel))]
+      # an example without this variant gets no bar (NaN)
+      v = [r["variants"].get(codec, {}) for r in sel]
       base = [r["variants"]["raw"]["median_ms"] for r in sel]
-      med = [r["variants"].get(codec, {}).get("median_ms", 0) / b for r, b in zip(sel, base)]
-      lo = [m - r["variants"].get(codec, {}).get("p25_ms", m * b) / b for m, r, b in zip(med, sel, base)]
-      hi = [r["variants"].get(codec, {}).get("p75_ms", m * b) / b - m for m, r, b in zip(med, sel, base)]
+      med = [x.get("median_ms", float("nan")) / b for x, b in zip(v, base)]
+      lo = [m - x.get("p25_ms", m * b) / b if x else 0 for m, x, b in zip(med, v, base)]
+      hi = [x.get("p75_ms", m * b) / b - m if x else 0 for m, x, b in zip(med, v, base)]
       ax.bar(xs, med, width, yerr=[lo, hi], color=colors[codec], label=codec, capsize=2)
     ax.axhline(1.0, color="#7f7f7f", lw=0.8, ls="--")
     for i, r in enumerate(sel):
@@ -412,7 +414,7 @@ def plot(rows, args, path: Path) -> bool:
     ax.set_ylabel("step time / raw's (median, p25-p75)")
     ax.set_title(f"{nproc} processes, {args.rate} (label: fastest compressed / raw)",
                  fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.08))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   return True
