@@ -16,8 +16,9 @@ psum whose leaves share transports, the plans compiled ahead and slower to build
 every process but the first; the report adds the plan's slots and per step whether
 a plan was in force; "planned_gate": the processes' clocks disagree on whether
 the plan or raw words is faster, the report adds the comparisons;
-"planned_build_fails": the last process's builds ahead fail, the report adds the
-calls that returned). exchange_absent:
+"planned_build_fails_ahead" / "planned_build_fails_here": the last process's builds
+on the worker thread / on the caller's fail, the report adds the calls that
+returned). exchange_absent:
 the last process skips an exchange between processes
 (compat.exchange_across_processes, 3 s timeout) that the others make.
 """
@@ -82,20 +83,20 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   f = jit(jax.shard_map(_call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=specs))
   if case == "planned_same" and pid != 0:
     _slow_builds_ahead()
-  if case == "planned_build_fails" and pid == jax.process_count() - 1:
-    _fail_builds_ahead()
+  if case.startswith("planned_build_fails") and pid == jax.process_count() - 1:
+    _fail_builds(ahead=case == "planned_build_fails_ahead")
 
   def want(v):
     outs = [zc.compressed_all_gather(v, "x", tiled=True, codec="raw"), zc.compressed_psum(v, "x", codec="raw")]
     return outs + (zc.compressed_psum([v, v[:, :2048] * 0.5], "x", codec="raw") if len(specs) > 2 else [])
 
   raw = jax.jit(jax.shard_map(want, mesh=mesh, in_specs=P("x"), out_specs=specs))
-  from zipccl_jax._src import planned as planned_lib
+  from zipccl_jax._src import planned_exchange
   # measure, then planned steps: "planned_same" past two epochs of the exchange's keys
-  steps = 2 * planned_lib.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
+  steps = 2 * planned_exchange.EXCHANGE_EPOCH + 3 if case == "planned_same" else 3 if planned else 1
   if case == "planned_gate":
     steps = _disagreeing_clocks(f, pid)
-  if case == "planned_build_fails":
+  if case.startswith("planned_build_fails"):
     steps = 10**6   # until the error (or the deadline: no error is reported)
   ran = []   # per step: whether a plan was in force (the step ran it)
   k, deadline = 0, time.monotonic() + 120
@@ -122,17 +123,20 @@ def _collectives(case: str, pid: int, out: dict) -> None:
       == np.asarray(b.addressable_data(0)).view(np.uint16).tobytes() for a, b in zip(got, want))
 
 
-def _on_builds_ahead(before) -> None:
-  """before() runs ahead of each of this process's builds on the worker thread (the
-  builds on the caller's thread are left alone)."""
+def _on_builds(after, ahead: bool = True) -> None:
+  """after() runs at the end of each of this process's builds on the worker thread
+  (ahead), or on the caller's thread (not ahead), once the trace and its exchanges
+  with the other processes are done (as a compile would end); the other builds are
+  left alone."""
   import threading
   from zipccl_jax._src import planned
   build = planned.Planned._build
 
   def wrapped(wrapper, plan, args, kwargs):
-    if threading.current_thread() is not threading.main_thread():
-      before()
-    return build(wrapper, plan, args, kwargs)
+    program = build(wrapper, plan, args, kwargs)
+    if (threading.current_thread() is not threading.main_thread()) == ahead:
+      after()
+    return program
 
   planned.Planned._build = wrapped
 
@@ -140,16 +144,16 @@ def _on_builds_ahead(before) -> None:
 def _slow_builds_ahead(seconds: float = 1.5) -> None:
   """This process's builds on the worker thread take `seconds` longer: the processes
   hold a plan compiled ahead at different steps, and must switch to it at the same."""
-  _on_builds_ahead(lambda: time.sleep(seconds))
+  _on_builds(lambda: time.sleep(seconds))
 
 
-def _fail_builds_ahead() -> None:
-  """This process's builds on the worker thread fail (as a compile that runs out of
-  memory would), the others' succeed."""
+def _fail_builds(ahead: bool) -> None:
+  """This process's builds on the worker thread (ahead) or on the caller's fail (as a
+  compile that runs out of memory would), the others' succeed."""
   def fail():
     raise MemoryError("simulated: the compiler ran out of memory")
 
-  _on_builds_ahead(fail)
+  _on_builds(fail, ahead)
 
 
 def _disagreeing_clocks(f, pid: int) -> int:

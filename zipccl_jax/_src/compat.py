@@ -334,7 +334,7 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
   by process 0 once this exchange completes. Safe when every key under it belongs
   to an exchange before this one: every process has published `key`, so every
   process has finished reading those. A job exchanging every step passes one such
-  directory now and then (`Planned._exchange_blobs`), keeping the store O(1)
+  directory now and then (`planned_exchange.Exchanges.blobs`), keeping the store O(1)
   without a delete round trip per step.
 
   The client is JAX's (jax._src.distributed, no public spelling).

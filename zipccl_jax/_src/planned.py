@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import itertools
 import time
-import zlib
 from typing import Callable
 
 import jax
 import numpy as np
 
-from zipccl_jax._src import compat
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
+from zipccl_jax._src import planned_exchange as exchange_lib
 from zipccl_jax._src import planned_gate as gate_lib
 from zipccl_jax._src import planned_io
 from zipccl_jax._src import planned_programs as programs_lib
@@ -56,9 +55,7 @@ from zipccl_jax._src.planned_sites import RAW, Trace, tracing
 from zipccl_jax._src.planned_slots import (HEADROOM, MAX_HEADROOM, SHRINK_MIN, SHRINK_WINDOW,
                                            slot_for as _slot_for, window_target)
 
-EXCHANGE_TIMEOUT_S = 600.0
 CLOCK_UNIT_S = 1e-5      # the exchanged clocks' unit (int32: up to ~6 h)
-EXCHANGE_EPOCH = 64      # exchanges per directory of the coordinator's store (`_exchange_blobs`)
 
 _ALIGN = ladder_lib.ALIGN
 _ledgers = itertools.count(1)
@@ -69,11 +66,6 @@ def _compresses(plan) -> bool:
   its slot) and keep their donated arguments for a re-run; the measuring program
   (None) and plans of raw sites only cannot fail, and take them."""
   return plan is not None and any(p != RAW for p in plan)
-
-
-def _fingerprint(sites: list, plan) -> int:
-  text = repr(([s[0] for s in sites], plan))
-  return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
 def _aval(x) -> tuple:
@@ -110,7 +102,7 @@ class Planned:
     self._static = tuple(np.atleast_1d(jit_kwargs.get("static_argnums", ())).tolist())
     self._ledger = next(_ledgers)
     self._states: dict = {}
-    self._steps = 0
+    self._exchanges = exchange_lib.Exchanges(self._ledger)
     self._loaded: dict = {}
     self.__wrapped__ = fun
     self.__name__ = getattr(fun, "__name__", "planned")
@@ -159,25 +151,20 @@ class Planned:
     aborts on and NCCL may hang in, so they must fail here, on every process, before
     any runs."""
     key = (plan, programs_lib.layout(args, kwargs, self._static))
-    program, built = state.programs.get(key, lambda: self._build(plan, args, kwargs))
+    try:
+      program, built = state.programs.get(key, lambda: self._build(plan, args, kwargs))
+    except Exception:
+      # a build that failed here only (a compile out of memory): the others are about
+      # to compare programs with this one. Not after a failed switch (`_switch`): the
+      # others stopped there.
+      if plan not in state.checked and not state.next_failed:
+        self._exchanges.no_program()
+      raise
     if plan not in state.checked:
-      mine = np.asarray([_fingerprint(program.sites, plan), len(program.sites)], np.int32)
-      blobs = self._exchange_blobs(mine)
-      if blobs is not None:
-        self._check_same(np.frombuffer(b, np.int32) for b in blobs)
+      self._exchanges.compare_programs(self.__name__, program.sites, plan)
       state.checked.add(plan)
     state.sites = list(program.sites)
     return program, built
-
-  def _check_same(self, every) -> None:
-    every = list(every)
-    differ = [i for i, e in enumerate(every) if e.size != every[0].size or e[0] != every[0][0]]
-    if differ:
-      raise RuntimeError(
-          f"zipccl_jax.jit: the processes traced {self.__name__} into different call sites or "
-          f"plans (processes {differ} differ from process 0): they pass different codec=, "
-          "chunks= or options, or hold different calibrations or saved plans. Every process "
-          "must run the same program.")
 
   def _state(self, key) -> _State:
     state = self._states.get(key)
@@ -303,7 +290,7 @@ class Planned:
     """Ends a comparison of the plan with raw words: the same decision on every
     process, from every process's numbers (planned_gate.py)."""
     mine = gate.mine()
-    blobs = self._exchange_blobs(np.asarray(mine, np.float64))
+    blobs = self._exchanges.blobs(np.asarray(mine, np.float64))
     gate.decide([mine] if blobs is None else [np.frombuffer(b, np.float64) for b in blobs])
 
   def _measure(self, state: _State, args, kwargs):
@@ -460,17 +447,6 @@ class Planned:
     state.used = used
     return out, used, bad
 
-  def _exchange_blobs(self, mine: np.ndarray) -> list | None:
-    """Every process's `mine` (exchange number self._steps, per wrapper); the
-    coordinator's store keeps this epoch's and the previous epoch's entries."""
-    self._steps += 1
-    s, epoch = self._steps, self._steps // EXCHANGE_EPOCH
-    # keys plan<ledger>/<epoch>/<exchange>/<process>: the epoch before this one is
-    # dropped as a whole at an epoch's first exchange (no delete round trip per step)
-    forget = f"plan{self._ledger}/{epoch - 1}" if epoch and s % EXCHANGE_EPOCH == 0 else None
-    return compat.exchange_across_processes(f"plan{self._ledger}/{epoch}/{s}", mine.tobytes(),
-                                            EXCHANGE_TIMEOUT_S, forget=forget)
-
   def _exchange(self, state: _State, plan, table: list) -> list:
     """The mailbox tables of every process (per site: used size, decode failures),
     then their clocks (the window's steps, the last compile; CLOCK_UNIT_S) and
@@ -480,7 +456,7 @@ class Planned:
     different collectives)."""
     n = len(state.sites or ())
     mine = np.full(5 + 2 * n, -1, np.int32)
-    mine[0] = _fingerprint(state.sites or [], plan)
+    mine[0] = exchange_lib.fingerprint(state.sites or [], plan)
     mine[1] = n
     t = np.asarray(table[:2 * n], np.int32)
     mine[2:2 + t.size] = t
@@ -490,10 +466,10 @@ class Planned:
     if state.next is not None:
       key = state.next_key
       mine[4 + 2 * n] = 2 if state.programs.failed(key) else int(not state.programs.ready(key))
-    blobs = self._exchange_blobs(mine)
+    blobs = self._exchanges.blobs(mine)
     every = [mine] if blobs is None else [np.frombuffer(b, np.int32) for b in blobs]
     if blobs is not None:
-      self._check_same(every)
+      exchange_lib.check_same(self.__name__, every)
     if state.next is not None:
       state.next_failed = [p for p, e in enumerate(every) if e[4 + 2 * n] == 2]
     return np.max(np.stack(every), axis=0)[2:].tolist()
