@@ -155,9 +155,8 @@ class Planned:
       program, built = state.programs.get(key, lambda: self._build(plan, args, kwargs))
     except Exception:
       # a build that failed here only (a compile out of memory): the others are about
-      # to compare programs with this one. Not after a failed switch (`_switch`): the
-      # others stopped there.
-      if plan not in state.checked and not state.next_failed:
+      # to compare programs with this one
+      if plan not in state.checked:
         self._exchanges.no_program()
       raise
     if plan not in state.checked:
@@ -260,10 +259,12 @@ class Planned:
     this one on. The cost of its compile to the steps (the ski-rental rule's, in
     `_replan_from_window`) is what the steps since it started took beyond their mean
     time before it, when measured, else the last such cost, else its build time."""
-    if state.next_failed and not state.programs.failed(state.next_key):
-      # every process stops at this step, where the ones whose build failed raise
-      # its error (`Programs.get`, in `_checked`): the others would wait for them
-      # in the next exchange
+    if state.next_failed:
+      # every process stops at this step: the ones whose build failed with its error
+      # (`Programs.get` raises it), the others naming them (they would wait for them
+      # in the next exchange)
+      if state.programs.failed(state.next_key):
+        state.programs.get(state.next_key, None)
       raise RuntimeError(
           f"zipccl_jax.jit: the program of a new plan for {self.__name__} failed to build "
           f"ahead on process(es) {state.next_failed} (the error is raised there); every "
