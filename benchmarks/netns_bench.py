@@ -12,8 +12,8 @@ network. For every (processes, link) setting it times
                (policy="always"), and "entropy" when that codec is registered
   chunks       --chunks 1,auto,4 adds, per compressing codec, the variants
                "<codec>@auto" and "<codec>@4": the same codec with chunks="auto"
-               / chunks=4 (docs/design.md, "Transport"); "<codec>" alone is chunks=1,
-               the unchunked program. "@auto" is what the library picks with the
+               / chunks=4 (docs/design.md, "Transport: the slot ladder");
+               "<codec>" alone is chunks=1, the unchunked program. "@auto" is what the library picks with the
                calibration of the last link in --links (1 on XLA:CPU, where no
                overlap was measured, unless ZIPCCL_OVERLAP is set).
   data         gaussian (bf16, sigma 0.02), weights (Student-t(5) tensors of

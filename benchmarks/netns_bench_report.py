@@ -65,7 +65,7 @@ def summarize(args, results, codecs, net_note, elapsed, failures) -> dict:
     # stats' raw_bytes). Not over codec="raw"'s own call: on CPU an all-to-all
     # transport's rungs hand N - 1 rows to XLA (permutes; the own row stays) where
     # the plain uncompressed path hands N (lax.all_to_all), so the two stats count
-    # different rows (docs/design.md, "Transport").
+    # different rows (docs/design.md, "Transport: the slot ladder").
     for c in [str(x) for x in codecs]:
       k = (procs, mib, coll, c, data)
       if k in taken and taken[k][1]:

@@ -192,7 +192,7 @@ def codec_bytes(hlo_text: str) -> dict:
   rung decodes the same rows). Encoded bytes = the encode operand (the raw rows),
   decoded bytes = the decode's first result (the rows it writes), less one row
   per call whose skip operand is not a constant: the transport's own row, which
-  the CPU handlers do not code (docs/design.md, "The own row is not coded").
+  the CPU handlers do not code (docs/design.md, "Transport: the slot ladder").
 
   Returns:
     {"encoded": bytes, "decoded": bytes, "encode_calls": count, "decode_calls": count}.

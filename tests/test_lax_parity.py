@@ -7,7 +7,7 @@
   collective is the same compressed collective applied to the tangent; reverse mode
   still runs the compressed transposed collective.
 * NaN payloads: the compressed gathers keep every NaN's bits, while lax on XLA:CPU
-  canonicalises bf16 NaNs (docs/design.md, "Semantics").
+  canonicalises bf16 NaNs (docs/design.md, "Collectives: semantics").
 """
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ def test_nan_payloads_are_kept(mesh8):
 
   XLA:CPU moves a bf16 collective as f32 and converts back, which turns every bf16 NaN
   into the canonical quiet NaN of its sign (0x7fc1, 0x7f81 -> 0x7fc0; 0xffc3 -> 0xffc0).
-  The library moves bits and keeps them (docs/design.md, "Semantics"): its result is
+  The library moves bits and keeps them (docs/design.md, "Collectives: semantics"): its result is
   the lax op applied to the uint16 words.
   """
   words = np.array([0x7fc1, 0x7f81, 0xffc3, 0x7fff, 0xffa5, 0x7fc0, 0x3f80, 0x8000], np.uint16)

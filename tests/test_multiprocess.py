@@ -60,7 +60,7 @@ def test_collectives_across_processes(tmp_path, nproc, local):
 
 def test_chunked_collectives_across_processes(tmp_path):
   """ZIPCCL_CHUNKS=2: every compressed row moves in two chunks (docs/design.md,
-  "Overlap"), each with its own agreement across the processes; the same checks."""
+  "Transport: the slot ladder"), each with its own agreement across the processes; the same checks."""
   results = _launch(tmp_path, 2, 1, {"ZIPCCL_CHUNKS": "2"})
   for pid, r in enumerate(results):
     assert r["ok"], f"worker {pid}: " + "\n".join(r["errors"])

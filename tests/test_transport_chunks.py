@@ -1,4 +1,4 @@
-"""Chunked transports (`chunks=`, zipccl_jax/_src/transport.py; docs/design.md, "Overlap").
+"""Chunked transports (`chunks=`, zipccl_jax/_src/transport.py; docs/design.md, "Transport: the slot ladder").
 
 A compressed row is moved in C column chunks, each its own ladder transport
 (encode, agreement, slot switch). Checked here: the chunk boundaries; the five

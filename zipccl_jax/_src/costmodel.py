@@ -94,7 +94,7 @@ def compressed_row_bytes(raw_row_bytes: int, ratio: float) -> int:
 
 
 # Platforms whose codec handlers skip the transport's own row (docs/design.md,
-# "The own row is not coded"); the CUDA handlers code every row.
+# "Transport: the slot ladder"); the CUDA handlers code every row.
 SKIPS_OWN_ROW = frozenset({"cpu"})
 
 

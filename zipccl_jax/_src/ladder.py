@@ -24,7 +24,7 @@ _ALIGN = ALIGN
 # compiles to custom calls and collectives only on XLA:CPU (a gather or permute
 # rung cuts its slot with `row_prefix`, an all-to-all rung is N - 1 permutes of
 # `a2a_slot`), ~0 kernels and a few ms of compile time per rung, so all
-# transports get the same fine ladder (docs/design.md, "Transport").
+# transports get the same fine ladder (docs/design.md, "Transport: the slot ladder").
 LADDER_GROWTH = ((1, 100), (1, 20))   # (fine, coarse) growth per rung, exact fractions
 FINE_RUNGS = 24
 MAX_RUNGS = 32

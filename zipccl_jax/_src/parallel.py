@@ -18,7 +18,7 @@ mesh axis, so that those collectives are the compressed ones:
   loss is each device's `loss_fn` on its part, averaged over the axis: the
   gradient is that of the mean loss, as with jit (same-size parts).
 
-The sums are float32 in rank order (docs/design.md, "Semantics"), so the result
+The sums are float32 in rank order (docs/design.md, "Collectives: semantics"), so the result
 is bit-identical to `codec="raw"` and deterministic; it may differ from jit's
 psum in the last bits (XLA picks its own order). Other mesh axes see replicated
 values: the specs may name only `axis`.

@@ -47,7 +47,7 @@ class Plan(NamedTuple):
   raw_row: int                 # raw bytes of one row: m * itemsize
   codec: Any = None            # registry.Codec when compress
   rungs: tuple = ()            # compressed slot sizes (bytes per row); the raw rung is implicit
-  # Chunked transport (docs/design.md, "Transport"): the row's elements [a, b) of
+  # Chunked transport (docs/design.md, "Transport: the slot ladder"): the row's elements [a, b) of
   # each chunk and the chunk's own plan (its own ladder). Empty: one chunk, the
   # unchunked program.
   bounds: tuple = ()

@@ -1,5 +1,5 @@
 """The planned transport: `zipccl_jax.jit`, static slots decided before the step and
-validated after it (docs/design.md, "Planned transport").
+validated after it (docs/planned.md).
 
 Under `zipccl_jax.jit(fun)` every compressed ladder transport traced in `fun` is a
 *call site*, numbered in trace order (tracing is deterministic, so every process
@@ -520,7 +520,7 @@ class Planned:
     return [] if state is None else list(state.gate.comparisons)
 
   def save_plans(self, path: str) -> None:
-    """Writes every plan made so far (JSON, docs/design.md "Plans"), so that a
+    """Writes every plan made so far (JSON, docs/planned.md "Plans"), so that a
     restart with `load_plans` starts planned; written atomically."""
     planned_io.save(path, self.__name__, [(_key_text(k), s.sites, self._plan_ahead(s))
                                           for k, s in self._states.items()
@@ -552,12 +552,12 @@ def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,
     fun: the step function, as for `jax.jit`.
     compare_raw: every so often, time 16 steps of the plan against 16 steps of raw
       words (which need no validation) and run the faster until the next
-      comparison (`comparisons()`; docs/design.md, "Planned or raw"). Results are
+      comparison (`comparisons()`; docs/planned.md, "Planned or raw"). Results are
       those of codec="raw" either way. False: always the plan.
     compile_ahead: compile a new plan's program on a background thread while the
       steps go on with the program they run (the current plan, or the measuring
       program after an overflow), and switch every process to it at the same step
-      once all hold it (docs/design.md, "Compiling ahead"). `fun` is then traced on
+      once all hold it (docs/planned.md, "Compiling ahead"). `fun` is then traced on
       that thread, under the caller's thread-local jax settings (context managers
       such as `jax.default_device`); where those cannot be carried over, the
       program is built on the caller's thread when needed instead. False: every
@@ -567,7 +567,9 @@ def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,
       again: the measuring steps (the first calls, re-runs, probes) and steps of raw
       words (the plan has no compressed site, or the comparison chose raw words).
       A step of a plan with a compressed site keeps them, for the re-run an
-      overflow needs; a caller must treat donated arguments as consumed either way.
+      overflow needs: its new state goes to fresh buffers, so the state is held
+      twice during the step, and XLA:CPU reads it once more (docs/planned.md,
+      "Contract"). A caller must treat donated arguments as consumed either way.
 
   Returns:
     A callable like `jax.jit(fun)`, with `.lower`, `.is_planned()`, `.site_stats()`,

@@ -11,7 +11,7 @@ Before a program's first run the processes compare a fingerprint of what they
 traced (the sites' signatures and the plan): processes whose programs differ would
 issue collectives of different sizes, which gloo aborts on and NCCL may hang in. A
 process whose build of that program failed exchanges NO_PROGRAM instead, so the
-others stop with it rather than wait out the timeout (docs/design.md, "Compiling
+others stop with it rather than wait out the timeout (docs/planned.md, "Compiling
 ahead").
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Planned or raw: the timed comparison `zipccl_jax.jit` makes between its plan and
-raw words (docs/design.md, "Planned or raw").
+raw words (docs/planned.md, "Planned or raw").
 
 A planned step pays for its validation on the host: the host waits for the step's
 outputs, reads the mailbox and, between processes, makes one exchange through the

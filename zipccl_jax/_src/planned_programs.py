@@ -1,6 +1,6 @@
 """The compiled programs of `zipccl_jax.jit` for one argument signature: built on the
 caller's thread when a step needs one now, or ahead of need on a background thread
-while the steps go on with the program they run (docs/design.md, "Compiling ahead").
+while the steps go on with the program they run (docs/planned.md, "Compiling ahead").
 
 Why ahead: a new plan (the first one, a grown one after an overflow, a shrink)
 compiles the whole step again, 3.6-5 s for the examples' steps on one core: the time

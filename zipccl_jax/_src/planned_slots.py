@@ -1,4 +1,4 @@
-"""How a plan's slots follow the sizes its call sites use (planned.py; docs/design.md,
+"""How a plan's slots follow the sizes its call sites use (planned.py; docs/planned.md,
 "Following the sizes"): the first plan's headroom, a window's target, and what a
 shrink saves. Sizes are in units of ladder.ALIGN (128) bytes as the mailbox records
 them, slots in bytes; RAW (-1) is a site that moves raw words.

@@ -3,7 +3,7 @@ prefix cut, the largest used size of encoded rows, pieces of a bucket's rows, an
 the all-to-all of rows (on CPU as N - 1 collective permutes). Each is a custom call
 on CPU backends, where XLA:CPU would compile the slice, copy or reduction into a
 kernel of its own (compile time grows with every kernel), and plain XLA ops
-elsewhere, with the same bits (docs/design.md, "Transport")."""
+elsewhere, with the same bits (docs/design.md, "Transport: the slot ladder")."""
 from __future__ import annotations
 
 import jax
@@ -191,7 +191,7 @@ def a2a_slot(payload, slot: int, axes, me=None):
   payload's, never sent) back in peer order: the same bytes as the all-to-all.
   Why: XLA:CPU compiles an array all-to-all into a tuple all-to-all of N per-peer
   slice kernels and a concatenate, ~10 kernels per ladder rung, while custom calls
-  and collective permutes compile to no kernel (docs/design.md, "Transport"). Other
+  and collective permutes compile to no kernel (docs/design.md, "Transport: the slot ladder"). Other
   backends (a GPU's NCCL all-to-all) keep lax.all_to_all; the targets' CUDA
   handlers only keep programs lowered for CPU and GPU at once compiling.
 
@@ -219,7 +219,7 @@ def a2a_raw(rows, axes, me=None):
   named in its source-target pairs, the other groups of a transport over one axis
   of a larger mesh included, while an all-to-all's spans its own group. Groups
   that agree on different rungs of one switch must therefore issue the same
-  collectives in the same order (docs/design.md, "Transport"): here N - 1
+  collectives in the same order (docs/design.md, "Transport: the slot ladder"): here N - 1
   permutes with the same pairs on every rung.
   """
   n_peers, m = rows.shape

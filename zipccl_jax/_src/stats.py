@@ -24,8 +24,8 @@ class CollectiveStats:
   all-gather), each in C chunks with `chunks=C` (one transport entry per chunk,
   in order: T = C, or 2C for psum). Each transport encodes its rows, agrees with
   its peers on the largest used size and moves one slot size of a static ladder
-  (the *rung*); the top rung moves the raw words (docs/design.md, "Transport",
-  "Overlap"). Byte totals add up over all of them.
+  (the *rung*); the top rung moves the raw words (docs/design.md, "Transport: the slot
+  ladder"). Byte totals add up over all of them.
 
   The array fields are identical on every participant (typed invariant over
   `axis_name`), so they can leave shard_map with `out_specs=P()` when the input

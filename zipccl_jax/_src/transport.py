@@ -46,7 +46,7 @@ not compress. The decoder's per-row status is kept: rows that fail to decode
 (only a corrupted wire can cause it) are NaN (all-one bits, written by the
 decoder), counted in the stats, and raise when `check_decode` is on.
 
-Chunks (docs/design.md, "Overlap"). A plan with C > 1 chunks splits every row
+Chunks (docs/design.md, "Transport: the slot ladder"). A plan with C > 1 chunks splits every row
 into C column ranges (`chunk_bounds`) and runs the whole ladder above (encode,
 agree, switch) once per chunk, each with its own ladder; the received chunks are
 concatenated, so the result is the same bits as one transport. Chunking is a
@@ -267,7 +267,7 @@ def _chunked(rows, plan, run):
   The chunks are transports in program order: chunk k+1's encode depends on
   nothing of chunk k, so a scheduler that overlaps independent ops may run it
   during chunk k's collective; only its agreement waits for chunk k's (`_ladder`'s
-  `after`), which keeps the agreements apart (docs/design.md, "Overlap").
+  `after`), which keeps the agreements apart (docs/design.md, "Transport: the slot ladder").
   """
   ys, parts = [], []
   prev = None

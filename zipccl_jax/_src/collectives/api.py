@@ -51,7 +51,7 @@ _OPTIONS_DOC = """
     chunks: split each compressed row into this many chunks, each its own
       transport (encode, agreement, slot switch), so that a backend that runs
       independent ops concurrently can overlap one chunk's codec with another's
-      transfer (docs/design.md, "Overlap"); same bits for every count. "auto":
+      transfer (docs/design.md, "Transport: the slot ladder"); same bits for every count. "auto":
       the calibrated cost model's count (`costmodel.best_chunks`), 1 without a
       calibration or where no overlap is known (XLA:CPU). None: the environment's
       ZIPCCL_CHUNKS, else "auto". An int in [1, 16]; 1 is the unchunked program.

@@ -6,7 +6,7 @@ planner for each transport's plan (plan.py), moves the rows (transport.py) and
 reassembles lax's result. `Cfg` is a call's static configuration (a custom_vjp
 nondiff argument).
 
-Exactness (docs/design.md, "Semantics"): all_gather, all_to_all and ppermute
+Exactness (docs/design.md, "Collectives: semantics"): all_gather, all_to_all and ppermute
 return the input's bits for every input; psum_scatter and psum sum the exactly
 transported chunks in rank order in float32 and round once, identical for every
 codec and codec="raw".
