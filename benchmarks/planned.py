@@ -1,6 +1,7 @@
 """Planned transport (`zipccl_jax.jit`) vs the slot ladder vs plain lax, side by side.
 
-    python benchmarks/planned.py [--layers 2,8,32] [--leaves 200] [--rounds 2] [--steps 20]
+    python benchmarks/planned.py [--layers 2,8,32] [--leaves 200] [--rounds 3] [--steps 20]
+                                 [--state-mib 288]
     -> benchmarks/results/planned.md (+ .json)
 
 On 8 simulated CPU devices (one process), interleaved in the same run, `rounds`
@@ -15,10 +16,16 @@ times (medians reported; a shared 2-core machine is noisy):
 3. Wire bytes of the planned slots against the rung the ladder takes, on gradient-like
    and weight-like bf16 data (all_gather and psum_scatter).
 4. Step time of the 8-layer FSDP step (shared memory: the codec's cost, no link).
+5. What a planned step's kept arguments cost: an Adam update of `--state-mib` MiB of
+   f32 state (parameters and two moments) on one device, donated (as jax.jit, the
+   ladder and steps of raw words run it) against kept (a planned step with a
+   compressed site keeps its inputs for the re-run an overflow needs, so XLA writes
+   the new state to fresh buffers instead of in place).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -117,6 +124,10 @@ def dp_args(mesh, leaves: int, seed: int = 1):
 
 
 def _timed(fn):
+  # garbage of earlier measurements (compiled programs, traces) is collected first,
+  # so that no measurement pays for another's (it made the planned compile's time
+  # grow from round to round)
+  gc.collect()
   t0 = time.perf_counter()
   out = fn()
   jax.block_until_ready(out)
@@ -125,9 +136,13 @@ def _timed(fn):
 
 def until_planned(planned, *args):
   """Runs `planned` (a zipccl_jax.jit function) through its measuring steps, so that
-  its next call runs a plan."""
+  its next call runs a plan, and waits for the builds it queued ahead (the raw-words
+  program of its first comparison): a compile timed meanwhile would share the cores
+  with them."""
   while not planned.is_planned(*args):
     jax.block_until_ready(planned(*args))
+  while planned.building():
+    time.sleep(0.05)
 
 
 def compile_round(make, args) -> dict:
@@ -193,12 +208,47 @@ def step_times(mesh, layers: int, steps: int) -> dict:
   return {k: statistics.median(v) for k, v in times.items()}
 
 
+def adam_state(mib: int, leaves: int = 8) -> tuple:
+  """(params, first moments, second moments): `leaves` f32 leaves, `mib` MiB in all."""
+  n = (mib << 20) // (3 * 4 * leaves)
+  ps = [jnp.full((n,), 0.01 * (i + 1), jnp.float32) for i in range(leaves)]
+  return ps, [jnp.zeros_like(p) for p in ps], [jnp.zeros_like(p) for p in ps]
+
+
+def adam_update(state):
+  """One Adam step on a synthetic gradient (read from the parameters in-program)."""
+  ps, ms, vs = state
+  gs = [1e-3 * p for p in ps]
+  ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+  vs = [0.999 * v + 0.001 * g * g for v, g in zip(vs, gs)]
+  return [p - 1e-3 * m / (jnp.sqrt(v) + 1e-8) for p, m, v in zip(ps, ms, vs)], ms, vs
+
+
+def donation_times(mib: int, steps: int) -> dict:
+  """Median seconds of `adam_update` donated vs kept, interleaved step by step."""
+  fns = {"donated": jax.jit(adam_update, donate_argnums=0), "kept": jax.jit(adam_update)}
+  states = {k: jax.tree.map(jnp.copy, adam_state(mib)) for k in fns}
+  times = {k: [] for k in fns}
+  for i in range(steps + 2):   # the first two: compile and first touch
+    for k, f in fns.items():
+      t0 = time.perf_counter()
+      states[k] = jax.block_until_ready(f(states[k]))
+      if i >= 2:
+        times[k].append(time.perf_counter() - t0)
+  same = all(np.asarray(x).tobytes() == np.asarray(y).tobytes()
+             for x, y in zip(jax.tree.leaves(states["donated"]), jax.tree.leaves(states["kept"])))
+  return {**{k: statistics.median(v) for k, v in times.items()}, "same_bits": same}
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--layers", default="2,8,32")
   ap.add_argument("--leaves", type=int, default=200)
-  ap.add_argument("--rounds", type=int, default=2)
+  ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--steps", type=int, default=20)
+  ap.add_argument("--state-mib", type=int, default=288,
+                  help="optimizer state of the donation measurement (default 288 MiB: a "
+                       "25 M-parameter model's f32 parameters and Adam moments)")
   ap.add_argument("--out", default=common.RESULTS)
   args = ap.parse_args(argv)
   mesh = _mesh()
@@ -219,6 +269,7 @@ def main(argv=None) -> int:
     doc["compile"][name] = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
   doc["wire"] = wire_bytes(mesh, 1 << 16)
   doc["step_s"] = step_times(mesh, 8, args.steps)
+  doc["donation_s"] = donation_times(args.state_mib, args.steps)
 
   lines = [f"# Planned transport vs ladder vs lax ({info['date']})", "",
            f"8 simulated CPU devices, one process; {info['cpu']}, {info['usable_cores']} cores, "
@@ -240,7 +291,14 @@ def main(argv=None) -> int:
   lines += ["", "## FSDP step, 8 layers, shared memory (median s)", "",
             "| lax | ladder | planned | ladder / lax | planned / lax |", "|---|---|---|---|---|",
             f"| {s['lax']:.4f} | {s['ladder']:.4f} | {s['planned']:.4f} | "
-            f"{s['ladder'] / s['lax']:.2f}x | {s['planned'] / s['lax']:.2f}x |", ""]
+            f"{s['ladder'] / s['lax']:.2f}x | {s['planned'] / s['lax']:.2f}x |"]
+  d = doc["donation_s"]
+  lines += ["", f"## Kept vs donated state: an Adam update of {args.state_mib} MiB of f32 state "
+            "(median ms)", "",
+            "| donated (jax.jit, ladder, raw words) | kept (planned step) | kept / donated | "
+            "same bits |", "|---|---|---|---|",
+            f"| {d['donated'] * 1e3:.1f} | {d['kept'] * 1e3:.1f} | {d['kept'] / d['donated']:.2f}x | "
+            f"{'yes' if d['same_bits'] else 'NO'} |", ""]
   common.write_report(args.out, "planned", "\n".join(lines), doc)
   return 0
 
