@@ -179,6 +179,11 @@ def run_one(args, tmp: Path, ex: str, nproc: int, rate: str, codecs, steps, tag=
   return res
 
 
+# The variants under jax.jit whose calls take a rung of the ladder per call, in the
+# order the report's 'ladder taken / raw' column looks for them.
+LADDER_VARIANTS = ("zipccl", "entropy", "auto")
+
+
 def _taken(v: dict) -> str:
   """wire / raw bytes of one variant's calls with stats, both from the same stats:
   on CPU an all-to-all transport hands N - 1 rows to XLA on every rung, where the
@@ -246,11 +251,13 @@ def report(rows, args, stem: str) -> str:
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step): a planned "
            "variant (zipccl_jax.jit), its planned slots, what it moves; a ladder variant "
            "(jax.jit), every call on its smallest rung, a lower bound that is not what it moved "
-           "(its calls with stats: 'taken / raw'); 'taken / raw' = the operand bytes the calls with stats moved on the path "
+           "(its calls with stats: 'ladder taken / raw', for the first of "
+           + ", ".join(LADDER_VARIANTS) + " in the run, named in the cell: the operand bytes the calls with stats moved on the path "
            "they took over those of their own raw path (CollectiveStats.wire_bytes / raw_bytes, "
            "means over steps; train_fsdp: the "
            "weight gathers only, its gradient reduce-scatters run inside the gathers' VJP "
-           "and have no stats); 'fallbacks' = steps where such a call fell back. Bit-identical = zipccl and raw losses and final parameters equal bit for "
+           "and have no stats); 'ladder fallbacks' = steps where such a call fell back. "
+           "Bit-identical = every variant's and raw's losses and final parameters equal bit for "
            "bit in every process, and every process saw the same losses.", ""]
   order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "planned-auto", "planned-raw", "raw", "lax")
   labels = [c for c in order if any(c in r["variants"] for r in rows)]
@@ -260,7 +267,7 @@ def report(rows, args, stem: str) -> str:
               "| example | " + "".join(f"{c} ms | " for c in labels)
               + "".join(f"{c} / raw | " for c in others)
               + "".join(f"sent MiB/dev {c} | " for c in labels)
-              + "taken / raw (zipccl) | zipccl fallbacks | bit-identical |",
+              + "ladder taken / raw | ladder fallbacks | bit-identical |",
               "|---|" + "---:|" * (3 * len(labels) - 1 + 2) + "---|"]
     for r in (r for r in rows if r["procs"] == nproc):
       name = r.get("example", "?")
@@ -278,12 +285,15 @@ def report(rows, args, stem: str) -> str:
       def mib(label):
         return f"{v[label]['sent_bytes'] / 2**20:.2f}" if label in v else "-"
 
-      fb = v.get("zipccl", {}).get("fallback_steps", "-")
+      # the first ladder variant (jax.jit: calls that take a rung per call) in the run
+      ladder = next((c for c in LADDER_VARIANTS if c in v), None)
+      taken = f"{_taken(v[ladder])} ({ladder})" if ladder else "-"
+      fb = f"{v[ladder].get('fallback_steps', '-')}/{r['steps']}" if ladder else "-"
       lines.append(
           f"| {name} | " + "".join(f"{ms(c)} | " for c in labels)
           + "".join(f"**{_ratio(r, c, 'raw')}** | " for c in others)
           + "".join(f"{mib(c)} | " for c in labels)
-          + f"{_taken(v.get('zipccl', {}))} | {fb}/{r['steps']} | "
+          + f"{taken} | {fb} | "
           f"{'yes' if r['ok'] else 'NO'} |")
     lines.append("")
     lines += _timing([r for r in rows if r["procs"] == nproc and not r.get("error")])
