@@ -193,6 +193,17 @@ def _taken(v: dict) -> str:
   return f"{w / r:.3f}" if w and r else "-"
 
 
+def _ladder_cells(variants: dict, steps: int) -> tuple[str, str]:
+  """The report's 'ladder taken / raw' and 'ladder fallbacks' cells: those of the
+  first of LADDER_VARIANTS the run has, named in the first ("-" when none is)."""
+  ladder = next((c for c in LADDER_VARIANTS if c in variants), None)
+  if ladder is None:
+    return "-", "-"
+  taken = _taken(variants[ladder])
+  return (taken if taken == "-" else f"{taken} ({ladder})",
+          f"{variants[ladder].get('fallback_steps', '-')}/{steps}")
+
+
 def _comparisons(rows: list) -> list:
   """Lines naming each zipccl_jax.jit variant's timed comparisons of its plan with raw
   words (step, ms per planned / raw step, what it chose), if any ran."""
@@ -285,10 +296,7 @@ def report(rows, args, stem: str) -> str:
       def mib(label):
         return f"{v[label]['sent_bytes'] / 2**20:.2f}" if label in v else "-"
 
-      # the first ladder variant (jax.jit: calls that take a rung per call) in the run
-      ladder = next((c for c in LADDER_VARIANTS if c in v), None)
-      taken = f"{_taken(v[ladder])} ({ladder})" if ladder else "-"
-      fb = f"{v[ladder].get('fallback_steps', '-')}/{r['steps']}" if ladder else "-"
+      taken, fb = _ladder_cells(v, r["steps"])
       lines.append(
           f"| {name} | " + "".join(f"{ms(c)} | " for c in labels)
           + "".join(f"**{_ratio(r, c, 'raw')}** | " for c in others)

@@ -73,3 +73,16 @@ def test_netns_train_lists_the_steps_timed_and_left_out():
       "the same cores): raw 9, lax 40 (all: the median keeps them)", ""]
   row["variants"] = {"raw": {"timed_steps": 40}}
   assert nt._timing([row]) == ["- train_moe: median over steps 61-100", ""]   # pylint: disable=protected-access
+
+
+def test_netns_train_ladder_columns_read_the_first_ladder_variant():
+  """'ladder taken / raw' and 'ladder fallbacks' come from the first of zipccl,
+  entropy, auto the run has (the grid runs entropy), named in the cell."""
+  from benchmarks import netns_train as nt
+  entropy = {"wire_bytes_mean": 30.0, "wire_raw_bytes_mean": 40.0, "fallback_steps": 2}
+  auto = {"wire_bytes_mean": 10.0, "wire_raw_bytes_mean": 40.0, "fallback_steps": 0}
+  cells = nt._ladder_cells   # pylint: disable=protected-access
+  assert cells({"raw": {}, "auto": auto, "entropy": entropy}, 100) == ("0.750 (entropy)", "2/100")
+  assert cells({"raw": {}, "auto": auto}, 100) == ("0.250 (auto)", "0/100")
+  assert cells({"raw": {}, "entropy": {"fallback_steps": 0}}, 50) == ("-", "0/50")
+  assert cells({"raw": {}, "planned-entropy": entropy}, 100) == ("-", "-")
