@@ -463,10 +463,9 @@ class Planned:
     mine[2:2 + t.size] = t
     mine[2 + 2 * n:4 + 2 * n] = [min(round(t / CLOCK_UNIT_S), 2**31 - 1)
                                  for t in (state.own_window_s, state.own_compile_s)]
-    mine[4 + 2 * n] = 0
-    if state.next is not None:
-      key = state.next_key
-      mine[4 + 2 * n] = 2 if state.programs.failed(key) else int(not state.programs.ready(key))
+    key = state.next_key
+    mine[4 + 2 * n] = (0 if state.next is None else 2 if state.programs.failed(key)
+                       else int(not state.programs.ready(key)))
     blobs = self._exchanges.blobs(mine)
     every = [mine] if blobs is None else [np.frombuffer(b, np.int32) for b in blobs]
     if blobs is not None:
