@@ -18,7 +18,9 @@ a plan was in force; "planned_gate": the processes' clocks disagree on whether
 the plan or raw words is faster, the report adds the comparisons;
 "planned_build_fails_ahead" / "planned_build_fails_here": the last process's builds
 on the worker thread / on the caller's fail, the report adds the calls that
-returned). exchange_absent:
+returned; "planned_trace_fails": the last process's first trace raises before its
+first compressed call, the job catches the error and runs three steps, the report
+adds the first error and its time). exchange_absent:
 the last process skips an exchange between processes
 (compat.exchange_across_processes, 3 s timeout) that the others make.
 """
@@ -63,7 +65,21 @@ def _call(jax, zc, case: str, first: bool):
   return body
 
 
-def _collectives(case: str, pid: int, out: dict) -> None:
+def _failing_first_trace(body):
+  """body, whose first trace raises before its first compressed call (a user error
+  on this process only)."""
+  traces = []
+
+  def failing(x):
+    traces.append(1)
+    if len(traces) == 1:
+      raise ValueError("simulated: the step's trace failed on this process")
+    return body(x)
+
+  return failing
+
+
+def _collectives(case: str, pid: int, out: dict, start: float) -> None:
   """The collectives of CASE over every device of every process, into out."""
   import jax
   import ml_dtypes
@@ -80,7 +96,10 @@ def _collectives(case: str, pid: int, out: dict) -> None:
   # planned_same compiles its plans ahead, the other processes' builds slowed down;
   # planned_gate's steps are scripted from the step after the plan
   jit = (functools.partial(zc.jit, compile_ahead=case != "planned_gate") if planned else jax.jit)
-  f = jit(jax.shard_map(_call(jax, zc, case, pid == 0), mesh=mesh, in_specs=P("x"), out_specs=specs))
+  body = _call(jax, zc, case, pid == 0)
+  if case == "planned_trace_fails" and pid == jax.process_count() - 1:
+    body = _failing_first_trace(body)
+  f = jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=specs))
   if case == "planned_same" and pid != 0:
     _slow_builds_ahead()
   if case.startswith("planned_build_fails") and pid == jax.process_count() - 1:
@@ -98,6 +117,11 @@ def _collectives(case: str, pid: int, out: dict) -> None:
     steps = _disagreeing_clocks(f, pid)
   if case.startswith("planned_build_fails"):
     steps = 10**6   # until the error (or the deadline: no error is reported)
+  if case == "planned_trace_fails":   # the job catches the first step's error and goes on
+    try:
+      f(xg)
+    except Exception as e:
+      out["first_error"], out["first_seconds"] = f"{type(e).__name__}: {e}", time.monotonic() - start
   ran = []   # per step: whether a plan was in force (the step ran it)
   k, deadline = 0, time.monotonic() + 120
   # planned_same: the fixed steps count from the plan's first (the switch is agreed,
@@ -181,7 +205,7 @@ def main(argv) -> int:
     if argv[2] == "exchange_absent":
       _exchange_absent(pid)
     else:
-      _collectives(argv[2], pid, out)
+      _collectives(argv[2], pid, out, start)
   except Exception as e:  # the outcome under test: reported, not raised
     out["error"] = f"{type(e).__name__}: {e}"
     if "zipccl_jax" not in str(e):

@@ -172,6 +172,21 @@ def test_a_build_failing_on_one_process_stops_every_process(tmp_path, where, npr
   assert (results[0].get("calls", 0) >= 1) == (where == "ahead")
 
 
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_trace_failing_on_one_process_stops_every_process(tmp_path, nproc):
+  """The last process's first trace raises before its first compressed call, while
+  the others wait inside theirs in the job's check of the decision inputs, which
+  that process never reaches: they stop within seconds, naming it (not after that
+  check's 600 s timeout), and the job that catches the error and goes on runs
+  exact steps on every process."""
+  results = _diverge(tmp_path, nproc, "planned_trace_fails")
+  for pid, r in enumerate(results):
+    want = ("ValueError: simulated: the step's trace failed" if pid == nproc - 1
+            else f"failed to build on process(es) [{nproc - 1}]")
+    assert want in r["first_error"] and r["first_seconds"] < 30 + 30, (pid, r)
+    assert r["error"] is None and r["exact"] is True, (pid, r)
+
+
 def test_processes_that_time_differently_take_one_decision(tmp_path):
   """zipccl_jax.jit's comparison of the plan with raw words (planned_gate.py): the
   processes' clocks disagree (process 0: raw faster; process 1: the plan), and both

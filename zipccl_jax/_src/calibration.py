@@ -558,7 +558,15 @@ def check_agreement_once() -> None:
   _auto_checked = True
 
   def allgather(mine):
-    blobs = compat.exchange_across_processes("decision_inputs", mine.tobytes(), AUTO_CHECK_TIMEOUT_S)
+    global _auto_checked
+    try:
+      blobs = compat.exchange_across_processes("decision_inputs", mine.tobytes(), AUTO_CHECK_TIMEOUT_S)
+    except Exception:
+      # the wait ended without every value (a timeout, or the others' trace failed:
+      # `compat.exchanges_watched`): the next first call checks again (this
+      # process's value stays published, the others read it when they come)
+      _auto_checked = False
+      raise
     if blobs is None:
       return mine[None]
     return np.stack([np.frombuffer(b, mine.dtype) for b in blobs])

@@ -7,6 +7,8 @@ like plain JAX.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import time
 
 import jax
 from jax import lax
@@ -328,7 +330,8 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
   Cost: one set, then either one blocking get per other process (fewer than
   EXCHANGE_BARRIER_FROM processes), or a barrier and one directory read (the
   barrier's id is the key's first component, reused by every exchange of that
-  channel: the exchanges of a channel run in the same order on every process).
+  channel: the exchanges of a channel run in the same order on every process);
+  within `exchanges_watched`, directory reads until every value is there.
 
   forget: a directory of earlier exchanges' keys ("a/b" for keys "a/b/..."), deleted
   by process 0 once this exchange completes. Safe when every key under it belongs
@@ -339,12 +342,17 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
 
   The client is JAX's (jax._src.distributed, no public spelling).
   """
-  client = getattr(getattr(_distributed, "global_state", None), "client", None)
-  if client is None or jax.process_count() == 1:
+  client = _client()
+  if client is None:
     return None
   me, count = jax.process_index(), jax.process_count()
-  client.key_value_set_bytes(f"zipccl_jax/{key}/{me}", value)
-  if count >= EXCHANGE_BARRIER_FROM:
+  # overwrite: a process may publish again under a key whose exchange it left
+  # unfinished (calibration.check_agreement_once after a failed trace)
+  client.key_value_set_bytes(f"zipccl_jax/{key}/{me}", value, allow_overwrite=True)
+  watch = _watch.get()
+  if watch is not None:
+    out = _exchange_watched(key, count, timeout_s, watch)
+  elif count >= EXCHANGE_BARRIER_FROM:
     out = _exchange_by_barrier(client, key, count, timeout_s)
   else:
     out = []
@@ -362,20 +370,78 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
   return out
 
 
+def _client():
+  """The jax.distributed client of a multi-process job, else None."""
+  client = getattr(getattr(_distributed, "global_state", None), "client", None)
+  return None if client is None or jax.process_count() == 1 else client
+
+
+class ExchangeAbandoned(RuntimeError):
+  """A wait of `exchange_across_processes` ended by its `exchanges_watched` check."""
+
+
+# A check that the waits of `exchange_across_processes` poll (`exchanges_watched`):
+# None, or the text of the error that ends the wait.
+_watch: contextvars.ContextVar = contextvars.ContextVar("zipccl_jax_exchange_watch", default=None)
+
+
+@contextlib.contextmanager
+def exchanges_watched(check):
+  """Within it, on this thread, an exchange (`exchange_across_processes`) waits by
+  polling the coordinator's store and calls check() between polls: when it returns an
+  error text (the processes waited for will not come: they failed elsewhere and said
+  so in the store), the wait ends with that error (`ExchangeAbandoned`) instead of
+  its timeout.
+  For waits that happen once (those inside a trace), not per step: polling costs a
+  round trip every 10-200 ms, where the barrier of many processes costs three."""
+  token = _watch.set(check)
+  try:
+    yield
+  finally:
+    _watch.reset(token)
+
+
+def peek_across_processes(key: str) -> dict:
+  """{process: value} of what the processes have published under `key` so far (one
+  directory read; no wait). Empty outside a multi-process job."""
+  client = _client()
+  if client is None:
+    return {}
+  return {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get_bytes(f"zipccl_jax/{key}/")}
+
+
+def _exchange_watched(key: str, count: int, timeout_s: float, watch) -> list:
+  """The values of `exchange_across_processes` by polling its directory, with
+  watch() (-> error text or None) between polls."""
+  deadline, pause = time.monotonic() + timeout_s, 0.01
+  while True:
+    got = peek_across_processes(key)
+    if len(got) == count:
+      return [got[i] for i in range(count)]
+    error = watch()
+    if error is not None:
+      raise ExchangeAbandoned(error)
+    if time.monotonic() > deadline:
+      missing = sorted(set(range(count)) - set(got))
+      raise RuntimeError(f"zipccl_jax: processes {missing} did not publish {key!r} within "
+                         f"{timeout_s:.0f} s (they have not reached the same point of the program)")
+    time.sleep(pause)
+    pause = min(0.2, 2 * pause)
+
+
 def _exchange_by_barrier(client, key: str, count: int, timeout_s: float) -> list:
   """The values of `exchange_across_processes` after a barrier: one directory read."""
-  folder = f"zipccl_jax/{key}/"
   try:
     client.wait_at_barrier(f"zipccl_jax/exchange/{key.split('/')[0]}", int(timeout_s * 1000))
   except Exception as e:  # a timeout or a coordinator error: name who is missing
     try:
-      seen = {int(k.rsplit("/", 1)[-1]) for k, _ in client.key_value_dir_get_bytes(folder)}
+      seen = set(peek_across_processes(key))
     except Exception:  # the coordinator itself failed
       seen = set()
     missing = sorted(set(range(count)) - seen) or "unknown"
     raise RuntimeError(f"zipccl_jax: processes {missing} did not publish {key!r} within {timeout_s:.0f} s "
                        f"(they have not reached the same point of the program: {e})") from None
-  got = {int(k.rsplit("/", 1)[-1]): v for k, v in client.key_value_dir_get_bytes(folder)}
+  got = peek_across_processes(key)
   if sorted(got) != list(range(count)):
     raise RuntimeError(f"zipccl_jax: the exchange {key!r} found values of processes {sorted(got)}, "
                        f"expected 0..{count - 1}")

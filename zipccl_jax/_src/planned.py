@@ -36,6 +36,7 @@ raw words) and kept by planned steps, which a re-run may need them for
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from typing import Callable
@@ -43,6 +44,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from zipccl_jax._src import compat
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import planned_exchange as exchange_lib
@@ -151,15 +153,21 @@ class Planned:
     aborts on and NCCL may hang in, so they must fail here, on every process, before
     any runs."""
     key = (plan, programs_lib.layout(args, kwargs, self._static))
+    compared = plan not in state.checked
+    # a build here, before the comparison: others' failed builds end its trace's
+    # waits (`failed_elsewhere`)
+    watch = (compat.exchanges_watched(lambda: self._exchanges.failed_elsewhere(self.__name__))
+             if compared else contextlib.nullcontext())
     try:
-      program, built = state.programs.get(key, lambda: self._build(plan, args, kwargs))
-    except Exception:
-      # a build that failed here only (a compile out of memory): the others are about
-      # to compare programs with this one
-      if plan not in state.checked:
-        self._exchanges.no_program()
+      with watch:
+        program, built = state.programs.get(key, lambda: self._build(plan, args, kwargs))
+    except Exception as e:
+      # a build that failed here only (a compile out of memory), or stopped because
+      # others' failed: the others are about to compare programs with this one
+      if compared:
+        self._exchanges.stopped(e)
       raise
-    if plan not in state.checked:
+    if compared:
       self._exchanges.compare_programs(self.__name__, program.sites, plan)
       state.checked.add(plan)
     state.sites = list(program.sites)
