@@ -129,7 +129,7 @@ def test_save_is_atomic_and_follows_no_symlink(tmp_path):
 def test_check_agreement_is_symmetric_and_covers_env_knobs(monkeypatch):
   cm.set_calibration(None)
   monkeypatch.setenv(cm.ENV_VAR, "/nonexistent/zipccl-calibration.json")
-  from zipccl_jax._src import calibration as cal_src
+  from zipccl_jax._src import calibration_agreement as cal_src
   mine = cal_src._digest(cm.decision_inputs())
   assert cm.check_agreement(allgather=lambda a: np.stack([a, a]))
   monkeypatch.setenv("ZIPCCL_CHUNKS", "4")

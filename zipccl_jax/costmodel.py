@@ -10,20 +10,18 @@ calibration in force, their static size rule without one. `calibrate`, `project`
 `set_calibration` and `Calibration` are also in `zipccl_jax`.
 """
 from zipccl_jax._src.calibrate import available_codecs, calibrate, sample_ratio, synthetic, used_nbytes
+from zipccl_jax._src.calibration_agreement import (
+    PROGRAM_ENV_VARS, agree_across_processes, check_agreement, decision_inputs)
 from zipccl_jax._src.calibration import (
     ALGORITHMS,
     COLLECTIVES,
     DTYPES,
     ENV_VAR,
-    PROGRAM_ENV_VARS,
     SCHEMA_VERSION,
     Calibration,
     CodecFit,
     LinkFit,
     active_calibration,
-    agree_across_processes,
-    check_agreement,
-    decision_inputs,
     default_calibration,
     default_path,
     load_calibration,

@@ -38,7 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from zipccl_jax._src import row_ops
 from zipccl_jax._src.calibration import (
     DTYPES, Calibration, CodecFit, LinkFit, _RESIDUAL_ALGOS, _platform_name,
-    agree_across_processes, default_calibration, default_path, set_calibration)
+    default_calibration, default_path, set_calibration)
+from zipccl_jax._src.calibration_agreement import agree_across_processes
 from zipccl_jax._src.codecs import api as codec_api
 from zipccl_jax._src.codecs import registry
 from zipccl_jax._src.collectives import api as coll

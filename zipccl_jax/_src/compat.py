@@ -347,7 +347,7 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
     return None
   me, count = jax.process_index(), jax.process_count()
   # overwrite: a process may publish again under a key whose exchange it left
-  # unfinished (calibration.check_agreement_once after a failed trace)
+  # unfinished (calibration_agreement.check_agreement_once after a failed trace)
   client.key_value_set_bytes(f"zipccl_jax/{key}/{me}", value, allow_overwrite=True)
   watch = _watch.get()
   if watch is not None:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from zipccl_jax._src import calibration
+from zipccl_jax._src import calibration_agreement
 from zipccl_jax._src import compat
 from zipccl_jax._src import dtypes
 from zipccl_jax._src import ladder
@@ -111,7 +111,7 @@ def setup(fn, axis_name, codec, policy, stats, tiled=False, check_decode=None, c
   if opts.codec is not None:
     # Processes whose calibration or ZIPCCL_* settings differ would plan different
     # programs: checked once, at the first compressed call of a multi-process job.
-    calibration.check_agreement_once()
+    calibration_agreement.check_agreement_once()
   axes = check_axes(fn, axis_name)
   if not isinstance(tiled, bool):
     raise TypeError(f"{fn}: tiled must be a bool, got {tiled!r}")

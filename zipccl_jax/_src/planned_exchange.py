@@ -80,7 +80,7 @@ class Exchanges:
     caller's thread): the error that stops it when other processes' builds of it
     failed (they sent NO_PROGRAM there: `stopped`), else None. Their failure may
     precede an exchange inside this process's trace (the first compressed call's check of the
-    decision inputs, calibration.py) that they will never reach; this is the
+    decision inputs, calibration_agreement.py) that they will never reach; this is the
     `compat.exchanges_watched` check that ends its wait."""
     failed = sorted(p for p, v in compat.peek_across_processes(self._key(self.count + 1)).items()
                     if np.frombuffer(v, np.int32)[0] == NO_PROGRAM)
