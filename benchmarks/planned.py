@@ -176,9 +176,10 @@ def measure(case: str, variant: str) -> dict:
 
 def compile_round(case: str) -> dict:
   """One round: compile (and first-call) seconds of lax, the ladder and planned, each
-  variant in a fresh process. In one process the measurements skewed one another:
-  the 32-layer planned compile took 1.17x, 1.41x and 1.65x lax's in three rounds
-  after the ladder's 14 s compile, against 1.19x in each of three rounds alone."""
+  variant in a fresh process, as a job compiles its step. In one process the earlier
+  measurements (the ladder's 14 s compile, the garbage of earlier rounds) skewed the
+  later ones: the 32-layer planned compile's ratio to lax's ranged 1.17-1.65x over
+  three rounds."""
   out = {}
   for variant in ("lax", "ladder", "planned"):
     cmd = [sys.executable, os.path.abspath(__file__), "--measure", case, variant]

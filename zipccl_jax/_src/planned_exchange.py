@@ -79,9 +79,9 @@ class Exchanges:
     """While this process builds the program the next exchange compares (on the
     caller's thread): the error that stops it when other processes' builds of it
     failed (they sent NO_PROGRAM there: `stopped`), else None. Their failure may
-    precede an exchange inside this process's trace (the first compressed call's check of the
-    decision inputs, calibration_agreement.py) that they will never reach; this is the
-    `compat.exchanges_watched` check that ends its wait."""
+    precede an exchange inside this process's trace that they will never reach (the
+    first compressed call's check of the decision inputs, calibration_agreement.py);
+    this is the `compat.exchanges_watched` check that ends its wait."""
     failed = sorted(p for p, v in compat.peek_across_processes(self._key(self.count + 1)).items()
                     if np.frombuffer(v, np.int32)[0] == NO_PROGRAM)
     return _failed_to_build(name, failed) if failed else None
