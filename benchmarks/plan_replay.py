@@ -10,7 +10,9 @@ on). From that record, per example:
 
 * wire: the bytes the planned slots moved (a step that overflowed moved its slots,
   then its raw re-run) over the bytes the ladder would have moved (per step and
-  site, the first rung at or above the used size: what `jax.jit` takes);
+  site, the first rung at or above the used size: what `jax.jit` takes), each
+  slot, rung or raw row counted once per row the site sends (an all-to-all's own
+  row stays on the device: a psum_scatter over 8 devices sends 7);
 * the bound no plan held for a window can beat: a slot set in hindsight to each 25-step
   window's largest size, over the same ladder bytes (sizes that swing from step to
   step cost a static slot their swing);
@@ -73,7 +75,8 @@ def record(out: str, argv: list) -> None:
     log.append({"wrapper": id(self), "plan": list(before) if before is not None else None,
                 "used": list(state.used or []), "raw": [s[2] for s in state.sites or ()],
                 "rungs": [list(s[1]) for s in state.sites or ()],
-                "rows": [planned_slots.site_rows(s[0]) for s in state.sites or ()]})
+                "rows": [planned_slots.site_rows(s[0]) for s in state.sites or ()],
+                "where": [s[0][0] for s in state.sites or ()]})
     return result
 
   planned.Planned.__call__ = recorded
@@ -97,6 +100,15 @@ def _rung(used_units: int, rungs: list, raw: int) -> int:
   return raw if slot == planned_slots.RAW else slot
 
 
+def _rows_sent(entry: dict) -> list:
+  """Per site, the rows it puts on the wire a step on CPU, each its slot's bytes: an
+  all-to-all's (a psum_scatter's) own row stays on the device (row_ops.a2a_slot);
+  records without the sites' collectives count each site once."""
+  if "where" not in entry:
+    return [1] * len(entry["raw"])
+  return [r - 1 if w == "an all_to_all" else r for r, w in zip(entry["rows"], entry["where"])]
+
+
 def _training_steps(log: list) -> list:
   """The entries of the training step's wrapper (the last one with sites)."""
   wrapper = [e["wrapper"] for e in log if e["raw"]][-1]
@@ -108,6 +120,8 @@ def replay(log: list) -> dict:
   steps = _training_steps(log)
   raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
   n = len(raws)
+  sent = _rows_sent(steps[-1])
+  raw_b = sum(r * w for r, w in zip(raws, sent))
   planned_b = ladder_b = 0
   overflow_steps, change_steps = [], []
   used_by_step, prev = [], None
@@ -117,14 +131,15 @@ def replay(log: list) -> dict:
     if len(used) < n:
       continue
     used_by_step.append(used)
-    ladder_b += sum(_rung(u, rungs[k], raws[k]) for k, u in enumerate(used))
+    ladder_b += sum(sent[k] * _rung(u, rungs[k], raws[k]) for k, u in enumerate(used))
     if e["plan"] is None:   # a measuring step (before the first plan, or a probe): raw words
-      planned_b += sum(raws)
+      planned_b += raw_b
       measured += 1
       continue
     plan = e["plan"]
     over = any(p > 0 and u * 128 > p for p, u in zip(plan, used))
-    planned_b += sum(raws[k] if p < 0 else p for k, p in enumerate(plan)) + (sum(raws) if over else 0)
+    planned_b += sum(sent[k] * (raws[k] if p < 0 else p) for k, p in enumerate(plan))
+    planned_b += raw_b if over else 0
     if over:
       overflow_steps.append(len(used_by_step))
     if prev is not None and plan != prev:
@@ -135,7 +150,7 @@ def replay(log: list) -> dict:
     window = used_by_step[s:s + WINDOW]
     for k in range(n):
       top = max(u[k] for u in window)
-      bound += len(window) * _rung(top, rungs[k], raws[k])
+      bound += len(window) * sent[k] * _rung(top, rungs[k], raws[k])
   return {"sites": n, "steps": len(used_by_step), "measuring_steps": measured,
           "wire_vs_ladder": planned_b / max(ladder_b, 1),
           "hindsight_vs_ladder": bound / max(ladder_b, 1), "overflows": len(overflow_steps),
@@ -155,6 +170,7 @@ def replan(log: list, step_s: float, compile_s: float) -> list:
   steps = _training_steps(log)
   raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
   rows = steps[-1].get("rows") or [1] * len(raws)
+  where = steps[-1].get("where")
   n = len(raws)
   sizes = [e["used"][:n] for e in steps if len(e["used"]) >= n]
   sites = [(("replayed", "", "", (r, 0), (), False), tuple(g), raw) for r, g, raw in zip(rows, rungs, raws)]
@@ -174,7 +190,7 @@ def replan(log: list, step_s: float, compile_s: float) -> list:
     before = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
     f(x)
     out.append({"wrapper": 1, "plan": None if before is None else list(before), "used": used,
-                "raw": raws, "rungs": rungs})
+                "raw": raws, "rungs": rungs, "rows": rows, **({"where": where} if where else {})})
   return out
 
 
@@ -202,7 +218,8 @@ def report(results: dict, args, what: str = "") -> str:
            f"{info['cpu']}, {info['usable_cores']} cores; jax {info['versions'].get('jax')}. "
            f"Each example trains {args.steps} steps under `zipccl_jax.jit` (entropy codec); "
            "the ladder's bytes are, per step and call site, the first rung at or above the "
-           "size every process agreed on. Shared-memory CPU devices: sizes, not time.", "",
+           "size every process agreed on; a site's bytes count once per row it sends. "
+           "Shared-memory CPU devices: sizes, not time.", "",
            "| example | sites | steps (measuring) | planned / ladder | hindsight bound / ladder | overflows "
            "(re-runs): at steps | plan changes (compiles): at steps | planned MiB/step |",
            "|---|---:|---:|---:|---:|---|---|---:|"]

@@ -30,6 +30,23 @@ def test_replay_counts_slots_reruns_and_the_hindsight_bound(monkeypatch):
   assert (r["overflow_steps"], r["change_steps"]) == ([4], [5])
 
 
+def test_replay_counts_each_site_once_per_row_it_sends():
+  """An all_to_all site encoding 8 rows (a psum_scatter over 8 devices: 7 sent, its
+  own row stays) and an all_gather site of 1 row: slots, rungs and raw rows count 7
+  and 1 times. A record without the sites' collectives counts each site once."""
+  rungs, raw = [128 * u for u in range(1, 10)], 1280
+  step = lambda plan, used: {"wrapper": 1, "plan": plan, "used": used, "raw": [raw, raw],
+                             "rungs": [rungs, rungs], "rows": [8, 1],
+                             "where": ["an all_to_all", "an all_gather"]}
+  log = [step(None, [4, 2]), step([640, 384], [4, 2])]
+  r = plan_replay.replay(log)
+  assert r["wire_vs_ladder"] == (8 * raw + 7 * 640 + 384) / (2 * (7 * 512 + 256))
+  assert r["planned_mib_per_step"] == (8 * raw + 7 * 640 + 384) / 2 / 2**20
+  for e in log:
+    del e["where"]
+  assert plan_replay.replay(log)["wire_vs_ladder"] == (2 * raw + 640 + 384) / (2 * (512 + 256))
+
+
 def test_replan_runs_the_current_planner_on_recorded_sizes():
   """A record's sizes through the planner: MEASURE_STEPS measuring steps, a plan from
   them, an overflow where the sizes jump (re-planned, the step counted once), and the
