@@ -363,11 +363,17 @@ def exchange_across_processes(key: str, value: bytes, timeout_s: float,
       try:
         out.append(client.blocking_key_value_get_bytes(f"zipccl_jax/{key}/{i}", int(timeout_s * 1000)))
       except Exception as e:  # a timeout or a coordinator error, with the process named
-        raise RuntimeError(f"zipccl_jax: process {i} did not publish {key!r} within {timeout_s:.0f} s "
-                           f"(it has not reached the same point of the program: {e})") from None
+        raise _not_published([i], key, timeout_s, e) from None
   if forget is not None and me == 0:
     client.key_value_delete(f"zipccl_jax/{forget}")   # a directory: every key under it
   return out
+
+
+def _not_published(missing, key: str, timeout_s: float, cause=None) -> RuntimeError:
+  """The error of an exchange that processes `missing` did not publish to in time."""
+  why = f": {cause}" if cause is not None else ""
+  return RuntimeError(f"zipccl_jax: processes {missing} did not publish {key!r} within "
+                      f"{timeout_s:.0f} s (they have not reached the same point of the program{why})")
 
 
 def _client():
@@ -422,9 +428,7 @@ def _exchange_watched(key: str, count: int, timeout_s: float, watch) -> list:
     if error is not None:
       raise ExchangeAbandoned(error)
     if time.monotonic() > deadline:
-      missing = sorted(set(range(count)) - set(got))
-      raise RuntimeError(f"zipccl_jax: processes {missing} did not publish {key!r} within "
-                         f"{timeout_s:.0f} s (they have not reached the same point of the program)")
+      raise _not_published(sorted(set(range(count)) - set(got)), key, timeout_s)
     time.sleep(pause)
     pause = min(0.2, 2 * pause)
 
@@ -438,9 +442,7 @@ def _exchange_by_barrier(client, key: str, count: int, timeout_s: float) -> list
       seen = set(peek_across_processes(key))
     except Exception:  # the coordinator itself failed
       seen = set()
-    missing = sorted(set(range(count)) - seen) or "unknown"
-    raise RuntimeError(f"zipccl_jax: processes {missing} did not publish {key!r} within {timeout_s:.0f} s "
-                       f"(they have not reached the same point of the program: {e})") from None
+    raise _not_published(sorted(set(range(count)) - seen) or "unknown", key, timeout_s, e) from None
   got = peek_across_processes(key)
   if sorted(got) != list(range(count)):
     raise RuntimeError(f"zipccl_jax: the exchange {key!r} found values of processes {sorted(got)}, "
