@@ -11,8 +11,9 @@ on). From that record, per example:
 * wire: the bytes the planned slots moved (a step that overflowed moved its slots,
   then its raw re-run) over the bytes the ladder would have moved (per step and
   site, the first rung at or above the used size: what `jax.jit` takes), each
-  slot, rung or raw row counted once per row the site sends (an all-to-all's own
-  row stays on the device: a psum_scatter over 8 devices sends 7);
+  slot, rung or raw row counted once per row the site puts on the links
+  (`planned_sites.wire_rows`: over 8 devices an all_gather's row goes to 7 peers, a
+  psum_scatter's all-to-all sends 7 of its 8 rows);
 * the bound no plan held for a window can beat: a slot set in hindsight to each 25-step
   window's largest size, over the same ladder bytes (sizes that swing from step to
   step cost a static slot their swing);
@@ -75,8 +76,7 @@ def record(out: str, argv: list) -> None:
     log.append({"wrapper": id(self), "plan": list(before) if before is not None else None,
                 "used": list(state.used or []), "raw": [s[2] for s in state.sites or ()],
                 "rungs": [list(s[1]) for s in state.sites or ()],
-                "rows": [planned_slots.site_rows(s[0]) for s in state.sites or ()],
-                "where": [s[0][0] for s in state.sites or ()]})
+                "wire_rows": [s[0][-1] for s in state.sites or ()]})
     return result
 
   planned.Planned.__call__ = recorded
@@ -100,15 +100,6 @@ def _rung(used_units: int, rungs: list, raw: int) -> int:
   return raw if slot == planned_slots.RAW else slot
 
 
-def _rows_sent(entry: dict) -> list:
-  """Per site, the rows it puts on the wire a step on CPU, each its slot's bytes: an
-  all-to-all's (a psum_scatter's) own row stays on the device (row_ops.a2a_slot);
-  records without the sites' collectives count each site once."""
-  if "where" not in entry:
-    return [1] * len(entry["raw"])
-  return [r - 1 if w == "an all_to_all" else r for r, w in zip(entry["rows"], entry["where"])]
-
-
 def _training_steps(log: list) -> list:
   """The entries of the training step's wrapper (the last one with sites)."""
   wrapper = [e["wrapper"] for e in log if e["raw"]][-1]
@@ -120,7 +111,7 @@ def replay(log: list) -> dict:
   steps = _training_steps(log)
   raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
   n = len(raws)
-  sent = _rows_sent(steps[-1])
+  sent = steps[-1]["wire_rows"]
   raw_b = sum(r * w for r, w in zip(raws, sent))
   planned_b = ladder_b = 0
   overflow_steps, change_steps = [], []
@@ -169,11 +160,10 @@ def replan(log: list, step_s: float, compile_s: float) -> list:
   import zipccl_jax as zc
   steps = _training_steps(log)
   raws, rungs = steps[-1]["raw"], steps[-1]["rungs"]
-  rows = steps[-1].get("rows") or [1] * len(raws)
-  where = steps[-1].get("where")
+  rows = steps[-1]["wire_rows"]
   n = len(raws)
   sizes = [e["used"][:n] for e in steps if len(e["used"]) >= n]
-  sites = [(("replayed", "", "", (r, 0), (), False), tuple(g), raw) for r, g, raw in zip(rows, rungs, raws)]
+  sites = [(("replayed", "", "", (), (), False, r), tuple(g), raw) for r, g, raw in zip(rows, rungs, raws)]
   at = [0]
 
   def run(state, plan, args, kwargs):
@@ -190,7 +180,7 @@ def replan(log: list, step_s: float, compile_s: float) -> list:
     before = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
     f(x)
     out.append({"wrapper": 1, "plan": None if before is None else list(before), "used": used,
-                "raw": raws, "rungs": rungs, "rows": rows, **({"where": where} if where else {})})
+                "raw": raws, "rungs": rungs, "wire_rows": rows})
   return out
 
 

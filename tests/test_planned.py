@@ -4,6 +4,7 @@ Every test compares raw words with codec="raw" (the oracle), and checks what the
 compiled program holds: no conditional, no agreement, one collective per call site.
 """
 import functools
+import json
 import math
 import re
 
@@ -68,7 +69,7 @@ def _assert_all_equal(got, want, what):
 
 # A site's signature as transport.py traces it (transport, codec, dtype, rows shape,
 # chunk, check decode), for the tests that script sites and sizes
-_SIGNATURE = ("an all_gather", "entropy", "bfloat16", (1, 4096), (), False)
+_SIGNATURE = ("an all_gather", "entropy", "bfloat16", (1, 4096), (), False, 7)
 
 
 def _compiled(f, *args) -> str:
@@ -84,6 +85,8 @@ def test_planned_steps_equal_raw_with_no_conditional_and_no_agreement(mesh8):
   sites = f.site_stats()
   # all_gather, all_to_all, ppermute, psum_scatter, psum's two transports
   assert len(sites) == 6
+  # the rows each site puts on the links (8 devices): 7 peers, 7 of 8 rows, 1 peer
+  assert [s.signature[-1] for s in sites] == [7, 7, 1, 7, 7, 7]
   assert all(s.slot_bytes is not None and s.used_bytes <= s.slot_bytes < s.raw_bytes for s in sites)
   assert all(s.replans == 0 for s in sites)
   text = _compiled(f, x)
@@ -195,6 +198,10 @@ def test_plans_save_and_load(mesh8, tmp_path):
   assert [s.slot_bytes for s in g.site_stats()] == [s.slot_bytes for s in f.site_stats()]
   path.write_text("{not json")
   with pytest.raises(ValueError, match=r"cannot load plans from .*plans.json"):
+    g.load_plans(str(path))
+  # a file of another version (its sites' signatures differ) is refused, not misread
+  path.write_text(json.dumps({"version": 1, "function": "f", "plans": []}))
+  with pytest.raises(ValueError, match=r"plans.json.*version must be 2, got 1"):
     g.load_plans(str(path))
 
 
@@ -501,6 +508,19 @@ def test_the_first_plan_measures_several_steps(monkeypatch):
   assert state().plan == (102 * 128, math.ceil(106 * (1 + headroom)) * 128)
   f(x)
   assert runs == [None, None, None, state().plan]
+
+
+def test_a_shrink_saves_the_bytes_its_site_puts_on_the_wire():
+  """`saved_share` weighs each site by the rows it puts on the links (its signature's
+  last field): a site of 7 wire rows (an all_gather over 8 devices) and one of 1 (a
+  ppermute), both on 1280-byte slots: halving the first saves 7/16 of the bytes, the
+  second 1/16; a raw site weighs its raw row."""
+  from zipccl_jax._src import planned_slots
+  rungs = tuple(128 * u for u in range(1, 20))
+  sites = [(_SIGNATURE[:-1] + (7,), rungs, 2560), (_SIGNATURE[:-1] + (1,), rungs, 2560)]
+  assert planned_slots.saved_share(sites, (1280, 1280), {0: 640}) == 7 * 640 / (8 * 1280)
+  assert planned_slots.saved_share(sites, (1280, 1280), {1: 640}) == 640 / (8 * 1280)
+  assert planned_slots.saved_share(sites, (1280, -1), {0: 640}) == 7 * 640 / (7 * 1280 + 2560)
 
 
 def test_shrinks_wait_until_they_pay_for_their_compile_unless_a_grow_compiles(monkeypatch):

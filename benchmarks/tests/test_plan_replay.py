@@ -16,9 +16,10 @@ def test_replay_counts_slots_reruns_and_the_hindsight_bound(monkeypatch):
   its raw re-run move), then 2 steps on a 768-byte slot."""
   monkeypatch.setattr(plan_replay, "WINDOW", 3)
   rungs, raw = [128 * u for u in range(1, 10)], 1280
-  step = lambda plan, used: {"wrapper": 1, "plan": plan, "used": [used], "raw": [raw], "rungs": [rungs]}
+  step = lambda plan, used: {"wrapper": 1, "plan": plan, "used": [used], "raw": [raw], "rungs": [rungs],
+                             "wire_rows": [1]}
   log = [step(None, 4), step([640], 4), step([640], 5), step([640], 6), step([768], 6), step([768], 5),
-         {"wrapper": 2, "plan": None, "used": [], "raw": [], "rungs": []}]   # another wrapper: ignored
+         {"wrapper": 2, "plan": None, "used": [], "raw": [], "rungs": [], "wire_rows": []}]   # ignored
   r = plan_replay.replay(log)
   ladder = 512 + 512 + 640 + 768 + 768 + 640            # the rung at or above each used size
   planned = raw + 640 + 640 + (640 + raw) + 768 + 768    # the measuring step moves raw words
@@ -30,21 +31,18 @@ def test_replay_counts_slots_reruns_and_the_hindsight_bound(monkeypatch):
   assert (r["overflow_steps"], r["change_steps"]) == ([4], [5])
 
 
-def test_replay_counts_each_site_once_per_row_it_sends():
-  """An all_to_all site encoding 8 rows (a psum_scatter over 8 devices: 7 sent, its
-  own row stays) and an all_gather site of 1 row: slots, rungs and raw rows count 7
-  and 1 times. A record without the sites' collectives counts each site once."""
+def test_replay_weighs_each_site_by_the_rows_it_puts_on_the_wire():
+  """Over 8 devices, a psum_scatter's all_to_all site and an all_gather site each put
+  7 rows on the wire (7 of 8 rows sent; 1 row to 7 peers), a ppermute's 1: slots,
+  rungs and raw rows count 7, 7 and 1 times."""
   rungs, raw = [128 * u for u in range(1, 10)], 1280
-  step = lambda plan, used: {"wrapper": 1, "plan": plan, "used": used, "raw": [raw, raw],
-                             "rungs": [rungs, rungs], "rows": [8, 1],
-                             "where": ["an all_to_all", "an all_gather"]}
-  log = [step(None, [4, 2]), step([640, 384], [4, 2])]
+  step = lambda plan, used: {"wrapper": 1, "plan": plan, "used": used, "raw": [raw] * 3,
+                             "rungs": [rungs] * 3, "wire_rows": [7, 7, 1]}
+  log = [step(None, [4, 2, 3]), step([640, 384, 512], [4, 2, 3])]
   r = plan_replay.replay(log)
-  assert r["wire_vs_ladder"] == (8 * raw + 7 * 640 + 384) / (2 * (7 * 512 + 256))
-  assert r["planned_mib_per_step"] == (8 * raw + 7 * 640 + 384) / 2 / 2**20
-  for e in log:
-    del e["where"]
-  assert plan_replay.replay(log)["wire_vs_ladder"] == (2 * raw + 640 + 384) / (2 * (512 + 256))
+  planned = 15 * raw + 7 * 640 + 7 * 384 + 512
+  assert r["wire_vs_ladder"] == planned / (2 * (7 * 512 + 7 * 256 + 384))
+  assert r["planned_mib_per_step"] == planned / 2 / 2**20
 
 
 def test_replan_runs_the_current_planner_on_recorded_sizes():
@@ -54,7 +52,7 @@ def test_replan_runs_the_current_planner_on_recorded_sizes():
   from zipccl_jax._src import planned_slots
   rungs, raw = [128 * u for u in range(1, 40)], 40 * 128
   sizes = [10] * 6 + [14] + [14] * 5
-  log = [{"wrapper": 1, "plan": None, "used": [u], "raw": [raw], "rungs": [rungs], "rows": [8]}
+  log = [{"wrapper": 1, "plan": None, "used": [u], "raw": [raw], "rungs": [rungs], "wire_rows": [7]}
          for u in sizes]
   out = plan_replay.replan(log, step_s=1.0, compile_s=5.0)
   m = planned_slots.MEASURE_STEPS

@@ -4,8 +4,9 @@ A JSON document, so that a restart starts planned instead of measuring:
 
   {"version": PLANS_VERSION, "function": the function's name,
    "plans": [{"key": the argument signature (treedef, shapes and dtypes, static args),
-              "sites": [{"signature": the site's (transport, codec, dtype, rows shape,
-                                      chunk), as nested lists,
+              "sites": [{"signature": the site's (collective, codec, dtype, rows shape,
+                                      chunk, check decode, rows on the wire), as
+                                      nested lists,
                          "raw_row": raw bytes of one row,
                          "slot": planned bytes per row, or null for raw words}]}]}
 
@@ -19,7 +20,8 @@ import os
 
 from zipccl_jax._src.planned_sites import RAW
 
-PLANS_VERSION = 1
+# 2: the signature's last field, the rows a site puts on the wire (planned_sites.wire_rows)
+PLANS_VERSION = 2
 
 
 def save(path: str, function: str, plans: list) -> None:

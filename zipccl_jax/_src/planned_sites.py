@@ -68,6 +68,15 @@ def record(x, values, ledger: int, slot: int, column: int = -1):
       column=np.int64(column))
 
 
+def wire_rows(where: str, n_peers: int) -> int:
+  """The rows of its slot one device puts on the links per step at a call site of
+  collective `where` over N = n_peers devices: an all_gather's row goes to each of
+  its N - 1 peers, an all_to_all sends N - 1 of its N rows (its own stays), a
+  ppermute its row to one peer. A site's wire bytes per step are its slot x these
+  rows, whatever the collective's algorithm (every peer must receive its rows)."""
+  return 1 if where == "a ppermute" else n_peers - 1
+
+
 def site(trace: Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
   """Registers the next call site of `trace`: (its index, its planned slot: bytes,
   RAW, or None while measuring)."""

@@ -85,16 +85,11 @@ def window_target(sizes: list, headroom: float) -> tuple[int, float]:
   return top, min(MAX_HEADROOM, max(WINDOW_HEADROOM, headroom / 2, sd / max(top, 1), 2 * trend))
 
 
-def site_rows(signature: tuple) -> int:
-  """The rows a call site encodes: its signature is (transport, codec, dtype, rows
-  shape, chunk, check decode), as transport.py traces it."""
-  return int(signature[3][0])
-
-
 def saved_share(sites: list, plan: tuple, shrunk: dict) -> float:
-  """The share of `plan`'s bytes the shrinks `shrunk` (site -> smaller slot) save; a
-  site's bytes are its slot (its raw row when raw) x the rows it encodes."""
-  rows = [site_rows(sig) for sig, _, _ in sites]
+  """The share of `plan`'s wire bytes the shrinks `shrunk` (site -> smaller slot)
+  save; a site's bytes are its slot (its raw row when raw) x the rows it puts on
+  the links (the last field of its signature: `planned_sites.wire_rows`)."""
+  rows = [sig[-1] for sig, _, _ in sites]
   sent = sum(r * (raw_row if p == RAW else p) for r, p, (_, _, raw_row) in zip(rows, plan, sites))
   saved = sum(rows[k] * (plan[k] - slot) for k, slot in shrunk.items())
   return saved / max(sent, 1)

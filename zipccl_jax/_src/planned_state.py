@@ -16,7 +16,8 @@ class SiteStats:
 
   Attributes:
     site: index in trace order.
-    signature: (transport, codec, dtype, rows shape, chunk) of the site.
+    signature: (collective, codec, dtype, rows shape, chunk, check decode, rows on the
+      wire: `planned_sites.wire_rows`) of the site.
     slot_bytes: the planned slot per row (None: raw), of the newest plan: the one the
       calls run, or the one compiling ahead that they will.
     used_bytes: the largest used size of a row in the last step (over all processes).

@@ -154,14 +154,15 @@ def decode_xla(payload, codec_id: int, widths, slots, dtype, skip, fill):
           compat.pvary(jnp.stack(status), tuple(compat.varying_axes(payload))))
 
 
-def _register(trace, plans, where: str, rows: int, check: bool):
+def _register(trace, plans, where: str, rows: int, n_peers: int, check: bool):
   """The group's call sites: (the first site to record at, None: nothing to record;
   the segments' slot attributes)."""
   if not plans[0].compress:
     return None, [0] * len(plans)
   first, slots = None, []
   for p in plans:
-    signature = (where, p.codec.name, np.dtype(p.dtype).name, (rows, p.m), tuple(p.chunk), bool(check))
+    signature = (where, p.codec.name, np.dtype(p.dtype).name, (rows, p.m), tuple(p.chunk), bool(check),
+                 planned_sites.wire_rows(where, n_peers))
     k, slot = planned_sites.site(trace, signature, p.rungs, p.raw_row)
     first = k if first is None else first
     slots.append(MEASURE if slot is None else 0 if slot == planned_sites.RAW else slot)
@@ -198,7 +199,8 @@ def _a2a_phase(x, plans, cfg):
   ms = [p.m for p in plans]
   me = lax.axis_index(axes).astype(jnp.int32)
   mine = (jnp.arange(n_peers) == me).astype(jnp.uint8)
-  first, slots = _register(planned_sites.active(), plans, "an all_to_all", n_peers, cfg.opts.check_decode)
+  first, slots = _register(planned_sites.active(), plans, "an all_to_all", n_peers, n_peers,
+                            cfg.opts.check_decode)
   payload, used = encode(x, _codec_id(plans), ms, slots, mine)
   moved = row_ops.a2a_slot(payload, payload.shape[1], axes, me)
   got, status = decode(moved, _codec_id(plans), ms, slots, x.dtype, mine, x)
@@ -209,7 +211,8 @@ def _gather_phase(row, plans, cfg):
   """The all-gather of row [1, M] (a segment per leaf): [N, M] typed invariant, row i
   from peer i (the own row copied, not decoded), and the segments' slots."""
   ms = [p.m for p in plans]
-  first, slots = _register(planned_sites.active(), plans, "an all_gather", 1, cfg.opts.check_decode)
+  first, slots = _register(planned_sites.active(), plans, "an all_gather", 1, cfg.n_peers,
+                            cfg.opts.check_decode)
   payload, used = encode(row, _codec_id(plans), ms, slots, jnp.zeros((1,), jnp.uint8))
   moved = compat.all_gather_invariant(payload[0], cfg.axes)
   mine = (jnp.arange(cfg.n_peers) == lax.axis_index(cfg.axes)).astype(jnp.uint8)
