@@ -208,7 +208,8 @@ def report(results: dict, args, what: str = "") -> str:
            f"{info['cpu']}, {info['usable_cores']} cores; jax {info['versions'].get('jax')}. "
            f"Each example trains {args.steps} steps under `zipccl_jax.jit` (entropy codec); "
            "the ladder's bytes are, per step and call site, the first rung at or above the "
-           "size every process agreed on; a site's bytes count once per row it sends. "
+           "size every process agreed on; a site's bytes count once per row it puts on the "
+           "links (N - 1 for an all_gather or an all_to_all over N devices). "
            "Shared-memory CPU devices: sizes, not time.", "",
            "| example | sites | steps (measuring) | planned / ladder | hindsight bound / ladder | overflows "
            "(re-runs): at steps | plan changes (compiles): at steps | planned MiB/step |",
