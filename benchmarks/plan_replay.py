@@ -61,7 +61,7 @@ WINDOW = 25   # steps per window of the hindsight bound (planned_slots.SHRINK_WI
 
 def record(out: str, argv: list) -> None:
   """Runs the example `argv` with every zipccl_jax.jit call recorded into `out`."""
-  from zipccl_jax._src import planned, planned_slots
+  from zipccl_jax._src import planned
   log = []
   call = planned.Planned.__call__
 

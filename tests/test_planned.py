@@ -448,6 +448,28 @@ def test_a_plan_of_raw_sites_is_not_validated(mesh8, monkeypatch):
   assert runs == [None, None] and f.site_stats()[0].slot_bytes is None
 
 
+def test_raw_sites_compile_to_the_program_of_codec_raw(mesh8):
+  """Sites planned raw (data that does not compress) move their words as codec="raw"
+  does, not by a ladder's raw rung (permutes and copy custom calls): the program
+  compiles to the same operations as jax.jit's under codec="raw". (Not psum: its sums
+  of random words compress.)"""
+  def four(**kw):
+    kw = dict(policy="always", **kw)
+    body = lambda v: (zc.compressed_all_gather(v, "x", tiled=True, **kw),
+                      zc.compressed_all_to_all(v, "x", 1, 1, tiled=True, **kw),
+                      zc.compressed_ppermute(v, "x", RING, **kw),
+                      zc.compressed_psum_scatter(v, "x", scatter_dimension=1, tiled=True, **kw))
+    return jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=(P("x"),) * 4)
+
+  f, raw = zc.jit(four()), jax.jit(four(codec="raw"))
+  noise = _random_bits(9)
+  for step in range(3):
+    _assert_all_equal(f(noise), raw(noise), f"step {step}")
+  assert all(s.slot_bytes is None for s in f.site_stats())
+  opcodes = lambda text: sorted(re.findall(r"= \S+ ([\w\-]+)\(", text))
+  assert opcodes(_compiled(f, noise)) == opcodes(_compiled(raw, noise))
+
+
 def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
   """A re-plan compiles a new program anyway: the sites that still fit but are left
   with less than their headroom grow in it too (early in training many sites drift

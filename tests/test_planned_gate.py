@@ -23,7 +23,8 @@ def _one_measuring_step(monkeypatch):
 def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):
   """planned_gate.Gate on scripted step times: after FIRST_COMPARE steps of the
   chosen program, PAIRS pairs (a step of the plan, a step of raw words), or
-  EARLY_PAIRS when every pair agrees in sign; the first pair and pairs whose plan
+  EARLY_PAIRS when every pair agrees in sign or their median favours the program
+  running; the first pair and pairs whose plan
   changed are left out; the gap doubles while the decision holds and starts again
   when it flips."""
   from zipccl_jax._src import planned_gate as g
@@ -62,9 +63,21 @@ def test_the_gate_times_both_programs_and_keeps_the_faster(monkeypatch):
   gate, cost = g.Gate(), {P: 2.0, R: 1.0}
   assert steps(gate, 6, cost) == [P, P] + [P, R] * 2
   assert gate.comparisons == [g.Comparison(6, 2.0, 1.0, 1.0, R)]
-  noisy = g.Gate()
-  noisy.times = [(2.0, ("plan",)), (1.0, ("raw",)), (2.0, ("plan",)), (1.0, ("raw",))]
-  assert noisy.decide([noisy.mine(), (-1.0, 1.0, 2.0, -1.0)]) is None and noisy.comparisons == []
+  def noisy(chosen):
+    gate = g.Gate(chosen=chosen)
+    gate.times = [(2.0, ("plan",)), (1.0, ("raw",)), (2.0, ("plan",)), (1.0, ("raw",))]
+    return gate
+
+  # or when the pairs' median (the mean over processes) favours the program running
+  # now: keeping it needs less evidence than a flip
+  split = [(1.0, 2.0, 1.0, 1.0), (-1.0, 1.0, 2.0, -1.0)]   # mean 0: raw words (ties)
+  gate = noisy(P)
+  assert gate.decide(split) is None and gate.comparisons == []
+  gate = noisy(R)
+  assert gate.decide(split) == R and gate.comparisons == [g.Comparison(0, 1.5, 1.5, 0.0, R)]
+  assert noisy(P).decide([(-0.5, 1.0, 1.5, 0.0), (-0.5, 1.0, 1.5, 0.0)]) == P
+  assert noisy(R).decide([(-0.5, 1.0, 1.5, 0.0), (-0.5, 1.0, 1.5, 0.0)]) is None
+  assert noisy(R).decide([(float("nan"),) * 3 + (0.0,)]) is None   # no valid pair yet
 
 
 def test_the_plan_gives_way_to_raw_words_when_they_are_faster(mesh8, monkeypatch):

@@ -557,7 +557,7 @@ def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,
 
   Args:
     fun: the step function, as for `jax.jit`.
-    compare_raw: every so often, time 16 steps of the plan against 16 steps of raw
+    compare_raw: every so often, time up to 16 steps of the plan against 16 of raw
       words (which need no validation) and run the faster until the next
       comparison (`comparisons()`; docs/planned.md, "Planned or raw"). Results are
       those of codec="raw" either way. False: always the plan.

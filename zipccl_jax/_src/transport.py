@@ -116,8 +116,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     own = (send_mask, recv_mask, own[2])
   trace = planned_sites.active()
   if trace is not None:
-    return _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
-                    sends, recvs)
+    return _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, sends, recvs)
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
     # The count leaves the own row out on every backend (a GPU encodes it anyway);
@@ -193,6 +192,13 @@ def _move_raw(rows, dtype, move, move_raw):
   return y, _zeros_status(y)
 
 
+def _move_words(rows, dtype, move):
+  """The rows' words moved by the plain collective, as the uncompressed path moves
+  them: (y, zero status)."""
+  y = unbits(move(bits(rows)), dtype)
+  return y, _zeros_status(y)
+
+
 def _mask_receivers(y, status, recvs, dtype):
   if recvs is None:
     return y, status
@@ -200,8 +206,7 @@ def _mask_receivers(y, status, recvs, dtype):
   return unbits(jnp.where(recvs, bits(y), 0), dtype), jnp.where(recvs, status, 0)
 
 
-def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
-             sends, recvs):
+def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, sends, recvs):
   """A call site under `zipccl_jax.jit` (planned.py): the planned slot, no agreement
   and no switch. The site records its largest used size (units of 128 B) and its
   failed rows into the mailbox; the wrapper validates them after the step. A row
@@ -212,8 +217,11 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
                tuple(plan.chunk), bool(check), planned_sites.wire_rows(where, compat.axis_size(axes)))
   k, slot = planned_sites.site(trace, signature, plan.rungs, plan.raw_row)
   rungs = tuple(plan.rungs)
+  # Raw words move as under codec="raw" (`_move_words`), not by a ladder's raw rung
+  # (`_move_raw`), whose permutes and copy custom calls keep its switch's branches
+  # alike and cheap to compile: a planned program has no switch.
   if slot == planned_sites.RAW:
-    y, status = _move_raw(rows, plan.dtype, move, move_raw)
+    y, status = _move_words(rows, plan.dtype, move)
     rung = len(rungs)
   else:
     if own is not None and own[0] is not None:
@@ -226,7 +234,7 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
     if slot is None:
       # measuring: the raw words move once the used size is recorded
       rows = planned_sites.record(rows, [used], trace.ledger, 2 * k, column)
-      y, status = _move_raw(rows, plan.dtype, move, move_raw)
+      y, status = _move_words(rows, plan.dtype, move)
       rung = len(rungs)
     else:
       y, status = _move_compressed(payload, plan, own, move, prefix, move_slot, slot)
@@ -250,13 +258,15 @@ def skips_own_row(codec) -> bool:
   return bool(getattr(codec, "SKIP_ROWS", False))
 
 
-def stats_part(plan, info, rows_sent: int, elements: int) -> stats.Part:
-  """stats.Part of a ladder transport that sends rows_sent rows per device."""
+def stats_part(plan, info, rows_sent: int, elements: int, raw_sent: int | None = None) -> stats.Part:
+  """stats.Part of a ladder transport that sends rows_sent rows per device (raw_sent
+  on its raw rung; default rows_sent)."""
   rung, agreed, count, errors, agree_bytes = info
-  slots = tuple(rows_sent * s for s in plan.rungs) + (rows_sent * plan.raw_row,)
+  raw_sent = rows_sent if raw_sent is None else raw_sent
+  slots = tuple(rows_sent * s for s in plan.rungs) + (raw_sent * plan.raw_row,)
   sizes = tuple(plan.rungs) + (plan.raw_row,)
   return stats.Part(rung, agreed, count, errors, slots, sizes, agree_bytes,
-                    rows_sent * plan.raw_row, elements, True)
+                    raw_sent * plan.raw_row, elements, True)
 
 
 def _chunked(rows, plan, run):
@@ -297,14 +307,16 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     # takes fill row r, so row me takes r[me]; no slice copy of the own row).
     me = lax.axis_index(axes).astype(jnp.int32)
     mine = jnp.arange(n_peers) == me
-    y, info = _ladder(r, p, axes, want_stats, check, move=None, move_raw=lambda w: a2a_raw(w, axes, me),
+    y, info = _ladder(r, p, axes, want_stats, check, move=move, move_raw=lambda w: a2a_raw(w, axes, me),
                       where="an all_to_all", after=after,
                       move_slot=lambda a, slot: a2a_slot(a, slot, axes, me), own=(mine, mine, r))
     # elements the count covers: every participant's rows, less their own ones
     coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
-    # rows handed to XLA per rung: on CPU the own row stays here (permutes)
+    # rows handed to XLA per rung: on CPU the own row stays here (permutes); a
+    # planned site's raw words go by lax's all-to-all (`_planned`), all N rows
     sent = a2a_rows_sent(n_peers)
-    return y, stats_part(p, info, sent, n_peers * coded * p.m)
+    raw_sent = n_peers if planned_sites.active() is not None else sent
+    return y, stats_part(p, info, sent, n_peers * coded * p.m, raw_sent)
 
   if plan.parts:
     return _chunked(rows, plan, one)
