@@ -35,8 +35,8 @@ favours the program that runs now: keeping it needs less evidence than a flip, s
 a wrong keep costs what the steps differ by until the next comparison, while a flip
 also restarts the schedule (more comparisons). The processes exchange their numbers
 there too, so they stop alike. On a noisy step whose decision holds (the MoE
-example's over 1 Gbit/s: steps varying by +-15%, every comparison keeping raw words)
-that halves what the comparisons cost, which was ~1% of its steps' time.
+example's over 1 Gbit/s: steps varying by +-15%, nearly every comparison keeping
+raw words) that halves the steps its comparisons take.
 
 Schedule (steps of the function with given argument shapes): the first comparison
 starts after FIRST_COMPARE steps of the first plan; while the decision stays the

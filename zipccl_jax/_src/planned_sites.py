@@ -77,6 +77,13 @@ def wire_rows(where: str, n_peers: int) -> int:
   return 1 if where == "a ppermute" else n_peers - 1
 
 
+def signature(where: str, plan, rows_shape: tuple, check: bool, n_peers: int) -> tuple:
+  """A call site's signature: (collective, codec, dtype, rows shape, chunk, check
+  decode, rows on the wire), what processes compare and saved plans match."""
+  return (where, plan.codec.name, np.dtype(plan.dtype).name, tuple(int(d) for d in rows_shape),
+          tuple(plan.chunk), bool(check), wire_rows(where, n_peers))
+
+
 def site(trace: Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[int, int | None]:
   """Registers the next call site of `trace`: (its index, its planned slot: bytes,
   RAW, or None while measuring)."""

@@ -161,8 +161,7 @@ def _register(trace, plans, where: str, rows: int, n_peers: int, check: bool):
     return None, [0] * len(plans)
   first, slots = None, []
   for p in plans:
-    signature = (where, p.codec.name, np.dtype(p.dtype).name, (rows, p.m), tuple(p.chunk), bool(check),
-                 planned_sites.wire_rows(where, n_peers))
+    signature = planned_sites.signature(where, p, (rows, p.m), check, n_peers)
     k, slot = planned_sites.site(trace, signature, p.rungs, p.raw_row)
     first = k if first is None else first
     slots.append(MEASURE if slot is None else 0 if slot == planned_sites.RAW else slot)

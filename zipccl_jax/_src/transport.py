@@ -213,8 +213,7 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
   longer than the slot is cut: its receivers fail to decode it (status != 0, NaN
   rows) and the wrapper re-runs the step with a grown plan. While measuring
   (slot None) the site encodes to record the used size and moves the raw words."""
-  signature = (where, plan.codec.name, np.dtype(plan.dtype).name, tuple(int(d) for d in rows.shape),
-               tuple(plan.chunk), bool(check), planned_sites.wire_rows(where, compat.axis_size(axes)))
+  signature = planned_sites.signature(where, plan, rows.shape, check, compat.axis_size(axes))
   k, slot = planned_sites.site(trace, signature, plan.rungs, plan.raw_row)
   rungs = tuple(plan.rungs)
   # Raw words move as under codec="raw" (`_move_words`), not by a ladder's raw rung
