@@ -246,6 +246,12 @@ def _ratio(res, a, b, key="median_ms"):
   return f"{va[key] / vb[key]:.3f}"
 
 
+def _ratio_cell(res, a) -> str:
+  """`a`'s step time over raw's, bold, with its 95% interval (harness.ratio_interval)."""
+  ci = res["variants"].get(a, {}).get("vs_raw_interval")
+  return f"**{_ratio(res, a, 'raw')}**" + (f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+
+
 def report(rows, args, stem: str) -> str:
   date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
   lines = [f"# Training step time over a {args.rate} link: compressed vs raw vs lax", "",
@@ -258,7 +264,12 @@ def report(rows, args, stem: str) -> str:
            f"step time = median over the steps after the warm-up (listed under the table) of the slowest "
            "process's time for that step (p25-p75 in brackets), without the steps during which "
            "another variant's program compiled ahead (listed under the table: such a build "
-           "shares the cores with every variant; a variant's own builds count). 'sent' = bytes one device's "
+           "shares the cores with every variant; a variant's own builds count); the steps of a "
+           "step i run the variants in the order of row i of a Williams design, so each "
+           "follows each other equally often (examples/harness.py, lockstep_order). "
+           "'x / raw' = ratio of the medians, in brackets its 95% interval (a bootstrap over "
+           "blocks of 25 consecutive steps paired with raw's; harness.ratio_interval). "
+           "'sent' = bytes one device's "
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step): a planned "
            "variant (zipccl_jax.jit), its planned slots, what it moves; a ladder variant "
            "(jax.jit), every call on its smallest rung, a lower bound that is not what it moved "
@@ -299,7 +310,7 @@ def report(rows, args, stem: str) -> str:
       taken, fb = _ladder_cells(v, r["steps"])
       lines.append(
           f"| {name} | " + "".join(f"{ms(c)} | " for c in labels)
-          + "".join(f"**{_ratio(r, c, 'raw')}** | " for c in others)
+          + "".join(f"{_ratio_cell(r, c)} | " for c in others)
           + "".join(f"{mib(c)} | " for c in labels)
           + f"{taken} | {fb} | "
           f"{'yes' if r['ok'] else 'NO'} |")

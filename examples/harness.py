@@ -9,9 +9,11 @@ Every example builds one jitted step per codec variant ("zipccl", "raw", and
 stats: a pytree of zipccl_jax.CollectiveStats, replicated), and hands them to
 `run()`. `run()` compiles each variant, reads the bytes its collectives move
 from the compiled HLO, then trains all variants from the same initial state *in
-lockstep*: step i of every variant, in an order that rotates with i, each timed
-alone up to `block_until_ready`. Interleaving spreads machine noise (other jobs,
-the shared cores) evenly over the variants. Works in one process with simulated
+lockstep*: step i of every variant, in an order from a Williams design
+(`lockstep_order`), each timed alone up to `block_until_ready`. Interleaving
+spreads machine noise (other jobs, the shared cores) evenly over the variants, and
+the design spreads what a step leaves to the next one too (a slower variant's
+late traffic, its freed memory): each variant follows each other equally often. Works in one process with simulated
 devices and across processes under examples/launch.py: step times are the
 slowest process's, and the checks gather every process's bits.
 
@@ -335,8 +337,25 @@ def _others_building(v: Variant, variants: list) -> bool:
              for w in variants)
 
 
+def lockstep_order(i: int, n: int) -> list[int]:
+  """The order in which step i runs n variants: the rows of a Williams design in turn.
+
+  A rotation (step i runs variants i, i+1, ... mod n) gives each variant each
+  position equally often but the same predecessor every time, so what a step leaves
+  behind lands on one variant only. A Williams design's rows
+  (n rows for an even n, 2n for an odd one: the rows and their reverses) give each
+  variant each position and each other variant as its predecessor within a row
+  equally often. Row r is (r, r+1, r-1, r+2, r-2, ...) mod n. The same on every
+  process, as the lockstep's collectives need."""
+  rows = n if n % 2 == 0 else 2 * n
+  r = i % rows
+  first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+  row = [(x + r) % n for x in first]
+  return row if r < n else row[::-1]
+
+
 def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None:
-  """Runs every variant over `batches` in lockstep (rotating order), timing each step.
+  """Runs every variant over `batches` in lockstep (`lockstep_order`), timing each step.
 
   A step is marked disturbed when another variant's program was compiling ahead at
   its start or end: that build shares the process's cores with the step (with one
@@ -344,8 +363,8 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
   its cost and leave its steps unmarked."""
   n = len(variants)
   for i, batch in enumerate(batches):
-    for k in range(n):
-      v = variants[(i + k) % n]
+    for k in lockstep_order(i, n):
+      v = variants[k]
       busy = _others_building(v, variants)
       t0 = time.perf_counter()
       state, loss, stats = v.step(v.state, batch)
@@ -375,6 +394,34 @@ def train_lockstep(variants: list, batches: list, *, log_every: int = 0) -> None
       say(f"  {v.label}: step {c.step}, planned {c.planned_s * 1e3:.1f} ms/step, "
           f"raw words {c.raw_s * 1e3:.1f} ms/step (medians), paired difference "
           f"{c.difference_s * 1e3:+.2f} ms -> {c.chosen}")
+
+
+# The interval of a step-time ratio: a moving-block bootstrap over the paired steps.
+# Steps are not independent draws: the machine's load drifts over tens of steps
+# (medians of 125-step stretches of one variant move by 2-3%), so resampling single
+# steps would make the interval too narrow; blocks of BLOCK_STEPS consecutive steps
+# keep that drift inside each draw.
+BLOCK_STEPS = 25
+DRAWS = 2000
+
+
+def ratio_interval(a: np.ndarray, b: np.ndarray, *, level: float = 0.95,
+                   seed: int = 0) -> list[float] | None:
+  """[low, high] of median(a) / median(b) at `level`, for step times a and b paired
+  by step (the same steps of two variants in lockstep), by a moving-block bootstrap
+  (BLOCK_STEPS, DRAWS; a fixed seed, so the same times give the same interval).
+  None with fewer than two blocks of steps."""
+  n = min(len(a), len(b))
+  if n < 2 * BLOCK_STEPS:
+    return None
+  a, b = np.asarray(a[:n], np.float64), np.asarray(b[:n], np.float64)
+  rng = np.random.default_rng(seed)
+  k = -(-n // BLOCK_STEPS)
+  starts = rng.integers(0, n - BLOCK_STEPS + 1, size=(DRAWS, k))
+  idx = (starts[:, :, None] + np.arange(BLOCK_STEPS)).reshape(DRAWS, -1)[:, :n]
+  ratios = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+  tail = 100 * (1 - level) / 2
+  return [float(x) for x in np.percentile(ratios, [tail, 100 - tail])]
 
 
 def summarize(variants: list, *, warmup: int, params_of) -> dict:
@@ -419,6 +466,12 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         comparisons=[list(c) for c in comparisons(v)],
         # zipccl_jax.jit's plan changes, summed over its call sites
         plan_changes=plan_changes(v))
+  if "raw" in labels:
+    r = labels.index("raw")
+    for j, lab in enumerate(labels):
+      both = ~(disturbed[j, timed] | disturbed[r, timed])
+      out["variants"][lab]["vs_raw_interval"] = ratio_interval(
+          slowest[j, timed][both], slowest[r, timed][both])
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
   exact = [k for k in VARIANTS if k not in ("raw", "lax") and k in labels] \
@@ -455,14 +508,16 @@ def print_report(title: str, res: dict) -> None:
   say(f"\n{title}: {res['processes']} process(es), {res['devices']} device(s), "
       f"{res['steps']} steps (timing: median over steps {res['warmup'] + 1}-{res['steps']}, "
       "the slowest process per step)")
-  say(f"  {'codec':<7} {'step ms':>9} {'p25-p75 ms':>15} {'vs raw':>7} "
+  say(f"  {'codec':<7} {'step ms':>9} {'p25-p75 ms':>15} {'vs raw (95% interval)':>21} "
       f"{'sent MiB/dev':>12} {'bytes vs raw':>12} {'stats MiB':>9} {'fallbacks':>9} "
       f"{'last loss':>10}")
   for label, v in vs.items():
     speed = f"{v['median_ms'] / base['median_ms']:.3f}" if base else "-"
+    ci = v.get("vs_raw_interval")
+    speed += f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci and label != "raw" else ""
     ratio = f"{v['sent_bytes'] / base['sent_bytes']:.3f}" if base and base["sent_bytes"] else "-"
     say(f"  {label:<7} {v['median_ms']:>9.1f} {v['p25_ms']:>7.1f}-{v['p75_ms']:<7.1f} "
-        f"{speed:>7} {_mib(v['sent_bytes']):>12} {ratio:>12} {_mib(v['wire_bytes_mean']):>9} "
+        f"{speed:>21} {_mib(v['sent_bytes']):>12} {ratio:>12} {_mib(v['wire_bytes_mean']):>9} "
         f"{v['fallback_steps']:>4}/{res['steps']:<4} {v['losses'][-1]:>10.4f}")
   say("  (sent = bytes one device's collectives send per step, by zipccl_jax.hlo_wire_bytes "
       "on the compiled step if no call falls back; stats MiB = mean operand bytes per step "

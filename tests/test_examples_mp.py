@@ -92,6 +92,40 @@ def test_the_identity_check_sees_a_difference():
   assert diff["checks"]["zipccl_first_loss_difference"] == "step 2: 0x3fc00000 vs 0x3fc00001"
 
 
+def test_lockstep_order_gives_each_variant_each_predecessor_equally_often():
+  """Over a Williams design's rows, each variant takes each position, and follows
+  each other variant within a row, the same number of times (a rotation gives each
+  the same predecessor every step)."""
+  import collections
+
+  import harness
+  for n in range(1, 8):
+    rows = [harness.lockstep_order(i, n) for i in range(2 * n)]
+    assert all(sorted(r) == list(range(n)) for r in rows)
+    positions = collections.Counter((v, k) for r in rows for k, v in enumerate(r))
+    assert len(positions) == n * n and len(set(positions.values())) == 1
+    if n > 1:
+      pairs = collections.Counter(p for r in rows for p in zip(r, r[1:]))
+      assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1, (n, pairs)
+  assert [harness.lockstep_order(i, 3)[0] for i in range(6)] == [0, 1, 2, 2, 0, 1]
+
+
+def test_ratio_interval_brackets_the_ratio_of_medians():
+  """The bootstrap interval of median(a) / median(b): around the true ratio for
+  paired times, a point for equal times, reproducible, and None for too few steps."""
+  import harness
+  rng = np.random.default_rng(3)
+  drift = np.repeat(rng.normal(0, 1, 40), 25)            # the machine's load, in stretches
+  b = 30 + drift + rng.normal(0, 3, drift.size)
+  a = 1.05 * (30 + drift) + rng.normal(0, 3, drift.size)
+  lo, hi = harness.ratio_interval(a, b)
+  assert lo < 1.05 < hi and hi - lo < 0.05
+  assert lo <= np.median(a) / np.median(b) <= hi
+  assert harness.ratio_interval(a, b) == [lo, hi]
+  assert harness.ratio_interval(b, b) == [1.0, 1.0]
+  assert harness.ratio_interval(a[:49], b[:49]) is None
+
+
 def test_steps_during_another_variants_build_ahead_are_left_out():
   """train_lockstep marks a variant's steps during which another variant compiled
   ahead (`building()`), not those during its own builds; summarize's medians leave
