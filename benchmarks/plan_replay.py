@@ -70,7 +70,7 @@ def record(out: str, argv: list) -> None:
     # after it was made (not compiled ahead: the shared-memory steps' time is not the
     # measured one): the suite measures slots
     self._compare_raw = self._compile_ahead = False   # pylint: disable=protected-access
-    state = self._state(self._key(args, kwargs))   # pylint: disable=protected-access
+    state = self._state_for(args, kwargs)   # pylint: disable=protected-access
     before = state.plan
     result = call(self, *args, **kwargs)
     log.append({"wrapper": id(self), "plan": list(before) if before is not None else None,
@@ -177,7 +177,7 @@ def replan(log: list, step_s: float, compile_s: float) -> list:
   out = []
   for k, used in enumerate(sizes):
     at[0] = k
-    before = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+    before = f._state_for((x,), {}).plan   # pylint: disable=protected-access
     f(x)
     out.append({"wrapper": 1, "plan": None if before is None else list(before), "used": used,
                 "raw": raws, "rungs": rungs, "wire_rows": rows})

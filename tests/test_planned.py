@@ -379,7 +379,7 @@ def test_replan_headroom_grows_and_slots_follow_the_window(monkeypatch):
 
   monkeypatch.setattr(f, "_run", run)
   x = jnp.zeros(3)
-  slot = lambda: f._state(f._key((x,), {})).plan[0] // 128   # pylint: disable=protected-access
+  slot = lambda: f._state_for((x,), {}).plan[0] // 128   # pylint: disable=protected-access
   f(x)
   assert slot() == 102                                   # 100 x (1 + HEADROOM)
   f(x)
@@ -489,10 +489,10 @@ def test_a_replan_also_grows_the_sites_short_of_headroom(monkeypatch):
   x = jnp.zeros(3)
   want = lambda units, h: planned_slots.slot_for(units, rungs, h)
   f(x)
-  first = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+  first = f._state_for((x,), {}).plan   # pylint: disable=protected-access
   assert first == (want(100, planned_slots.HEADROOM),) * 3
   f(x)
-  plan = f._state(f._key((x,), {})).plan   # pylint: disable=protected-access
+  plan = f._state_for((x,), {}).plan   # pylint: disable=protected-access
   assert plan[0] > first[0]                                   # re-planned
   assert plan[1] == want(101, planned_slots.HEADROOM) > first[1]    # grown alongside
   assert plan[2] == first[2]                                  # room left: kept
@@ -518,7 +518,7 @@ def test_the_first_plan_measures_several_steps(monkeypatch):
 
   monkeypatch.setattr(f, "_run", run)
   x = jnp.zeros(3)
-  state = lambda: f._state(f._key((x,), {}))   # pylint: disable=protected-access
+  state = lambda: f._state_for((x,), {})   # pylint: disable=protected-access
   for _ in range(2):
     f(x)
     assert state().plan is None and not f.is_planned(x)
@@ -566,7 +566,7 @@ def test_shrinks_wait_until_they_pay_for_their_compile_unless_a_grow_compiles(mo
 
   monkeypatch.setattr(f, "_run", run)
   x = jnp.zeros(3)
-  state = lambda: f._state(f._key((x,), {}))   # pylint: disable=protected-access
+  state = lambda: f._state_for((x,), {})   # pylint: disable=protected-access
   for _ in range(3):
     f(x)
   assert state().plan == (102 * 128, 102 * 128)

@@ -70,7 +70,7 @@ def test_the_first_plan_compiles_ahead_while_the_steps_measure(mesh8, monkeypatc
   _assert_all_equal(f(x), raw(x), "the first planned step")
   assert f.is_planned(x) and state.next is None and held.ahead[0] == state.plan
   # with the plan, the raw-words program of the gate's comparisons builds ahead too
-  layout = planned_programs.layout((x,), {}, ())
+  layout = planned_programs.signature((x,), {}, ())[1]
   assert ((planned_sites.RAW,) * 6, layout) in state.programs
   assert "conditional(" not in f.compiled(x).as_text()
 
@@ -146,15 +146,21 @@ def test_an_error_in_a_build_ahead_raises_on_the_callers_thread(mesh8):
 
 def test_programs_key_on_the_arguments_layout():
   """A program is compiled for its arguments' shardings (committed arrays only) and
-  weak types: `layout` tells them apart, and `spec` keeps what a compile needs."""
+  weak types: `signature`'s layout tells them apart, and `spec` keeps what a compile
+  needs; its key (a state's) holds shapes, dtypes and the static arguments."""
   import jax.numpy as jnp
   a = jnp.ones(4)
   b = jax.device_put(np.ones(4, np.float32), jax.devices()[0])
   assert not a.committed and b.committed
-  layout = planned_programs.layout
+  key = lambda *call: planned_programs.signature(*call)[0]
+  layout = lambda *call: planned_programs.signature(*call)[1]
   assert layout((a,), {}, ()) != layout((b,), {}, ())
+  assert key((a,), {}, ()) == key((b,), {}, ())
   assert layout((a, 3), {}, (1,)) == layout((a, 4), {}, (1,))   # static arguments are not
+  assert key((a, 3), {}, (1,)) != key((a, 4), {}, (1,))         # but key the state
   assert layout((a,), {"k": 1.0}, ()) == ((False, False), None)
+  assert key((a,), {"k": 1.0}, ())[1] == (((4,), np.dtype(np.float32)), ((), float))
+  assert key((jnp.ones(4, jnp.bfloat16),), {}, ()) != key((a,), {}, ())
   assert planned_programs.spec(a).sharding is None
   assert planned_programs.spec(b).sharding == b.sharding
   assert planned_programs.spec(jnp.float32(2) * 1).weak_type is False

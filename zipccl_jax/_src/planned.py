@@ -70,12 +70,6 @@ def _compresses(plan) -> bool:
   return plan is not None and any(p != RAW for p in plan)
 
 
-def _aval(x) -> tuple:
-  """(shape, dtype) of an argument leaf; a Python scalar's type stands for its dtype."""
-  shape = getattr(x, "shape", None)
-  return (np.shape(x), type(x)) if shape is None else (tuple(shape), x.dtype)
-
-
 def _key_text(key) -> str:
   treedef, avals, static = key
   avals = tuple((shape, str(getattr(d, "name", None) or d.__name__)) for shape, d in avals)
@@ -112,14 +106,13 @@ class Planned:
 
   # ---- programs -------------------------------------------------------------------------------
 
-  def _key(self, args, kwargs):
-    dyn = [a for i, a in enumerate(args) if i not in self._static]
-    static = tuple(args[i] for i in self._static if i < len(args))
-    leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
-    # shapes and dtype objects (hashable), not their text: this runs on every call
-    # (str(dtype) was ~4 us a leaf, 0.6 ms a step for 150 leaves)
-    avals = tuple([_aval(x) for x in leaves])
-    return treedef, avals, static
+  def _state_for(self, args, kwargs) -> _State:
+    """The state of these arguments' signature, with their layout (`_State.layout`:
+    the programs' key beside the plan) as of this call."""
+    key, layout = programs_lib.signature(args, kwargs, self._static)
+    state = self._state(key)
+    state.layout = layout
+    return state
 
   def _jitted(self, plan, trace: Trace):
     """jax.jit of `fun` traced under `plan` (its sites registered into `trace`)."""
@@ -152,7 +145,7 @@ class Planned:
     whose programs differ would issue collectives of different sizes, which gloo
     aborts on and NCCL may hang in, so they must fail here, on every process, before
     any runs."""
-    key = (plan, programs_lib.layout(args, kwargs, self._static))
+    key = (plan, state.layout)
     compared = plan not in state.checked
     # a build here, before the comparison: others' failed builds end its trace's
     # waits (`failed_elsewhere`)
@@ -186,14 +179,14 @@ class Planned:
     """Lowers the program of the plan for these arguments, like `jax.jit(fun).lower`:
     the one the next call runs, or the one compiling ahead (which the calls take once
     every process holds it); the measuring program before a plan exists."""
-    plan = self._plan_ahead(self._state(self._key(args, kwargs)))
+    plan = self._plan_ahead(self._state_for(args, kwargs))
     return self._jitted(plan, Trace(self._ledger, plan)).lower(*args, **kwargs)
 
   def compiled(self, *args, **kwargs):
     """The compiled program of the plan for these arguments (as `lower` chooses it;
     one compiling ahead is waited for). Its `as_text()` is the HLO, e.g. for
     `hlo_wire_bytes`."""
-    state = self._state(self._key(args, kwargs))
+    state = self._state_for(args, kwargs)
     return self._checked(state, self._plan_ahead(state), args, kwargs)[0].call
 
   @staticmethod
@@ -203,7 +196,7 @@ class Planned:
   # ---- one step -------------------------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
-    state = self._state(self._key(args, kwargs))
+    state = self._state_for(args, kwargs)
     if state.next is not None and (state.next_ready or state.next_failed):
       self._switch(state, args, kwargs)
     plan = state.plan
@@ -245,7 +238,7 @@ class Planned:
     # the switch is agreed in the exchange of the steps meanwhile, which a plan of
     # raw sites only does not make
     agreed = runs is None or _compresses(runs)
-    key = (plan, programs_lib.layout(args, kwargs, self._static))
+    key = (plan, state.layout)
     if plan == state.plan or not (self._compile_ahead and agreed) or state.programs.built(key):
       state.next = None
       state.new_plan(plan)
@@ -292,7 +285,7 @@ class Planned:
       # Each process waits for its own there (`Programs.get`): nothing to agree on.
       raw = (RAW,) * len(plan)
       specs = self._specs(args, kwargs)
-      state.programs.ahead((raw, programs_lib.layout(args, kwargs, self._static)),
+      state.programs.ahead((raw, state.layout),
                            lambda: self._build(raw, *specs))
 
   def _decide(self, gate: gate_lib.Gate) -> None:
@@ -487,7 +480,7 @@ class Planned:
   def _state_of(self, args, kwargs) -> _State | None:
     """The state of these arguments; with none, the last one created (None: no call yet)."""
     if args or kwargs:
-      return self._state(self._key(args, kwargs))
+      return self._state_for(args, kwargs)
     return list(self._states.values())[-1] if self._states else None
 
   def site_stats(self, *args, **kwargs) -> list:
@@ -511,7 +504,7 @@ class Planned:
     """Whether calls with these arguments have a plan in force: the next runs the plan,
     or raw words, not the measuring program (which runs while the first plan, or the
     plan grown after an overflow, is compiling ahead)."""
-    return self._state(self._key(args, kwargs)).plan is not None
+    return self._state_for(args, kwargs).plan is not None
 
   def building(self) -> bool:
     """Whether a program of this function is compiling ahead now (queued or running

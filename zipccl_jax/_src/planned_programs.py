@@ -29,6 +29,7 @@ import threading
 from typing import Any, Callable, NamedTuple
 
 import jax
+import numpy as np
 
 from zipccl_jax._src import compat
 
@@ -67,15 +68,36 @@ def spec(x):
   return x
 
 
-def layout(args, kwargs, static: tuple) -> tuple:
-  """What a program is compiled for beyond the arguments' shapes and dtypes (which
-  key a `Planned` state): each jax.Array leaf's sharding and weak type. Training
-  loops change it once, from the initial state (placed by hand) to the first step's
-  outputs; a program built ahead for another layout is built again when needed.
-  An uncommitted array's device is not part of it (it goes where the others are)."""
+def signature(args, kwargs, static: tuple) -> tuple[tuple, tuple]:
+  """(key, layout) of a call's arguments, in one pass over their leaves (it runs on
+  every call: 0.6 us a leaf, ~35 us for the MoE example's 54 leaves; two passes took
+  twice that).
+
+  key = (treedef, per leaf (shape, dtype), the static arguments) keys a `Planned`
+  state (a Python scalar's type stands for its dtype). layout = per jax.Array leaf
+  its sharding (when committed) and weak type keys the state's programs: what a
+  program is compiled for beyond shapes and dtypes. Training loops change it once,
+  from the initial state (placed by hand) to the first step's outputs; a program
+  built ahead for another layout is built again when needed. An uncommitted array's
+  device is not part of it (it goes where the others are)."""
   dyn = [a for i, a in enumerate(args) if i not in static]
-  return tuple((x.committed and x.sharding, x.aval.weak_type) if isinstance(x, jax.Array) else None
-               for x in jax.tree_util.tree_leaves((dyn, kwargs)))
+  leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
+  avals, lay = [], []
+  for x in leaves:
+    if type(x) in _array_types or isinstance(x, jax.Array):   # the set: isinstance is ~0.2 us
+      _array_types.add(type(x))
+      a = x.aval
+      avals.append((a.shape, a.dtype))
+      lay.append((x.committed and x.sharding, a.weak_type))
+    else:
+      shape = getattr(x, "shape", None)
+      avals.append((np.shape(x), type(x)) if shape is None else (tuple(shape), x.dtype))
+      lay.append(None)
+  static_args = tuple(args[i] for i in static if i < len(args))
+  return (treedef, tuple(avals), static_args), tuple(lay)
+
+
+_array_types: set = set()   # the concrete jax.Array types seen (`signature`)
 
 
 class Programs:

@@ -56,6 +56,7 @@ class State:
     self.probe_every = 1
     self.windows_since_probe = 0
     self.programs = programs_lib.Programs()
+    self.layout: tuple = ()   # the last call's argument layout (planned_programs.signature)
     self.checked: set = set()   # plans whose program the processes compared (`_checked`)
     # A plan compiling ahead (planned_programs.py), whether every process holds its
     # program and the processes where its build failed (both agreed in the step's
