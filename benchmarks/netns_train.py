@@ -246,10 +246,12 @@ def _ratio(res, a, b, key="median_ms"):
   return f"{va[key] / vb[key]:.3f}"
 
 
-def _ratio_cell(res, a) -> str:
-  """`a`'s step time over raw's, bold, with its 95% interval (harness.ratio_interval)."""
-  ci = res["variants"].get(a, {}).get("vs_raw_interval")
-  return f"**{_ratio(res, a, 'raw')}**" + (f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+def _ratio_cell(res, a, b="raw") -> str:
+  """`a`'s step time over `b`'s (raw, or a planned variant's ladder twin), bold, with
+  its 95% interval (harness.ratio_interval)."""
+  key = "vs_raw_interval" if b == "raw" else "vs_ladder_interval"
+  ci = res["variants"].get(a, {}).get(key)
+  return f"**{_ratio(res, a, b)}**" + (f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
 
 
 def report(rows, args, stem: str) -> str:
@@ -267,8 +269,9 @@ def report(rows, args, stem: str) -> str:
            "shares the cores with every variant; a variant's own builds count); the steps of a "
            "step i run the variants in the order of row i of a Williams design, so each "
            "follows each other equally often (examples/harness.py, lockstep_order). "
-           "'x / raw' = ratio of the medians, in brackets its 95% interval (a bootstrap over "
-           "blocks of 25 consecutive steps paired with raw's; harness.ratio_interval). "
+           "'x / raw' and 'planned-x / x' (a planned variant over its ladder twin) = ratio of "
+           "the medians, in brackets its 95% interval (a bootstrap over "
+           "blocks of 25 consecutive steps of the two, paired; harness.ratio_interval). "
            "'sent' = bytes one device's "
            "collectives send per step (zipccl_jax.hlo_wire_bytes on the compiled step): a planned "
            "variant (zipccl_jax.jit), its planned slots, what it moves; a ladder variant "
@@ -284,17 +287,21 @@ def report(rows, args, stem: str) -> str:
   order = ("zipccl", "entropy", "planned", "planned-entropy", "auto", "planned-auto", "planned-raw", "raw", "lax")
   labels = [c for c in order if any(c in r["variants"] for r in rows)]
   others = [c for c in labels if c != "raw"]
+  # (planned variant, its ladder twin) pairs present in some row (harness.LADDER_TWIN)
+  twins = sorted({(c, x["ladder_twin"]) for r in rows for c, x in r.get("variants", {}).items()
+                  if x.get("ladder_twin")}, key=lambda t: labels.index(t[0]))
   for nproc in args.procs:
     lines += [f"## {nproc} processes", "",
               "| example | " + "".join(f"{c} ms | " for c in labels)
               + "".join(f"{c} / raw | " for c in others)
+              + "".join(f"{a} / {b} | " for a, b in twins)
               + "".join(f"sent MiB/dev {c} | " for c in labels)
               + "ladder taken / raw | ladder fallbacks | bit-identical |",
-              "|---|" + "---:|" * (3 * len(labels) - 1 + 2) + "---|"]
+              "|---|" + "---:|" * (3 * len(labels) - 1 + len(twins) + 2) + "---|"]
     for r in (r for r in rows if r["procs"] == nproc):
       name = r.get("example", "?")
       if r.get("error"):
-        lines.append(f"| {name} | failed: see the JSON |" + " |" * (3 * len(labels) + 1))
+        lines.append(f"| {name} | failed: see the JSON |" + " |" * (3 * len(labels) + len(twins) + 1))
         continue
       v = r["variants"]
 
@@ -311,6 +318,7 @@ def report(rows, args, stem: str) -> str:
       lines.append(
           f"| {name} | " + "".join(f"{ms(c)} | " for c in labels)
           + "".join(f"{_ratio_cell(r, c)} | " for c in others)
+          + "".join(f"{_ratio_cell(r, a, b)} | " for a, b in twins)
           + "".join(f"{mib(c)} | " for c in labels)
           + f"{taken} | {fb} | "
           f"{'yes' if r['ok'] else 'NO'} |")

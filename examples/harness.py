@@ -51,6 +51,10 @@ VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "r
             "planned-raw": ("raw", "always")}
 
 
+# a planned variant -> the ladder variant of the same collectives under jax.jit
+LADDER_TWIN = {"planned": "zipccl", "planned-entropy": "entropy", "planned-auto": "auto"}
+
+
 def jit_for(label: str, step, donate=0):
   """The step jitted for variant `label`, with `donate` donated: zipccl_jax.jit for
   the planned variants (whose planned steps keep the state for a re-run, and whose
@@ -466,12 +470,17 @@ def summarize(variants: list, *, warmup: int, params_of) -> dict:
         comparisons=[list(c) for c in comparisons(v)],
         # zipccl_jax.jit's plan changes, summed over its call sites
         plan_changes=plan_changes(v))
-  if "raw" in labels:
-    r = labels.index("raw")
-    for j, lab in enumerate(labels):
-      both = ~(disturbed[j, timed] | disturbed[r, timed])
-      out["variants"][lab]["vs_raw_interval"] = ratio_interval(
-          slowest[j, timed][both], slowest[r, timed][both])
+  # step-time ratios with their intervals, over the steps neither variant left out:
+  # each variant's to raw's, and a planned variant's to its ladder twin's
+  pairs = [(lab, "raw", "vs_raw_interval") for lab in labels if "raw" in labels]
+  pairs += [(lab, LADDER_TWIN[lab], "vs_ladder_interval") for lab in labels
+            if LADDER_TWIN.get(lab) in labels]
+  for a, b, name in pairs:
+    i, k = labels.index(a), labels.index(b)
+    both = ~(disturbed[i, timed] | disturbed[k, timed])
+    out["variants"][a][name] = ratio_interval(slowest[i, timed][both], slowest[k, timed][both])
+    if b != "raw":
+      out["variants"][a]["ladder_twin"] = b
   same_across = {lab: bool((words[:, j] == words[0, j]).all()) for j, lab in enumerate(labels)}
   out["checks"]["losses_same_in_every_process"] = same_across
   exact = [k for k in VARIANTS if k not in ("raw", "lax") and k in labels] \

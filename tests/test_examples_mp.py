@@ -126,6 +126,28 @@ def test_ratio_interval_brackets_the_ratio_of_medians():
   assert harness.ratio_interval(a[:49], b[:49]) is None
 
 
+def test_summarize_gives_ratio_intervals_to_raw_and_to_the_ladder_twin():
+  """Each variant's step-time ratio to raw carries an interval, and a planned
+  variant's to its ladder twin's (harness.LADDER_TWIN) too, over the steps neither
+  left out."""
+  import harness
+  rng = np.random.default_rng(5)
+  base = 30 + rng.normal(0, 1, 120)
+  variants = []
+  for label, scale in (("entropy", 0.8), ("planned-entropy", 0.88), ("raw", 1.0)):
+    v = harness.Variant(label, None, (np.arange(4, dtype=np.float32),), 0.0, 1.0, 2.0)
+    v.times = list(scale * base / 1e3)
+    v.losses, v.wire, v.disturbed = [1.0] * 120, [0] * 120, [False] * 120
+    variants.append(v)
+  res = harness.summarize(variants, warmup=20, params_of=lambda s: ())
+  planned = res["variants"]["planned-entropy"]
+  lo, hi = planned["vs_ladder_interval"]
+  assert lo <= 1.1 <= hi and hi - lo < 1e-9 and planned["ladder_twin"] == "entropy"
+  lo, hi = planned["vs_raw_interval"]
+  assert lo <= 0.88 <= hi
+  assert "vs_ladder_interval" not in res["variants"]["entropy"]
+
+
 def test_steps_during_another_variants_build_ahead_are_left_out():
   """train_lockstep marks a variant's steps during which another variant compiled
   ahead (`building()`), not those during its own builds; summarize's medians leave

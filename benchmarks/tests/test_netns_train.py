@@ -86,3 +86,21 @@ def test_netns_train_ladder_columns_read_the_first_ladder_variant():
   assert cells({"raw": {}, "auto": auto}, 100) == ("0.250 (auto)", "0/100")
   assert cells({"raw": {}, "entropy": {"fallback_steps": 0}}, 50) == ("-", "0/50")
   assert cells({"raw": {}, "planned-entropy": entropy}, 100) == ("-", "-")
+
+
+def test_netns_train_ratio_cells_carry_their_intervals():
+  """A ratio cell is the ratio of the medians with its interval when the examples'
+  JSON has one (to raw; a planned variant's to its ladder twin), the ratio alone
+  otherwise."""
+  from benchmarks import netns_train as nt
+  row = {"variants": {
+      "raw": {"median_ms": 40.0},
+      "entropy": {"median_ms": 30.0, "vs_raw_interval": [0.74, 0.76]},
+      "planned-entropy": {"median_ms": 33.0, "vs_raw_interval": [0.81, 0.84],
+                          "vs_ladder_interval": [1.08, 1.12], "ladder_twin": "entropy"},
+      "lax": {"median_ms": 80.0}}}
+  cell = nt._ratio_cell   # pylint: disable=protected-access
+  assert cell(row, "entropy") == "**0.750** (0.740-0.760)"
+  assert cell(row, "planned-entropy", "entropy") == "**1.100** (1.080-1.120)"
+  assert cell(row, "lax") == "**2.000**"
+  assert cell(row, "auto") == "**-**"
