@@ -47,7 +47,8 @@ VARIANTS = {"zipccl": ("zipccl", "always"), "entropy": ("entropy", "always"), "r
             # the same collectives under zipccl_jax.jit: slots planned ahead (`jit_for`)
             "planned": ("zipccl", "always"), "planned-entropy": ("entropy", "always"),
             "planned-auto": ("auto", "auto"),
-            # raw words under zipccl_jax.jit: the wrapper's own cost (validation, exchange)
+            # codec="raw" under zipccl_jax.jit (no call site: nothing to validate or
+            # exchange): the wrapper's own cost per call
             "planned-raw": ("raw", "always")}
 
 

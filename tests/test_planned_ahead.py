@@ -165,3 +165,25 @@ def test_programs_key_on_the_arguments_layout():
   assert planned_programs.spec(b).sharding == b.sharding
   assert planned_programs.spec(jnp.float32(2) * 1).weak_type is False
   assert planned_programs.spec(2.0) == 2.0
+
+
+def test_a_function_with_no_site_compiles_once_and_measures_once(mesh8, monkeypatch):
+  """With no compressed call site (codec="raw"), the measuring program is the empty
+  plan's program: the first step measures and plans (), no build follows, and the
+  next steps run unwaited with no exchange, equal to jax.jit's."""
+  monkeypatch.setattr(planned_slots, "MEASURE_STEPS", 3)
+  builds, runs = [], []
+  build, run = planned.Planned._build, planned.Planned._run
+  monkeypatch.setattr(planned.Planned, "_build",
+                      lambda w, plan, *a: builds.append(plan) or build(w, plan, *a))
+  monkeypatch.setattr(planned.Planned, "_run",
+                      lambda w, state, plan, *a: runs.append(plan) or run(w, state, plan, *a))
+  f = zc.jit(_five(mesh8, codec="raw"), donate_argnums=0)
+  raw = jax.jit(_five(mesh8, codec="raw"))
+  for step in range(4):
+    x = _gauss(step)
+    want = raw(x)
+    _assert_all_equal(f(jax.device_put(x)), want, f"step {step}")
+    assert f.is_planned(x) and _state(f).plan == ()
+  assert builds == [None] and runs == [None] and not f.building()
+  assert f.site_stats() == []

@@ -302,6 +302,15 @@ class Planned:
     state.count_sites()
     if state.next is not None:   # a plan is compiling ahead
       return out
+    if not state.sites:
+      # No compressed call site (codec="raw" throughout, say): the measuring program
+      # is the program of the empty plan, the same trace, so it is taken as such at
+      # once. Measuring on would run MEASURE_STEPS waited steps with an exchange
+      # each, then compile that program again. Every process decides alike: the
+      # step's exchange checked that they all traced no site.
+      state.programs.share((None, state.layout), ((), state.layout))
+      self._adopt(state, (), args, kwargs)
+      return out
     state.window.append(used[:len(state.sites)])
     if len(state.window) < slots.MEASURE_STEPS:
       return out

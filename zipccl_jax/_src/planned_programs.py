@@ -130,6 +130,11 @@ class Programs:
     self._built[key] = program
     return program, here
 
+  def share(self, key, other) -> None:
+    """Makes the program built for `key` the program of `other` too: their traces
+    are the same (the measuring program and the empty plan's, with no site)."""
+    self._built[other] = self._built[key]
+
   def ahead(self, key, build: Callable[[], Program]) -> None:
     """Starts build() on the worker thread, under the caller's thread-local jax
     settings, with the caller's trace context required (`_ContextDiffers`
