@@ -12,10 +12,11 @@ from the compiled HLO, then trains all variants from the same initial state *in
 lockstep*: step i of every variant, in an order from a Williams design
 (`lockstep_order`), each timed alone up to `block_until_ready`. Interleaving
 spreads machine noise (other jobs, the shared cores) evenly over the variants, and
-the design spreads what a step leaves to the next one too (a slower variant's
-late traffic, its freed memory): each variant follows each other equally often. Works in one process with simulated
-devices and across processes under examples/launch.py: step times are the
-slowest process's, and the checks gather every process's bits.
+the design spreads what a step leaves to the next one too (a slower variant's late
+traffic, its freed memory): each variant follows each other equally often. Works
+in one process with simulated devices and across processes under
+examples/launch.py: step times are the slowest process's, and the checks gather
+every process's bits.
 
 Checks (a failed one makes the example exit with status 1):
   * each variant's losses are the same bits in every process;
