@@ -123,7 +123,9 @@ def test_ratio_interval_brackets_the_ratio_of_medians():
   assert lo <= np.median(a) / np.median(b) <= hi
   assert harness.ratio_interval(a, b) == [lo, hi]
   assert harness.ratio_interval(b, b) == [1.0, 1.0]
-  assert harness.ratio_interval(a[:49], b[:49]) is None
+  lo, hi = harness.ratio_interval(a[:40], b[:40])   # blocks of 10 steps
+  assert lo <= np.median(a[:40]) / np.median(b[:40]) <= hi
+  assert harness.ratio_interval(a[:7], b[:7]) is None
 
 
 def test_summarize_gives_ratio_intervals_to_raw_and_to_the_ladder_twin():
