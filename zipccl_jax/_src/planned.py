@@ -70,12 +70,6 @@ def _compresses(plan) -> bool:
   return plan is not None and any(p != RAW for p in plan)
 
 
-def _key_text(key) -> str:
-  treedef, avals, static = key
-  avals = tuple((shape, str(getattr(d, "name", None) or d.__name__)) for shape, d in avals)
-  return repr((str(treedef), avals, static))
-
-
 class Planned:
   """`zipccl_jax.jit(fun)`: see `jit`."""
 
@@ -170,7 +164,7 @@ class Planned:
     state = self._states.get(key)
     if state is None:
       state = self._states[key] = _State()
-      loaded = self._loaded.pop(_key_text(key), None)
+      loaded = self._loaded.pop(programs_lib.key_text(key), None)
       if loaded is not None:
         state.sites, state.plan = loaded
     return state
@@ -531,9 +525,10 @@ class Planned:
   def save_plans(self, path: str) -> None:
     """Writes every plan made so far (JSON, docs/planned.md "Plans"), so that a
     restart with `load_plans` starts planned; written atomically."""
-    planned_io.save(path, self.__name__, [(_key_text(k), s.sites, self._plan_ahead(s))
-                                          for k, s in self._states.items()
-                                          if self._plan_ahead(s) is not None and s.sites is not None])
+    planned_io.save(path, self.__name__,
+                    [(programs_lib.key_text(k), s.sites, self._plan_ahead(s))
+                     for k, s in self._states.items()
+                     if self._plan_ahead(s) is not None and s.sites is not None])
 
   def load_plans(self, path: str) -> int:
     """Reads plans written by `save_plans`; each is used by the first call with the
