@@ -93,8 +93,14 @@ def record(out: str, argv: list) -> None:
 
 
 def _rung(used_units: int, rungs: list, raw: int) -> int:
-  """The ladder's rung for a used size (units of 128 B): the planner's own rule with
-  no headroom; the raw row above the ladder or for a site that did not run (-1)."""
+  """The ladder's rung for a used size (units of 128 B): the first rung at or above
+  it; the raw row above the ladder or for a site that did not run (-1)."""
+  used = used_units * 128
+  return next((r for r in rungs if r >= used), raw) if used_units >= 0 else raw
+
+
+def _slot(used_units: int, rungs: list, raw: int) -> int:
+  """The slot the planner gives a used size with no headroom (the raw row when none)."""
   from zipccl_jax._src import planned_slots
   slot = planned_slots.slot_for(used_units, tuple(rungs), 0.0)
   return raw if slot == planned_slots.RAW else slot
@@ -141,7 +147,7 @@ def replay(log: list) -> dict:
     window = used_by_step[s:s + WINDOW]
     for k in range(n):
       top = max(u[k] for u in window)
-      bound += len(window) * sent[k] * _rung(top, rungs[k], raws[k])
+      bound += len(window) * sent[k] * _slot(top, rungs[k], raws[k])
   return {"sites": n, "steps": len(used_by_step), "measuring_steps": measured,
           "wire_vs_ladder": planned_b / max(ladder_b, 1),
           "hindsight_vs_ladder": bound / max(ladder_b, 1), "overflows": len(overflow_steps),

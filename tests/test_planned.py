@@ -20,7 +20,7 @@ from tests.gate_clock import phase_clock
 from tests.reference import assert_bits_equal
 from zipccl_jax._src import ffi as zffi
 from zipccl_jax._src import planned_slots
-from zipccl_jax._src.planned_sites import Trace
+from zipccl_jax._src.planned_sites import RAW, Trace, fits
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 N = 8
@@ -100,6 +100,43 @@ def test_planned_steps_equal_raw_with_no_conditional_and_no_agreement(mesh8):
   # the sites' slots are what moves: an all-gather of the planned slot
   gather = sites[0]
   assert any(o.opcode == "all-gather" and o.operand_bytes == gather.slot_bytes for o in ops)
+  # a slot is the multiple of 128 bytes at or above used x (1 + HEADROOM), not the
+  # ladder's next rung (the steps ran the same x: one used size per site)
+  aligned = lambda b: math.ceil(b / 128) * 128
+  assert [s.slot_bytes for s in sites] == [
+      aligned(s.used_bytes * (1 + planned_slots.HEADROOM)) for s in sites]
+
+
+def test_slots_are_any_multiple_of_128_within_the_ladder():
+  rungs = (1024, 2048, 4096)
+  assert planned_slots.slot_for(10, rungs, 0.02) == 1408    # 1280 B x 1.02, rounded up to 128
+  assert planned_slots.slot_for(2, rungs, 0.02) == 1024     # below the first rung: the first
+  assert planned_slots.slot_for(31, rungs, 0.05) == 4096    # the headroom capped at the top rung
+  assert planned_slots.slot_for(32, rungs, 0.02) == 4096    # the top rung holds the used size
+  assert planned_slots.slot_for(33, rungs, 0.0) == RAW      # above the ladder
+  assert planned_slots.slot_for(-1, rungs, 0.02) == RAW     # never ran
+  assert planned_slots.slot_for(10, (), 0.02) == RAW        # nothing compresses
+  assert [fits(s, rungs) for s in (1408, 1024, 4096)] == [True] * 3
+  # not a multiple of 128, below the codec's smallest encoding, above the ladder, raw
+  assert [fits(s, rungs) for s in (1400, 896, 4224, RAW)] == [False] * 4
+  assert not fits(1024, ())
+
+
+def test_in_program_stats_report_the_planned_slot(mesh8):
+  def body(v):
+    return zc.compressed_all_gather(v, "x", tiled=True, to="invarying", policy="always",
+                                    stats=True)
+
+  f = zc.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=(P(), P())))
+  x = _gauss(11)
+  _, measuring = f(x)   # the measuring program moves raw words: the raw rung alone
+  assert measuring.slot_sizes == ((64 * 1024 * 2,),) and int(measuring.rung[0]) == 0
+  assert bool(measuring.raw_rung)
+  _, planned = f(x)
+  slot = f.site_stats()[0].slot_bytes
+  assert planned.slot_sizes == ((slot, 64 * 1024 * 2),) and int(planned.rung[0]) == 0
+  assert not bool(planned.raw_rung)
+  assert int(planned.wire_bytes) == slot and int(planned.slot_bytes[0]) == slot
 
 
 def test_a_step_that_does_not_fit_is_replanned_and_rerun_exactly(mesh8):

@@ -16,13 +16,13 @@ sees the same maxima and takes the same decision:
     outputs are discarded and the step runs again on the same inputs as the
     measuring program (raw words: bit-identical to codec="raw", and every site's
     true used size); the plan of the sites that outgrew their slots grows to the
-    rung above the used size plus a grown headroom (`MAX_HEADROOM`), for the next
+    slot above the used size plus a grown headroom (`MAX_HEADROOM`), for the next
     steps (each plan compiled once, cached).
 
 The first MEASURE_STEPS calls for given argument shapes measure: a program that
 encodes at each site (to record the used size) and moves the raw words, so its
-results are exact; the plan is then the rung above each site's largest used size
-plus a headroom from their spread and trend (planned_slots.py). Plans can be saved
+results are exact; the plan is then the slot (a multiple of 128 bytes) above each
+site's largest used size plus a headroom from their spread and trend (planned_slots.py). Plans can be saved
 and loaded (`save_plans` / `load_plans`), so a restart starts planned.
 
 One step is in flight at a time: the wrapper returns a step's outputs once it has

@@ -11,7 +11,8 @@ A JSON document, so that a restart starts planned instead of measuring:
                          "slot": planned bytes per row, or null for raw words}]}]}
 
 A loaded plan is used by the first call with the same key whose traced sites match
-it; a slot that is not a rung of its site's ladder moves raw words (always exact).
+it; a slot its site cannot move (`planned_sites.fits`: a multiple of 128 bytes
+within the site's ladder) moves raw words (always exact).
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src.codecs import base
+from zipccl_jax._src.ladder import ALIGN
 
 RAW = -1                 # a site's plan: move the raw words (no codec)
 ELEMENTWISE = -2         # `record`'s column: every value's columns recorded apart
@@ -94,4 +95,11 @@ def site(trace: Trace, signature: tuple, rungs: tuple, raw_row: int) -> tuple[in
   slot = trace.plan[k] if k < len(trace.plan) else RAW
   # A plan that does not fit this site (a stale saved plan, a fun that traces
   # differently): raw, which is always exact.
-  return k, slot if slot in rungs else RAW
+  return k, slot if fits(slot, rungs) else RAW
+
+
+def fits(slot: int, rungs: tuple) -> bool:
+  """Whether `slot` (bytes per row) is a slot a site with ladder `rungs` can move: a
+  multiple of ALIGN from its first rung (at least the codec's smallest encoding) to
+  its top one (below the raw row)."""
+  return bool(rungs) and slot % ALIGN == 0 and rungs[0] <= slot <= rungs[-1]

@@ -5,15 +5,17 @@ them, slots in bytes; RAW (-1) is a site that moves raw words.
 """
 from __future__ import annotations
 
+import math
+
 from zipccl_jax._src.ladder import ALIGN
 from zipccl_jax._src.planned_sites import RAW
 
-# A plan's slot is the first rung >= used x (1 + HEADROOM). Row sizes move by ~0.3%
-# (median) to ~2% (p99) from step to step on training tensors, so 2% above the used
-# size needs re-plans rarely. A site that overflows proved more volatile (early
-# training: MoE activations grew 16%, then 9% and 6% in 25 steps): its headroom
-# doubles, and is at least the excess just seen, up to MAX_HEADROOM; it halves with
-# each window the site then fits (planned.py, `Planned._replan_from_window`).
+# A plan's slot is the first multiple of ALIGN >= used x (1 + HEADROOM). Row sizes
+# move by ~0.3% (median) to ~2% (p99) from step to step on training tensors, so 2%
+# above the used size needs re-plans rarely. A site that overflows proved more
+# volatile (early training: MoE activations grew 16%, then 9% and 6% in 25 steps):
+# its headroom doubles, and is at least the excess just seen, up to MAX_HEADROOM; it
+# halves with each window the site then fits (planned.py, `Planned._replan_from_window`).
 HEADROOM = 0.02
 MAX_HEADROOM = 0.25
 # The first plan comes from MEASURE_STEPS steps of the measuring program (raw words
@@ -47,13 +49,20 @@ WINDOW_HEADROOM = 0.01   # the least headroom above a window's largest size (`wi
 
 
 def slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
-  """The first rung >= used size x (1 + headroom); near the top of the ladder (a row
-  that barely compresses) the first rung >= the used size; else RAW."""
-  if used_units < 0:   # never ran (a trace the program did not keep)
+  """The slot for a used size: the first multiple of ALIGN >= used size x (1 +
+  headroom), within the site's ladder (`planned_sites.fits`); near its top (a row
+  that barely compresses) the top rung when it holds the used size; else RAW.
+
+  Any multiple of ALIGN, not only the ladder's rungs: a planned program holds one
+  slot, not a switch over the rungs, so rounding up to the next rung (0.5-2.5% on
+  the rungs' 1-5% spacing) would be bytes on the wire for nothing."""
+  if used_units < 0 or not rungs:   # never ran (a trace the program did not keep)
     return RAW
   used = used_units * ALIGN
-  return next((r for r in rungs if r >= used * (1 + headroom)),
-              next((r for r in rungs if r >= used), RAW))
+  if used > rungs[-1]:
+    return RAW
+  want = math.ceil(used * (1 + headroom) / ALIGN) * ALIGN
+  return max(rungs[0], min(want, rungs[-1]))
 
 
 def window_target(sizes: list, headroom: float) -> tuple[int, float]:

@@ -174,8 +174,8 @@ def _part(plan, slot: int, rows_sent: int, elements: int):
   """The stats part of a segment (its rung is static, as a planned site's)."""
   if not plan.compress:
     return stats_lib.plain_part(rows_sent * plan.raw_row, plan.raw_row)
-  rung = plan.rungs.index(slot) if slot > 0 else len(plan.rungs)
-  return transport.stats_part(plan, transport.planned_info(rung), rows_sent, elements)
+  info = transport.planned_info(slot if slot > 0 else None)
+  return transport.stats_part(plan, info, rows_sent, elements)
 
 
 def _record(got, used, status, first):

@@ -55,6 +55,8 @@ class CollectiveStats:
     slots: static, per transport the bytes this device hands to XLA on each rung
       (the last entry is the raw rung).
     slot_sizes: static, per transport the row slot of each rung (bytes per row).
+      Under `zipccl_jax.jit` a transport's ladder is its planned slot (rung 0), then
+      the raw row; a site that moves raw words (or measures) has the raw row alone.
     agree_bytes: static, bytes of the tiny agreement collectives of this call.
   """
   rung: jax.Array

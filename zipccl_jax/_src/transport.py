@@ -166,7 +166,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
                              jax.ShapeDtypeStruct((), word), errors, jnp.max(status),
                              vmap_method="sequential")
     y = unbits(bits(y) ^ zero, dtype)
-  return y, (rung, agreed, count_total, errors, agree_bytes)
+  return y, (rung, agreed, count_total, errors, agree_bytes, tuple(plan.rungs))
 
 
 def _zeros_status(like):
@@ -215,13 +215,11 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
   (slot None) the site encodes to record the used size and moves the raw words."""
   signature = planned_sites.signature(where, plan, rows.shape, check, compat.axis_size(axes))
   k, slot = planned_sites.site(trace, signature, plan.rungs, plan.raw_row)
-  rungs = tuple(plan.rungs)
   # Raw words move as under codec="raw" (`_move_words`), not by a ladder's raw rung
   # (`_move_raw`), whose permutes and copy custom calls keep its switch's branches
   # alike and cheap to compile: a planned program has no switch.
   if slot == planned_sites.RAW:
     y, status = _move_words(rows, plan.dtype, move)
-    rung = len(rungs)
   else:
     if own is not None and own[0] is not None:
       payload, st = plan.codec.encode_rows(rows, skip=own[0])
@@ -234,22 +232,22 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
       # measuring: the raw words move once the used size is recorded
       rows = planned_sites.record(rows, [used], trace.ledger, 2 * k, column)
       y, status = _move_words(rows, plan.dtype, move)
-      rung = len(rungs)
     else:
       y, status = _move_compressed(payload, plan, own, move, prefix, move_slot, slot)
-      rung = rungs.index(slot)
   y, status = _mask_receivers(y, status, recvs, plan.dtype)
   if slot not in (None, planned_sites.RAW):
     # one record per site: the used size and the decoder statuses (positive on
     # failure: max > 0 marks a failed row)
     y = planned_sites.record(y, [used, status], trace.ledger, 2 * k, column)
-  return y, planned_info(rung)
+  return y, planned_info(slot)
 
 
-def planned_info(rung: int) -> tuple:
-  """A planned site's stats info (`stats_part`): the rung is static; the used size
-  and count live in the wrapper (`site_stats`)."""
-  return jnp.int32(rung), jnp.int32(-1), jnp.int32(-1), None, 0
+def planned_info(slot: int | None) -> tuple:
+  """A planned site's stats info (`stats_part`): a static one-rung ladder, its slot
+  (rung 0, then raw: rung 1), or the raw rung alone (rung 0) for a site that moves
+  raw words or measures. The used size and count live in the wrapper (`site_stats`)."""
+  compressed = slot not in (None, planned_sites.RAW)
+  return jnp.int32(0), jnp.int32(-1), jnp.int32(-1), None, 0, (slot,) if compressed else ()
 
 
 def skips_own_row(codec) -> bool:
@@ -259,11 +257,13 @@ def skips_own_row(codec) -> bool:
 
 def stats_part(plan, info, rows_sent: int, elements: int, raw_sent: int | None = None) -> stats.Part:
   """stats.Part of a ladder transport that sends rows_sent rows per device (raw_sent
-  on its raw rung; default rows_sent)."""
-  rung, agreed, count, errors, agree_bytes = info
+  on its raw rung; default rows_sent). info: (rung, agreed used size, count, decode
+  errors, agreement bytes, the compressed rungs: bytes per row), from `_ladder` or
+  `planned_info`."""
+  rung, agreed, count, errors, agree_bytes, rungs = info
   raw_sent = rows_sent if raw_sent is None else raw_sent
-  slots = tuple(rows_sent * s for s in plan.rungs) + (raw_sent * plan.raw_row,)
-  sizes = tuple(plan.rungs) + (plan.raw_row,)
+  slots = tuple(rows_sent * s for s in rungs) + (raw_sent * plan.raw_row,)
+  sizes = rungs + (plan.raw_row,)
   return stats.Part(rung, agreed, count, errors, slots, sizes, agree_bytes,
                     raw_sent * plan.raw_row, elements, True)
 
