@@ -15,7 +15,7 @@ on). From that record, per example:
   (`planned_sites.wire_rows`: over 8 devices an all_gather's row goes to 7 peers, a
   psum_scatter's all-to-all sends 7 of its 8 rows);
 * the bound no plan held for a window can beat: a slot set in hindsight to each 25-step
-  window's largest size, over the same ladder bytes (sizes that swing from step to
+  window's largest size (rounded up to 128 bytes, as a planned slot is), over the same ladder bytes (sizes that swing from step to
   step cost a static slot their swing);
 * overflows (steps re-run) and plan changes (each one compile).
 
@@ -228,8 +228,8 @@ def report(results: dict, args, what: str = "") -> str:
   lines += ["", "Steps count from 1, the first step; the measuring steps (before the first plan, "
             "and probes of raw sites) move raw words. "
             "planned / ladder counts a re-run step's slots and its raw re-run. The hindsight "
-            f"bound takes, per {WINDOW}-step window and site, the rung of the window's largest "
-            "size: no plan held for a window moves less.", "",
+            f"bound takes, per {WINDOW}-step window and site, the slot of the window's largest "
+            "size (the next multiple of 128 bytes): no plan held for a window moves less.", "",
             "Reproduce: `python benchmarks/plan_replay.py " + (
                 f"--replan {args.replan}`" if getattr(args, "replan", None) else
                 f"--examples {','.join(results)} --steps {args.steps}`")]
