@@ -15,8 +15,9 @@ on). From that record, per example:
   (`planned_sites.wire_rows`: over 8 devices an all_gather's row goes to 7 peers, a
   psum_scatter's all-to-all sends 7 of its 8 rows);
 * the bound no plan held for a window can beat: a slot set in hindsight to each 25-step
-  window's largest size (rounded up to 128 bytes, as a planned slot is), over the same ladder bytes (sizes that swing from step to
-  step cost a static slot their swing);
+  window's largest size (rounded up to 128 bytes, as a planned slot is), over the
+  same ladder bytes (sizes that swing from step to step cost a static slot their
+  swing);
 * overflows (steps re-run) and plan changes (each one compile).
 
 The record needs no change to the library: a process started by this script

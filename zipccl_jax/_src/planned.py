@@ -22,8 +22,9 @@ sees the same maxima and takes the same decision:
 The first MEASURE_STEPS calls for given argument shapes measure: a program that
 encodes at each site (to record the used size) and moves the raw words, so its
 results are exact; the plan is then the slot (a multiple of 128 bytes) above each
-site's largest used size plus a headroom from their spread and trend (planned_slots.py). Plans can be saved
-and loaded (`save_plans` / `load_plans`), so a restart starts planned.
+site's largest used size plus a headroom from their spread and trend
+(planned_slots.py). Plans can be saved and loaded (`save_plans` / `load_plans`), so
+a restart starts planned.
 
 One step is in flight at a time: the wrapper returns a step's outputs once it has
 validated them (a host that runs ahead would have to discard every later step that

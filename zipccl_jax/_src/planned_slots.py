@@ -15,7 +15,7 @@ from zipccl_jax._src.planned_sites import RAW
 # above the used size needs re-plans rarely. A site that overflows proved more
 # volatile (early training: MoE activations grew 16%, then 9% and 6% in 25 steps):
 # its headroom doubles, and is at least the excess just seen, up to MAX_HEADROOM; it
-# halves with each window the site then fits (planned.py, `Planned._replan_from_window`).
+# halves with each window the site then fits (`Planned._replan_from_window`).
 HEADROOM = 0.02
 MAX_HEADROOM = 0.25
 # The first plan comes from MEASURE_STEPS steps of the measuring program (raw words
@@ -56,7 +56,8 @@ def slot_for(used_units: int, rungs: tuple, headroom: float) -> int:
   Any multiple of ALIGN, not only the ladder's rungs: a planned program holds one
   slot, not a switch over the rungs, so rounding up to the next rung (0.5-2.5% on
   the rungs' 1-5% spacing) would be bytes on the wire for nothing."""
-  if used_units < 0 or not rungs:   # never ran (a trace the program did not keep)
+  # never ran (a trace the program did not keep), or no compressed slot at all
+  if used_units < 0 or not rungs:
     return RAW
   used = used_units * ALIGN
   if used > rungs[-1]:
