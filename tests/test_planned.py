@@ -122,6 +122,28 @@ def test_slots_are_any_multiple_of_128_within_the_ladder():
   assert not fits(1024, ())
 
 
+def test_the_measuring_program_moves_all_to_all_words_by_permutes(mesh8):
+  """The first call waits for the measuring program's compile: on CPU its all-to-all
+  transports move raw words by N - 1 permutes (no kernel), not by lax's all-to-all
+  (a slice kernel per peer), as the ladder's raw rung does; its stats count the N - 1
+  rows the permutes hand to XLA."""
+  def body(v):
+    return zc.compressed_psum_scatter(v, "x", scatter_dimension=1, tiled=True,
+                                      policy="always", stats=True)
+
+  f = zc.jit(jax.shard_map(body, mesh=mesh8, in_specs=P("x"), out_specs=(P("x"), P())))
+  x = _gauss(12)
+  text = _compiled(f, x)   # before the first call: the measuring program
+  assert "all-to-all" not in text and text.count("collective-permute-start") + \
+      text.count("collective-permute(") >= N - 1
+  y, measuring = f(x)
+  raw_row = 64 * 1024 * 2 // N
+  assert measuring.slot_sizes == ((raw_row,),) and measuring.slots == (((N - 1) * raw_row,),)
+  _assert_all_equal(y, jax.jit(jax.shard_map(
+      lambda v: zc.compressed_psum_scatter(v, "x", scatter_dimension=1, tiled=True, codec="raw"),
+      mesh=mesh8, in_specs=P("x"), out_specs=P("x")))(x), "measuring step")
+
+
 def test_in_program_stats_report_the_planned_slot(mesh8):
   def body(v):
     return zc.compressed_all_gather(v, "x", tiled=True, to="invarying", policy="always",

@@ -116,7 +116,8 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
     own = (send_mask, recv_mask, own[2])
   trace = planned_sites.active()
   if trace is not None:
-    return _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, sends, recvs)
+    return _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
+                    sends, recvs)
   if own is not None and own[0] is not None:
     payload, st = codec.encode_rows(rows, skip=own[0])   # u8[R, max_nbytes], s32[R, 4]
     # The count leaves the own row out on every backend (a GPU encodes it anyway);
@@ -166,7 +167,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
                              jax.ShapeDtypeStruct((), word), errors, jnp.max(status),
                              vmap_method="sequential")
     y = unbits(bits(y) ^ zero, dtype)
-  return y, (rung, agreed, count_total, errors, agree_bytes, tuple(plan.rungs))
+  return y, (rung, agreed, count_total, errors, agree_bytes, tuple(plan.rungs), False)
 
 
 def _zeros_status(like):
@@ -206,7 +207,8 @@ def _mask_receivers(y, status, recvs, dtype):
   return unbits(jnp.where(recvs, bits(y), 0), dtype), jnp.where(recvs, status, 0)
 
 
-def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, sends, recvs):
+def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot, move_raw,
+             sends, recvs):
   """A call site under `zipccl_jax.jit` (planned.py): the planned slot, no agreement
   and no switch. The site records its largest used size (units of 128 B) and its
   failed rows into the mailbox; the wrapper validates them after the step. A row
@@ -215,9 +217,13 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
   (slot None) the site encodes to record the used size and moves the raw words."""
   signature = planned_sites.signature(where, plan, rows.shape, check, compat.axis_size(axes))
   k, slot = planned_sites.site(trace, signature, plan.rungs, plan.raw_row)
-  # Raw words move as under codec="raw" (`_move_words`), not by a ladder's raw rung
-  # (`_move_raw`), whose permutes and copy custom calls keep its switch's branches
-  # alike and cheap to compile: a planned program has no switch.
+  # A raw site's words move as under codec="raw" (`_move_words`), not by a ladder's
+  # raw rung (`_move_raw`), whose permutes and copy custom calls keep its switch's
+  # branches alike and cheap to compile: a planned program has no switch. The
+  # measuring program does move them by the raw rung: on CPU its N - 1 permutes
+  # compile to no kernel, where an all-to-all's per-peer slices are kernels, and the
+  # first call waits for that compile (a 200-leaf psum's first call: 0.64-0.77 s,
+  # 0.89-1.04 s by the all-to-all), while the program runs only a few steps.
   if slot == planned_sites.RAW:
     y, status = _move_words(rows, plan.dtype, move)
   else:
@@ -231,7 +237,7 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
     if slot is None:
       # measuring: the raw words move once the used size is recorded
       rows = planned_sites.record(rows, [used], trace.ledger, 2 * k, column)
-      y, status = _move_words(rows, plan.dtype, move)
+      y, status = _move_raw(rows, plan.dtype, move, move_raw)
     else:
       y, status = _move_compressed(payload, plan, own, move, prefix, move_slot, slot)
   y, status = _mask_receivers(y, status, recvs, plan.dtype)
@@ -239,15 +245,17 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
     # one record per site: the used size and the decoder statuses (positive on
     # failure: max > 0 marks a failed row)
     y = planned_sites.record(y, [used, status], trace.ledger, 2 * k, column)
-  return y, planned_info(slot)
+  return y, planned_info(slot, words_by_lax=slot == planned_sites.RAW)
 
 
-def planned_info(slot: int | None) -> tuple:
+def planned_info(slot: int | None, words_by_lax: bool = False) -> tuple:
   """A planned site's stats info (`stats_part`): a static one-rung ladder, its slot
   (rung 0, then raw: rung 1), or the raw rung alone (rung 0) for a site that moves
-  raw words or measures. The used size and count live in the wrapper (`site_stats`)."""
+  raw words or measures; words_by_lax: its raw words went by the plain collective
+  (`_move_words`). The used size and count live in the wrapper (`site_stats`)."""
   compressed = slot not in (None, planned_sites.RAW)
-  return jnp.int32(0), jnp.int32(-1), jnp.int32(-1), None, 0, (slot,) if compressed else ()
+  return (jnp.int32(0), jnp.int32(-1), jnp.int32(-1), None, 0, (slot,) if compressed else (),
+          words_by_lax)
 
 
 def skips_own_row(codec) -> bool:
@@ -258,9 +266,9 @@ def skips_own_row(codec) -> bool:
 def stats_part(plan, info, rows_sent: int, elements: int, raw_sent: int | None = None) -> stats.Part:
   """stats.Part of a ladder transport that sends rows_sent rows per device (raw_sent
   on its raw rung; default rows_sent). info: (rung, agreed used size, count, decode
-  errors, agreement bytes, the compressed rungs: bytes per row), from `_ladder` or
-  `planned_info`."""
-  rung, agreed, count, errors, agree_bytes, rungs = info
+  errors, agreement bytes, the compressed rungs: bytes per row, whether raw words
+  went by the plain collective), from `_ladder` or `planned_info`."""
+  rung, agreed, count, errors, agree_bytes, rungs, _ = info
   raw_sent = rows_sent if raw_sent is None else raw_sent
   slots = tuple(rows_sent * s for s in rungs) + (raw_sent * plan.raw_row,)
   sizes = rungs + (plan.raw_row,)
@@ -312,9 +320,9 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     # elements the count covers: every participant's rows, less their own ones
     coded = n_peers - 1 if skips_own_row(p.codec) else n_peers
     # rows handed to XLA per rung: on CPU the own row stays here (permutes); a
-    # planned site's raw words go by lax's all-to-all (`_planned`), all N rows
+    # planned raw site's words go by lax's all-to-all (`_planned`), all N rows
     sent = a2a_rows_sent(n_peers)
-    raw_sent = n_peers if planned_sites.active() is not None else sent
+    raw_sent = n_peers if info[-1] else sent
     return y, stats_part(p, info, sent, n_peers * coded * p.m, raw_sent)
 
   if plan.parts:
