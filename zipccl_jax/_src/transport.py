@@ -57,6 +57,7 @@ Each mover returns (rows that arrived, (stats.Part per chunk,)).
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -167,7 +168,7 @@ def _ladder(rows, plan, axes, want_stats, check, *, move, sends=None, recvs=None
                              jax.ShapeDtypeStruct((), word), errors, jnp.max(status),
                              vmap_method="sequential")
     y = unbits(bits(y) ^ zero, dtype)
-  return y, (rung, agreed, count_total, errors, agree_bytes, tuple(plan.rungs), False)
+  return y, Info(rung, agreed, count_total, errors, agree_bytes, tuple(plan.rungs))
 
 
 def _zeros_status(like):
@@ -248,14 +249,24 @@ def _planned(trace, rows, plan, axes, check, where, own, move, prefix, move_slot
   return y, planned_info(slot, words_by_lax=slot == planned_sites.RAW)
 
 
-def planned_info(slot: int | None, words_by_lax: bool = False) -> tuple:
-  """A planned site's stats info (`stats_part`): a static one-rung ladder, its slot
-  (rung 0, then raw: rung 1), or the raw rung alone (rung 0) for a site that moves
-  raw words or measures; words_by_lax: its raw words went by the plain collective
-  (`_move_words`). The used size and count live in the wrapper (`site_stats`)."""
+class Info(NamedTuple):
+  """What a transport reports for its stats (`stats_part`)."""
+  rung: Any              # int32[], the rung taken
+  agreed: Any            # int32[], the agreed used size / 128 (-1: not agreed, planned)
+  count: Any             # int32[], the codec's count over the participants (-1: none)
+  errors: Any            # int32[] failed rows over the participants; None: not counted
+  agree_bytes: int       # bytes of the agreement collectives
+  rungs: tuple           # the compressed rungs (bytes per row); the raw rung follows
+  words_by_lax: bool = False   # the raw words went by the plain collective (`_move_words`)
+
+
+def planned_info(slot: int | None, words_by_lax: bool = False) -> Info:
+  """A planned site's stats info: a static one-rung ladder, its slot (rung 0, then
+  raw: rung 1), or the raw rung alone (rung 0) for a site that moves raw words or
+  measures. The used size and count live in the wrapper (`site_stats`)."""
   compressed = slot not in (None, planned_sites.RAW)
-  return (jnp.int32(0), jnp.int32(-1), jnp.int32(-1), None, 0, (slot,) if compressed else (),
-          words_by_lax)
+  return Info(jnp.int32(0), jnp.int32(-1), jnp.int32(-1), None, 0,
+              (slot,) if compressed else (), words_by_lax)
 
 
 def skips_own_row(codec) -> bool:
@@ -265,15 +276,12 @@ def skips_own_row(codec) -> bool:
 
 def stats_part(plan, info, rows_sent: int, elements: int, raw_sent: int | None = None) -> stats.Part:
   """stats.Part of a ladder transport that sends rows_sent rows per device (raw_sent
-  on its raw rung; default rows_sent). info: (rung, agreed used size, count, decode
-  errors, agreement bytes, the compressed rungs: bytes per row, whether raw words
-  went by the plain collective), from `_ladder` or `planned_info`."""
-  rung, agreed, count, errors, agree_bytes, rungs, _ = info
+  on its raw rung; default rows_sent) from its `Info`."""
   raw_sent = rows_sent if raw_sent is None else raw_sent
-  slots = tuple(rows_sent * s for s in rungs) + (raw_sent * plan.raw_row,)
-  sizes = rungs + (plan.raw_row,)
-  return stats.Part(rung, agreed, count, errors, slots, sizes, agree_bytes,
-                    raw_sent * plan.raw_row, elements, True)
+  slots = tuple(rows_sent * s for s in info.rungs) + (raw_sent * plan.raw_row,)
+  sizes = info.rungs + (plan.raw_row,)
+  return stats.Part(info.rung, info.agreed, info.count, info.errors, slots, sizes,
+                    info.agree_bytes, raw_sent * plan.raw_row, elements, True)
 
 
 def _chunked(rows, plan, run):
@@ -322,7 +330,7 @@ def a2a_rows(rows, axes, plan, want_stats, check=False):
     # rows handed to XLA per rung: on CPU the own row stays here (permutes); a
     # planned raw site's words go by lax's all-to-all (`_planned`), all N rows
     sent = a2a_rows_sent(n_peers)
-    raw_sent = n_peers if info[-1] else sent
+    raw_sent = n_peers if info.words_by_lax else sent
     return y, stats_part(p, info, sent, n_peers * coded * p.m, raw_sent)
 
   if plan.parts:
