@@ -527,9 +527,9 @@ class Planned:
     """Writes every plan made so far (JSON, docs/planned.md "Plans"), so that a
     restart with `load_plans` starts planned; written atomically."""
     planned_io.save(path, self.__name__,
-                    [(programs_lib.key_text(k), s.sites, self._plan_ahead(s))
+                    [(programs_lib.key_text(k), s.sites, plan)
                      for k, s in self._states.items()
-                     if self._plan_ahead(s) is not None and s.sites is not None])
+                     if (plan := self._plan_ahead(s)) is not None and s.sites is not None])
 
   def load_plans(self, path: str) -> int:
     """Reads plans written by `save_plans`; each is used by the first call with the
