@@ -29,7 +29,9 @@ a restart starts planned.
 One step is in flight at a time: the wrapper returns a step's outputs once it has
 validated them (a host that runs ahead would have to discard every later step that
 consumed a failed one). A plan whose sites are all raw has nothing to validate (raw
-words neither overflow nor fail to decode): its steps return as from jax.jit. Donated
+words neither overflow nor fail to decode): its steps return as from jax.jit, and
+once two calls of one signature ran raw words, the next ones go through jax.jit's
+own dispatch (`_fast_step`). Donated
 arguments are donated by the programs that cannot run again (the measuring program,
 raw words) and kept by planned steps, which a re-run may need them for
 (`_compresses`). Every so often the plan is timed against raw words, and the faster runs
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from typing import Callable
 
@@ -50,10 +53,10 @@ from zipccl_jax._src import ffi as _ffi
 from zipccl_jax._src import ladder as ladder_lib
 from zipccl_jax._src import planned_exchange as exchange_lib
 from zipccl_jax._src import planned_gate as gate_lib
-from zipccl_jax._src import planned_io
 from zipccl_jax._src import planned_programs as programs_lib
+from zipccl_jax._src import planned_reports as reports_lib
 from zipccl_jax._src import planned_slots as slots
-from zipccl_jax._src.planned_state import SiteStats, State as _State
+from zipccl_jax._src.planned_state import State as _State
 from zipccl_jax._src.planned_sites import RAW, Trace, tracing
 from zipccl_jax._src.planned_slots import (HEADROOM, MAX_HEADROOM, SHRINK_MIN, SHRINK_WINDOW,
                                            slot_for as _slot_for, window_target)
@@ -64,6 +67,13 @@ _ALIGN = ladder_lib.ALIGN
 _ledgers = itertools.count(1)
 
 
+class _Retrace(Exception):
+  """A fast step's arguments are not those its program was compiled for."""
+
+
+_fast = threading.local()   # .on: a fast step is dispatching on this thread
+
+
 def _compresses(plan) -> bool:
   """Whether `plan` has a compressed site: its steps are validated (a row may outgrow
   its slot) and keep their donated arguments for a re-run; the measuring program
@@ -71,7 +81,7 @@ def _compresses(plan) -> bool:
   return plan is not None and any(p != RAW for p in plan)
 
 
-class Planned:
+class Planned(reports_lib.Reports):
   """`zipccl_jax.jit(fun)`: see `jit`."""
 
   _clock = staticmethod(time.perf_counter)   # the gate's clock (seconds)
@@ -95,6 +105,8 @@ class Planned:
     self._states: dict = {}
     self._exchanges = exchange_lib.Exchanges(self._ledger)
     self._loaded: dict = {}
+    self._last_state: _State | None = None   # the last call's
+    self._armed: _State | None = None   # the state whose raw words `_fast_step` tries
     self.__wrapped__ = fun
     self.__name__ = getattr(fun, "__name__", "planned")
     self.__doc__ = getattr(fun, "__doc__", None)
@@ -112,6 +124,8 @@ class Planned:
   def _jitted(self, plan, trace: Trace):
     """jax.jit of `fun` traced under `plan` (its sites registered into `trace`)."""
     def traced(*args, **kwargs):
+      if getattr(_fast, "on", False):
+        raise _Retrace()   # a fast step traces nothing: it takes the slow path
       with tracing(trace):
         return self._fun(*args, **kwargs)
 
@@ -123,8 +137,9 @@ class Planned:
     """Traces, lowers and compiles the program of `plan` (on any thread)."""
     trace = Trace(self._ledger, plan)
     start = time.perf_counter()
-    compiled = self._jitted(plan, trace).lower(*args, **kwargs).compile()
-    return programs_lib.Program(compiled, list(trace.sites), time.perf_counter() - start)
+    jitted = self._jitted(plan, trace)
+    compiled = jitted.lower(*args, **kwargs).compile()
+    return programs_lib.Program(compiled, list(trace.sites), time.perf_counter() - start, jitted)
 
   def _specs(self, args, kwargs) -> tuple:
     """The arguments as a compile ahead takes them (`planned_programs.spec`)."""
@@ -191,7 +206,12 @@ class Planned:
   # ---- one step -------------------------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
+    if self._armed is not None:
+      out = self._fast_step(self._armed, args, kwargs)
+      if out is not None:
+        return out[0]
     state = self._state_for(args, kwargs)
+    armable, self._last_state = state is self._last_state, state
     if state.next is not None and (state.next_ready or state.next_failed):
       self._switch(state, args, kwargs)
     plan = state.plan
@@ -203,9 +223,12 @@ class Planned:
     start = self._clock() if timed else 0.0
     if program == gate_lib.RAW:
       raw = (RAW,) * len(plan)
-      out, ran = self._call(self._checked(state, raw, args, kwargs)[0], args, kwargs), RAW
+      run = self._checked(state, raw, args, kwargs)[0]
+      out, ran = self._call(run, args, kwargs), RAW
       if timed:
         jax.block_until_ready(out)
+      elif armable:
+        self._arm(state, run)
     elif state.remeasure:
       out, ran = self._probe(state, args, kwargs), None
     elif compressed:
@@ -216,12 +239,53 @@ class Planned:
       # jax.jit (no host read, no exchange, not waited for); it counts towards the
       # next probe of the raw sites (`_replan_from_window`), a step every process
       # takes at the same count.
-      out = self._call(self._checked(state, plan, args, kwargs)[0], args, kwargs)
+      run = self._checked(state, plan, args, kwargs)[0]
+      out = self._call(run, args, kwargs)
       state.count_sites()
       self._replan_from_window(state, [-1] * len(plan), args, kwargs)
+      if armable:
+        self._arm(state, run)
     if timed and state.gate.timed(self._clock() - start, ran):
       self._decide(state.gate)
     return out
+
+  def _arm(self, state: _State, program: programs_lib.Program) -> None:
+    """The next call tries `_fast_step` with `program`'s raw words (a step of the
+    same signature as the two before it ran them)."""
+    state.fast, self._armed = program.jitted, state
+
+  def _fast_step(self, state: _State, args, kwargs):
+    """(outputs,) of a step of raw words dispatched by jax.jit's own C++ path, or None
+    when the step is another kind (a comparison, a probe, a switch to a plan built
+    ahead) or the arguments are not the signature the program was compiled for.
+
+    Why: the wrapper's own work per call (`planned_programs.signature`, dispatch in
+    Python) took 0.35-0.55 ms a call inside the MoE example's training loop, ~1% of
+    its step, and a step of raw words has nothing to validate. jax.jit checks the
+    arguments itself (shapes, dtypes, weak types, shardings, static arguments) and
+    traces again on any difference: that trace raises `_Retrace` at once, nothing
+    runs, and the call takes the slow path. The bookkeeping is the slow path's for
+    the same step."""
+    plan, gate = state.plan, state.gate
+    compressed = _compresses(plan)
+    if (state.fast is None or state.next is not None or state.remeasure
+        or (compressed and not (gate.chosen == gate_lib.RAW and gate.k < 0
+                                and gate.count < gate.every))):
+      return None
+    _fast.on = True
+    try:
+      out = state.fast(*args, **kwargs)
+    except _Retrace:
+      self._armed = None
+      return None
+    finally:
+      _fast.on = False
+    if compressed:
+      gate.next()   # the chosen program (raw words), counted towards the next comparison
+    else:
+      state.count_sites()
+      self._replan_from_window(state, [-1] * len(plan), args, kwargs)
+    return (out,)
 
   def _adopt(self, state: _State, plan: tuple, args, kwargs, *, meanwhile: str = "plan") -> None:
     """Makes `plan` the plan of the next steps: at once when its program is built or
@@ -478,66 +542,6 @@ class Planned:
     if state.next is not None:
       state.next_failed = [p for p, e in enumerate(every) if e[4 + 2 * n] == 2]
     return np.max(np.stack(every), axis=0)[2:].tolist()
-
-  # ---- visibility and persistence -------------------------------------------------------------
-
-  def _state_of(self, args, kwargs) -> _State | None:
-    """The state of these arguments; with none, the last one created (None: no call yet)."""
-    if args or kwargs:
-      return self._state_for(args, kwargs)
-    return list(self._states.values())[-1] if self._states else None
-
-  def site_stats(self, *args, **kwargs) -> list:
-    """Per call site of the program for these arguments (the last one called, with
-    none): its slot, the last step's largest used size and its re-plans."""
-    state = self._state_of(args, kwargs)
-    if state is None or state.sites is None:
-      return []
-    out, plan = [], self._plan_ahead(state)
-    for k, (sig, _, raw_row) in enumerate(state.sites):
-      slot = plan[k] if plan is not None else RAW
-      used = state.used[k] if state.used is not None and k < len(state.used) else -1
-      out.append(SiteStats(k, sig, None if slot == RAW else slot,
-                           None if used < 0 else used * _ALIGN, raw_row,
-                           state.replans[k] if state.replans else 0,
-                           state.shrinks[k] if state.shrinks else 0,
-                           state.grows[k] if state.grows else 0))
-    return out
-
-  def is_planned(self, *args, **kwargs) -> bool:
-    """Whether calls with these arguments have a plan in force: the next runs the plan,
-    or raw words, not the measuring program (which runs while the first plan, or the
-    plan grown after an overflow, is compiling ahead)."""
-    return self._state_for(args, kwargs).plan is not None
-
-  def building(self) -> bool:
-    """Whether a program of this function is compiling ahead now (queued or running
-    on the worker thread), for any argument shapes. Such a build takes a core from
-    whatever else the process runs, e.g. the other models of a benchmark that trains
-    several in lockstep (examples/harness.py leaves their steps out of its medians)."""
-    return any(s.programs.building() for s in self._states.values())
-
-  def comparisons(self, *args, **kwargs) -> list:
-    """The timed comparisons between the plan and raw words (`planned_gate.Comparison`)
-    for these arguments (the last ones called, with none), oldest first."""
-    state = self._state_of(args, kwargs)
-    return [] if state is None else list(state.gate.comparisons)
-
-  def save_plans(self, path: str) -> None:
-    """Writes every plan made so far (JSON, docs/planned.md "Plans"), so that a
-    restart with `load_plans` starts planned; written atomically."""
-    planned_io.save(path, self.__name__,
-                    [(programs_lib.key_text(k), s.sites, plan)
-                     for k, s in self._states.items()
-                     if (plan := self._plan_ahead(s)) is not None and s.sites is not None])
-
-  def load_plans(self, path: str) -> int:
-    """Reads plans written by `save_plans`; each is used by the first call with the
-    same argument shapes whose traced sites match it (else that call measures).
-    Returns how many plans were read. ValueError naming the file when malformed."""
-    loaded = planned_io.load(path)
-    self._loaded.update(loaded)
-    return len(loaded)
 
 
 def jit(fun: Callable, *, compare_raw: bool = True, compile_ahead: bool = True,

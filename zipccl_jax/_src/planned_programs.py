@@ -39,6 +39,9 @@ class Program(NamedTuple):
   call: Any          # the jax.stages.Compiled: called with the non-static arguments
   sites: list        # the call sites its trace registered (planned_sites.Trace.sites)
   build_s: float     # seconds to trace, lower and compile it
+  # the jax.jit object it was compiled from: called, its C++ dispatch finds the same
+  # executable in jax's caches (`Planned._fast_step`)
+  jitted: Any = None
 
 
 class _ContextDiffers(Exception):

@@ -81,6 +81,7 @@ class State:
     self.window_s = 0.0    # the steps of the current window, call to validated outputs
     self.forgone_s = 0.0   # the step time the pending shrinks would have saved
     self.gate = gate_lib.Gate()   # planned or raw words, timed (planned_gate.py)
+    self.fast = None   # the jax.jit of the raw words the last step ran (`Planned._fast_step`)
 
   def count_sites(self) -> int:
     """The number of sites, with the per-site counters (re-plans, shrinks, grows,
