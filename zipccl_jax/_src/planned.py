@@ -241,8 +241,7 @@ class Planned(reports_lib.Reports):
       # takes at the same count.
       run = self._checked(state, plan, args, kwargs)[0]
       out = self._call(run, args, kwargs)
-      state.count_sites()
-      self._replan_from_window(state, [-1] * len(plan), args, kwargs)
+      self._counted_raw_plan_step(state, args, kwargs)
       if armable:
         self._arm(state, run)
     if timed and state.gate.timed(self._clock() - start, ran):
@@ -266,11 +265,9 @@ class Planned(reports_lib.Reports):
     traces again on any difference: that trace raises `_Retrace` at once, nothing
     runs, and the call takes the slow path. The bookkeeping is the slow path's for
     the same step."""
-    plan, gate = state.plan, state.gate
-    compressed = _compresses(plan)
+    compressed = _compresses(state.plan)
     if (state.fast is None or state.next is not None or state.remeasure
-        or (compressed and not (gate.chosen == gate_lib.RAW and gate.k < 0
-                                and gate.count < gate.every))):
+        or (compressed and not state.gate.raw_untimed_next())):
       return None
     _fast.on = True
     try:
@@ -281,11 +278,16 @@ class Planned(reports_lib.Reports):
     finally:
       _fast.on = False
     if compressed:
-      gate.next()   # the chosen program (raw words), counted towards the next comparison
+      state.gate.next()   # the chosen raw words, counted towards the next comparison
     else:
-      state.count_sites()
-      self._replan_from_window(state, [-1] * len(plan), args, kwargs)
+      self._counted_raw_plan_step(state, args, kwargs)
     return (out,)
+
+  def _counted_raw_plan_step(self, state: _State, args, kwargs) -> None:
+    """After a step of a plan of raw sites: counted towards the next probe of those
+    sites (`_replan_from_window`, with no size: raw sites record none)."""
+    state.count_sites()
+    self._replan_from_window(state, [-1] * len(state.plan), args, kwargs)
 
   def _adopt(self, state: _State, plan: tuple, args, kwargs, *, meanwhile: str = "plan") -> None:
     """Makes `plan` the plan of the next steps: at once when its program is built or

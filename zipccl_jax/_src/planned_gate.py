@@ -113,6 +113,11 @@ class Gate:
       self.k += 1
     return self.phase
 
+  def raw_untimed_next(self) -> bool:
+    """Whether `next` would return RAW outside a comparison: a step of the chosen raw
+    words, not timed (`Planned._fast_step` may dispatch it)."""
+    return self.chosen == RAW and self.k < 0 and self.count < self.every
+
   def timed(self, seconds: float, program) -> bool:
     """Records that the comparison's step took `seconds` (waited for) and ran
     `program` (its plan; None: the measuring program). True when the comparison is
